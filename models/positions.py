@@ -1,0 +1,222 @@
+"""Position encodings: the five families and the small pure functions they are built from.
+
+Each family says where it acts, and the transformer calls it only there:
+
+- ``sinusoidal`` and ``learned`` add a vector to the token embeddings (``acts_on == "input"``);
+- ``rope`` rotates every layer's queries and keys after projection, never the values (``"qk"``);
+- ``alibi`` adds a per-head linear distance penalty to the attention logits (``"logits"``);
+- ``nope`` adds nothing; the causal mask is the only order signal (``"none"``).
+
+Angles, frequencies and interpolation weights are computed in float32 whatever the model dtype:
+in bf16, position 1995 rounds to 2000.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FAMILIES = ("rope", "sinusoidal", "learned", "alibi", "nope")
+ROPE_LAYOUTS = ("interleaved", "half")
+OUT_OF_RANGE_POLICIES = ("error", "clamp", "interpolate")
+
+
+@dataclass
+class PositionConfig:
+    kind: str = "rope"
+    base: float = 10000.0
+    layout: str = "half"
+    rotary_fraction: float = 1.0
+    max_positions: int = 0  # learned only; 0 means "the training length"
+    out_of_range: str = "error"  # learned only
+
+    def validate(self, head_dim: int, d_model: int) -> None:
+        if self.kind not in FAMILIES:
+            raise ValueError(f"position kind {self.kind!r} is unknown; allowed: {', '.join(FAMILIES)}.")
+        if self.base <= 1:
+            raise ValueError(f"position base {self.base} must be greater than 1.")
+        if self.kind == "rope":
+            if self.layout not in ROPE_LAYOUTS:
+                raise ValueError(
+                    f"rope layout {self.layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}."
+                )
+            if not 0 < self.rotary_fraction <= 1:
+                raise ValueError(f"rotary_fraction {self.rotary_fraction} must be in (0, 1].")
+            rotary_dim = int(head_dim * self.rotary_fraction)
+            if rotary_dim < 2 or rotary_dim % 2:
+                raise ValueError(
+                    f"RoPE needs an even rotary dimension, but head_dim {head_dim} x rotary_fraction "
+                    f"{self.rotary_fraction} gives {rotary_dim}; choose an even head_dim "
+                    f"(d_model / n_heads) or a rotary_fraction giving an even count."
+                )
+        if self.kind == "sinusoidal" and d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}.")
+        if self.kind == "learned":
+            if self.max_positions < 0:
+                raise ValueError(f"max_positions {self.max_positions} must be >= 0 (0 = training length).")
+            if self.out_of_range not in OUT_OF_RANGE_POLICIES:
+                raise ValueError(
+                    f"out_of_range policy {self.out_of_range!r} is unknown; "
+                    f"allowed: {', '.join(OUT_OF_RANGE_POLICIES)}."
+                )
+
+    @property
+    def acts_on(self) -> str:
+        return {"rope": "qk", "sinusoidal": "input", "learned": "input", "alibi": "logits"}.get(
+            self.kind, "none"
+        )
+
+
+# --------------------------------------------------------------------------- RoPE
+
+
+def rope_cos_sin(
+    position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every (position, frequency) angle, float32, shape [*position_ids.shape, r/2].
+
+    ``attention_factor`` multiplies both, so the q.k logits scale by its square (YaRN's temperature).
+    """
+    angles = position_ids.to(torch.float32)[..., None] * inv_freq.to(torch.float32)
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rotate the first 2 * cos.shape[-1] channels of x [N, H, L, d]; cos/sin broadcast as [N|1, 1|H, L, r/2].
+
+    ``interleaved`` pairs channels (0,1),(2,3),... (the seeds, Meta's complex form);
+    ``half`` pairs (i, i + r/2) (GPT-NeoX, transformers' rotate_half). The rotation runs in float32.
+    """
+    half_r = cos.shape[-1]
+    x_rot, x_pass = x[..., : 2 * half_r].float(), x[..., 2 * half_r :]
+    if layout == "interleaved":
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    elif layout == "half":
+        x1, x2 = x_rot[..., :half_r], x_rot[..., half_r:]
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        raise ValueError(f"rope layout {layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}.")
+    return torch.cat((rotated.to(x.dtype), x_pass), dim=-1)
+
+
+def apply_rope(
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    inv_freq: torch.Tensor,
+    layout: str = "interleaved",
+    attention_factor: float = 1.0,
+) -> torch.Tensor:
+    """Rotary position embedding of x [N, H, L, d] at position_ids [L] or [N, L] (public API)."""
+    if 2 * inv_freq.numel() > x.shape[-1]:
+        raise ValueError(
+            f"inv_freq has {inv_freq.numel()} frequencies, which need {2 * inv_freq.numel()} channels, "
+            f"but x has only {x.shape[-1]}."
+        )
+    cos, sin = rope_cos_sin(position_ids, inv_freq, attention_factor)  # [L, r/2] or [N, L, r/2]
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]  # [N, 1, L, r/2]: one rotation shared by all heads
+    return rotate(x, cos, sin, layout)
+
+
+class RotaryTable:
+    """cos/sin for positions 0..length-1 of one inv_freq, built once per needed length and reused.
+
+    Every layer of a forward pass gathers from the same table instead of recomputing angles.
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, attention_factor: float):
+        self.inv_freq = inv_freq.to(torch.float32)
+        self.attention_factor = attention_factor
+        self._cos = self._sin = torch.empty(0, inv_freq.numel())
+
+    def __call__(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        needed = int(position_ids.max()) + 1 if position_ids.numel() else 0
+        if needed > self._cos.shape[0] or self._cos.device != position_ids.device:
+            length = max(needed, 2 * self._cos.shape[0], 64)
+            positions = torch.arange(length, device=position_ids.device)
+            self._cos, self._sin = rope_cos_sin(
+                positions, self.inv_freq.to(position_ids.device), self.attention_factor
+            )
+        return self._cos[position_ids], self._sin[position_ids]  # [N, L, r/2]
+
+
+# --------------------------------------------------------------------------- absolute
+
+
+def sinusoidal_embedding(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """The seed's layout: channel 2i holds sin(p * w_i), channel 2i+1 holds cos(p * w_i).
+
+    positions may be fractional (linear interpolation divides them by the factor). Returns float32
+    [*positions.shape, 2 * len(inv_freq)].
+    """
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+
+
+def sinusoidal_inv_freq(dim: int, base: float) -> torch.Tensor:
+    """w_i = base^(-2i/dim), i = 0..dim/2-1 (Vaswani et al.)."""
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+
+
+def learned_lookup(
+    table: torch.Tensor, positions: torch.Tensor, out_of_range: str
+) -> torch.Tensor:
+    """Rows of a learned table [P, D] at (possibly fractional) positions; linear between rows.
+
+    A position beyond the last row is an error unless the policy is ``clamp``; never a modulo,
+    which would silently map far positions onto old coordinates.
+    """
+    n_rows = table.shape[0]
+    positions = positions.to(torch.float32)
+    too_far = positions > n_rows - 1
+    if bool(too_far.any()):
+        if out_of_range != "clamp":
+            raise ValueError(
+                f"position {float(positions.max()):g} is beyond the learned table of max_positions="
+                f"{n_rows} (valid positions 0..{n_rows - 1}); set position.out_of_range to 'clamp' or "
+                f"'interpolate', or use scaling=linear, to evaluate longer sequences."
+            )
+        positions = positions.clamp(max=n_rows - 1)
+    lower = positions.floor().long()
+    upper = (lower + 1).clamp(max=n_rows - 1)
+    weight = (positions - lower)[..., None]
+    return table[lower] * (1 - weight) + table[upper] * weight
+
+
+# --------------------------------------------------------------------------- ALiBi
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Per-head slopes of Press et al. 2022: geometric from 2^(-8/n) with that ratio.
+
+    For a head count that is not a power of two: the slopes of the largest power of two m <= n,
+    then every other slope of the 2m sequence for the remaining n - m heads.
+    """
+    if n_heads < 1:
+        raise ValueError(f"ALiBi needs at least one head, got {n_heads}.")
+
+    def power_of_two_slopes(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    m = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two_slopes(m)
+    if m < n_heads:
+        slopes += power_of_two_slopes(2 * m)[0::2][: n_heads - m]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------- padding
+
+
+def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only, so left and right padding give the same positions.
+
+    attention_mask [N, L] (1 = real token) -> LongTensor [N, L]; padding slots get 0 only to keep
+    indices legal: the attention mask, not the position, is what keeps them out.
+    """
+    mask = attention_mask.long()
+    return ((mask.cumsum(-1) - 1) * mask).clamp(min=0)

@@ -1,0 +1,468 @@
+"""The decoder-only language model that every position family plugs into.
+
+Pre-norm blocks, attention through ``scaled_dot_product_attention``, explicit position ids everywhere
+(so KV caching, padding and shift probes are correct by construction) and a KV cache that stores
+keys already rotated at their own positions.
+
+Shapes: N batch, L new tokens, S keys (cached + new), H query heads, G key/value heads, d head dim,
+D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.positions import (
+    PositionConfig,
+    RotaryTable,
+    alibi_slopes,
+    learned_lookup,
+    position_ids_from_attention_mask,
+    rotate,
+    sinusoidal_embedding,
+)
+from models.scaling import SCALING_METHODS, logn_factor, rope_parameters
+
+# Which eval-time methods mean something for each family (``logn`` combines with any of them).
+# Absolute families reuse the frequency methods on the sinusoid's frequencies, and the learned
+# table supports position interpolation only; YaRN, Llama-3 and LongRoPE are defined per rotary
+# dimension, and ALiBi / NoPE have no frequencies to scale.
+METHODS_FOR_FAMILY = {
+    "rope": None,  # every registered method
+    "sinusoidal": ("default", "linear", "ntk", "dynamic"),
+    "learned": ("default", "linear"),
+    "alibi": ("default",),
+    "nope": ("default",),
+}
+# Methods whose frequencies depend on the current sequence length.
+SEQ_LEN_DEPENDENT = ("dynamic", "longrope")
+# Entries of a masked attention logit tile held at once when the mask must be materialised.
+ATTENTION_TILE_ELEMENTS = 1 << 24
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 259
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
+    d_ff: int | None = None  # None: 4 * D for GELU, ~8/3 * D (multiple of 32) for SwiGLU
+    mlp: str = "swiglu"
+    norm: str = "rms"
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ff_width(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        if self.mlp == "gelu":
+            return 4 * self.d_model
+        return 32 * math.ceil(8 * self.d_model / 3 / 32)
+
+    def validate(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}.")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}.")
+        if self.mlp not in ("swiglu", "gelu"):
+            raise ValueError(f"mlp {self.mlp!r} is unknown; allowed: swiglu, gelu.")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError(f"norm {self.norm!r} is unknown; allowed: rms, layer.")
+
+
+@dataclass
+class ScalingConfig:
+    """An eval-time context-extension setting: ``name`` labels results, ``method`` picks the function."""
+
+    name: str = "none"
+    method: str = "default"
+    params: dict = field(default_factory=dict)
+    logn: bool = False
+
+
+@dataclass
+class KVCache:
+    keys: list[torch.Tensor]  # per layer [N, G, S, d], rotated at their own positions
+    values: list[torch.Tensor]  # per layer [N, G, S, d]
+    positions: torch.Tensor  # [N, S] position id of every cached key
+    valid: torch.Tensor  # [N, S] bool, False for padding
+    scaling_len: int  # sequence length the frequencies were chosen for, frozen at prefill
+
+    @property
+    def length(self) -> int:
+        return self.positions.shape[1]
+
+    def next_positions(self) -> torch.Tensor:
+        """[N] the position id after each row's last real token."""
+        return torch.where(self.valid, self.positions, -1).max(dim=-1).values + 1
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # [N, L, V] float32
+    past: KVCache | None = None
+    hidden_states: list[torch.Tensor] | None = None  # [N, L, D] each; 0 = embeddings
+    attn_entropy: list[torch.Tensor] | None = None  # per layer [N, H, L] float32, nats
+
+
+@dataclass
+class _AttentionInputs:
+    """What every layer's attention needs, computed once per forward pass."""
+
+    cos: torch.Tensor | None  # [N, 1, L, r/2] float32
+    sin: torch.Tensor | None
+    layout: str
+    slopes: torch.Tensor | None  # [H] ALiBi
+    q_pos: torch.Tensor  # [N, L]
+    k_pos: torch.Tensor  # [N, S]
+    k_valid: torch.Tensor | None  # [N, S] bool; None when every key is real
+    past_len: int
+    scale: float
+    want_entropy: bool
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: _AttentionInputs
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
+
+    Plain causal attention goes straight to the fused kernel (no L x S matrix). Padding, ALiBi or an
+    entropy request need an explicit mask or probabilities: those are built in query tiles so that
+    memory stays O(tile x S) however long the sequence.
+    """
+    n, h, length, _ = q.shape
+    s = k.shape[2]
+    gqa = h != k.shape[1]
+    plain = inputs.slopes is None and inputs.k_valid is None and not inputs.want_entropy
+    if plain and (length == s or length == 1):
+        return (
+            F.scaled_dot_product_attention(
+                q, k, v, is_causal=length == s and length > 1, scale=inputs.scale, enable_gqa=gqa
+            ),
+            None,
+        )
+    if gqa:
+        k = k.repeat_interleave(h // k.shape[1], dim=1)
+        v = v.repeat_interleave(h // v.shape[1], dim=1)
+    tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s))
+    key_index = torch.arange(s, device=q.device)
+    outputs, entropies = [], []
+    for start in range(0, length, tile):
+        stop = min(start + tile, length)
+        query_index = inputs.past_len + torch.arange(start, stop, device=q.device)
+        allowed = key_index[None, :] <= query_index[:, None]  # [T, S]
+        allowed = allowed[None, None]  # [1, 1, T, S]
+        if inputs.k_valid is not None:
+            # a padding query still sees itself, so its (ignored) row never becomes all -inf
+            is_self = key_index[None, :] == query_index[:, None]
+            allowed = allowed & (inputs.k_valid[:, None, None, :] | is_self)
+        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
+        bias = bias.masked_fill(~allowed, float("-inf"))
+        if inputs.slopes is not None:
+            distance = inputs.q_pos[:, start:stop, None] - inputs.k_pos[:, None, :]  # [N, T, S]
+            bias = bias - inputs.slopes[None, :, None, None] * distance[:, None].float()
+        q_tile = q[:, :, start:stop]
+        if inputs.want_entropy:
+            logits = torch.einsum("nhtd,nhsd->nhts", q_tile.float(), k.float()) * inputs.scale + bias
+            probs = logits.softmax(dim=-1)
+            entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+            outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v.float()).to(q.dtype))
+        else:
+            outputs.append(
+                F.scaled_dot_product_attention(
+                    q_tile, k, v, attn_mask=bias.to(q.dtype), scale=inputs.scale
+                )
+            )
+    entropy = torch.cat(entropies, dim=2) if entropies else None
+    return torch.cat(outputs, dim=2), entropy
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        inputs: _AttentionInputs,
+        cached: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        n, length, _ = x.shape
+        q = self.q_proj(x).view(n, length, self.n_heads, self.head_dim).transpose(1, 2)  # [N, H, L, d]
+        k, v = (
+            self.kv_proj(x).view(n, length, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        )  # [N, G, L, d] each
+        if inputs.cos is not None:  # RoPE: rotate this layer's queries and keys, never the values
+            q = rotate(q, inputs.cos, inputs.sin, inputs.layout)
+            k = rotate(k, inputs.cos, inputs.sin, inputs.layout)
+        if cached is not None:
+            k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
+            v = torch.cat((cached[1], v), dim=2)
+        out, entropy = attend(q, k, v, inputs)
+        out = out.transpose(1, 2).reshape(n, length, -1)  # [N, L, D]
+        return self.o_proj(out), (k, v), entropy
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.swiglu = cfg.mlp == "swiglu"
+        self.up = nn.Linear(cfg.d_model, (2 if self.swiglu else 1) * cfg.ff_width, bias=False)
+        self.down = nn.Linear(cfg.ff_width, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            gate, up = self.up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * up)
+        return self.down(F.gelu(self.up(x)))
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    return nn.RMSNorm(cfg.d_model) if cfg.norm == "rms" else nn.LayerNorm(cfg.d_model)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm, self.attn = _norm(cfg), Attention(cfg)
+        self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, inputs, cached):
+        attn_out, kv, entropy = self.attn(self.attn_norm(x), inputs, cached)
+        x = x + self.dropout(attn_out)
+        x = x + self.dropout(self.mlp(self.mlp_norm(x)))
+        return x, kv, entropy
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, model_cfg: ModelConfig, position_cfg: PositionConfig, train_length: int):
+        super().__init__()
+        model_cfg.validate()
+        position_cfg.validate(model_cfg.head_dim, model_cfg.d_model)
+        if train_length < 2:
+            raise ValueError(f"train_length {train_length} must be at least 2.")
+        self.model_cfg, self.position_cfg, self.train_length = model_cfg, position_cfg, train_length
+        self.tok_emb = nn.Embedding(model_cfg.vocab_size, model_cfg.d_model)
+        if position_cfg.kind == "learned":
+            rows = position_cfg.max_positions or train_length
+            self.pos_table = nn.Parameter(torch.randn(rows, model_cfg.d_model) * 0.02)
+        self.blocks = nn.ModuleList(Block(model_cfg) for _ in range(model_cfg.n_layers))
+        self.final_norm = _norm(model_cfg)
+        self.lm_head = nn.Linear(model_cfg.d_model, model_cfg.vocab_size, bias=False)
+        if model_cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        if position_cfg.kind == "alibi":
+            self.register_buffer("slopes", alibi_slopes(model_cfg.n_heads), persistent=False)
+        self._init_weights()
+        self.scaling = ScalingConfig()
+        self._tables: dict[int | None, RotaryTable] = {}
+
+    def _init_weights(self) -> None:
+        # GPT-2 init: residual projections shrink with depth so the stream's variance stays O(1)
+        for name, param in self.named_parameters():
+            if name.endswith("weight") and param.dim() == 2 and name != "pos_table":
+                std = 0.02 / math.sqrt(2 * self.model_cfg.n_layers) if "o_proj" in name or "down" in name else 0.02
+                nn.init.normal_(param, std=std)
+
+    # ------------------------------------------------------------------ eval-time scaling
+
+    def set_scaling(self, scaling: ScalingConfig | None, eval_length: int | None = None) -> None:
+        """Switch the context-extension method used by later forward passes (None = raw model).
+
+        ``factor: auto`` resolves to eval_length / train_length (at least 1).
+        """
+        scaling = scaling or ScalingConfig()
+        kind = self.position_cfg.kind
+        if scaling.method not in SCALING_METHODS:
+            raise ValueError(
+                f"scaling method {scaling.method!r} is unknown; registered: {', '.join(SCALING_METHODS)}."
+            )
+        allowed = METHODS_FOR_FAMILY[kind]
+        if allowed is not None and scaling.method not in allowed:
+            raise ValueError(
+                f"scaling method {scaling.method!r} does not apply to position family {kind!r}; "
+                f"allowed for {kind}: {', '.join(allowed)} (each may add logn)."
+            )
+        resolved = replace(scaling, params=self._resolve_params(scaling, eval_length))
+        self._frequencies(resolved, self.train_length)  # validates the parameters now, not mid-eval
+        self.scaling, self._tables = resolved, {}
+
+    def _resolve_params(self, scaling: ScalingConfig, eval_length: int | None) -> dict:
+        """Config shorthands made concrete: ``factor``/``alpha`` "auto" and LongRoPE's factor lists.
+
+        "auto" is eval_length / train_length (at least 1): the extension ratio actually needed.
+        LongRoPE's per-dimension factors come from a search on a pretrained model, which tiny
+        models lack: a number is repeated for every rotary pair, and "ramp" rises geometrically
+        from 1 (highest frequency, kept) to ``factor`` (lowest frequency, fully interpolated).
+        """
+        params = dict(scaling.params)
+        for key in ("factor", "alpha"):
+            if params.get(key) == "auto":
+                if eval_length is None:
+                    raise ValueError(f"scaling {key} 'auto' needs an eval_length to resolve against.")
+                params[key] = max(1.0, eval_length / self.train_length)
+        if scaling.method == "longrope":
+            pairs = int(self.model_cfg.head_dim * self.position_cfg.rotary_fraction) // 2
+            for key in ("short_factor", "long_factor"):
+                value = params.get(key)
+                if value == "ramp":
+                    top = float(params.get("factor", 1.0))
+                    params[key] = [top ** (i / max(pairs - 1, 1)) for i in range(pairs)]
+                elif isinstance(value, (int, float)):
+                    params[key] = [float(value)] * pairs
+        return params
+
+    def _frequencies(self, scaling: ScalingConfig, seq_len: int) -> tuple[torch.Tensor, float]:
+        """inv_freq and attention factor of the active method for rope (per head) or sinusoidal (width)."""
+        kind = self.position_cfg.kind
+        dim = self.model_cfg.d_model if kind == "sinusoidal" else self.model_cfg.head_dim
+        fraction = self.position_cfg.rotary_fraction if kind == "rope" else 1.0
+        method_params = {} if kind not in ("rope", "sinusoidal") else scaling.params
+        method = scaling.method if kind in ("rope", "sinusoidal") else "default"
+        return rope_parameters(
+            method,
+            head_dim=dim,
+            base=self.position_cfg.base,
+            original_length=self.train_length,
+            seq_len=seq_len,
+            rotary_fraction=fraction,
+            **method_params,
+        )
+
+    def _table(self, scaling_len: int) -> RotaryTable:
+        key = scaling_len if self.scaling.method in SEQ_LEN_DEPENDENT else None
+        if key not in self._tables:
+            if len(self._tables) > 16:
+                self._tables.clear()
+            self._tables[key] = RotaryTable(*self._frequencies(self.scaling, scaling_len))
+        return self._tables[key]
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past: KVCache | None = None,
+        use_cache: bool = False,
+        output_hidden_states: bool = False,
+        output_attn_entropy: bool = False,
+    ) -> LMOutput:
+        """input_ids [N, L]; attention_mask [N, L] covers the new tokens only (the cache keeps the rest)."""
+        n, length = input_ids.shape
+        device = input_ids.device
+        valid = (
+            torch.ones(n, length, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(device=device, dtype=torch.bool)
+        )
+        if position_ids is None:
+            position_ids = position_ids_from_attention_mask(valid)
+            if past is not None:
+                position_ids = position_ids + past.next_positions()[:, None]
+        position_ids = position_ids.to(device).long().expand(n, length)  # [N, L]
+        if bool((position_ids < 0).any()):
+            raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}.")
+        past_len = past.length if past is not None else 0
+        scaling_len = past.scaling_len if past is not None else length
+        k_pos = position_ids if past is None else torch.cat((past.positions, position_ids), dim=1)
+        k_valid = valid if past is None else torch.cat((past.valid, valid), dim=1)
+
+        x = self.tok_emb(input_ids)  # [N, L, D]
+        x = x + self._absolute_positions(position_ids, scaling_len).to(x.dtype)
+        cos = sin = None
+        if self.position_cfg.kind == "rope":
+            cos, sin = self._table(scaling_len)(position_ids)  # [N, L, r/2], once for all layers
+            cos, sin = cos[:, None], sin[:, None]  # [N, 1, L, r/2]
+        scale = 1.0 / math.sqrt(self.model_cfg.head_dim)
+        if self.scaling.logn:
+            scale *= logn_factor(scaling_len, self.train_length)
+        inputs = _AttentionInputs(
+            cos=cos,
+            sin=sin,
+            layout=self.position_cfg.layout,
+            slopes=getattr(self, "slopes", None),
+            q_pos=position_ids,
+            k_pos=k_pos,
+            k_valid=None if bool(k_valid.all()) else k_valid,
+            past_len=past_len,
+            scale=scale,
+            want_entropy=output_attn_entropy,
+        )
+        hidden_states = [x] if output_hidden_states else None
+        entropies = [] if output_attn_entropy else None
+        new_keys, new_values = [], []
+        for i, block in enumerate(self.blocks):
+            cached = (past.keys[i], past.values[i]) if past is not None else None
+            x, (k, v), entropy = block(x, inputs, cached)
+            new_keys.append(k)
+            new_values.append(v)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if entropies is not None:
+                entropies.append(entropy)
+        logits = self.lm_head(self.final_norm(x)).float()
+        cache = (
+            KVCache(new_keys, new_values, k_pos, k_valid, scaling_len) if use_cache else None
+        )
+        return LMOutput(logits, cache, hidden_states, entropies)
+
+    def _absolute_positions(self, position_ids: torch.Tensor, scaling_len: int) -> torch.Tensor:
+        """What the input-side families add to the embeddings ([N, L, D], zeros for the others)."""
+        kind = self.position_cfg.kind
+        if kind == "sinusoidal":
+            inv_freq, _ = self._frequencies(self.scaling, scaling_len)
+            # scaled so a channel's RMS (~0.7/sqrt(D)) is near the token embeddings' at init (0.02 x ~3)
+            return sinusoidal_embedding(position_ids, inv_freq) / math.sqrt(self.model_cfg.d_model)
+        if kind == "learned":
+            rows = self.pos_table.shape[0]
+            stretched_rows = rows  # the table is resized to this many rows, endpoints aligned
+            if self.scaling.method == "linear":
+                stretched_rows = rows * float(self.scaling.params.get("factor", 1.0))
+            elif self.position_cfg.out_of_range == "interpolate":
+                stretched_rows = max(rows, scaling_len)
+            positions = position_ids.float() * ((rows - 1) / max(stretched_rows - 1, 1))
+            return learned_lookup(self.pos_table, positions, self.position_cfg.out_of_range)
+        return torch.zeros((), device=position_ids.device)
+
+    @torch.no_grad()
+    def generate_greedy(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Greedy decoding with the KV cache: new tokens continue each row's own positions. -> [N, T]."""
+        out = self(input_ids, attention_mask=attention_mask, use_cache=True)
+        generated = []
+        for _ in range(max_new_tokens):
+            next_token = out.logits[:, -1].argmax(dim=-1, keepdim=True)  # [N, 1]
+            generated.append(next_token)
+            if len(generated) == max_new_tokens:
+                break
+            out = self(next_token, past=out.past, use_cache=True)
+        return torch.cat(generated, dim=1)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

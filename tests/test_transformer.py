@@ -1,0 +1,258 @@
+"""The decoder LM: KV cache, padding, position families, eval-time scaling; each with a negative control."""
+
+import pytest
+import torch
+
+import models.transformer as transformer_module
+from models.positions import PositionConfig, rotate
+from models.transformer import DecoderLM, ModelConfig, ScalingConfig
+
+TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4, mlp="swiglu")
+
+
+def tiny_model(kind="rope", train_length=16, model_cfg=TINY, seed=0, **position_kwargs):
+    torch.manual_seed(seed)
+    model = DecoderLM(model_cfg, PositionConfig(kind=kind, **position_kwargs), train_length)
+    with torch.no_grad():  # sharper attention than at init, so position bugs show up clearly
+        for block in model.blocks:
+            block.attn.q_proj.weight.mul_(6.0)
+            block.attn.kv_proj.weight.mul_(6.0)
+    return model.eval()
+
+
+def random_tokens(n, length, seed=0):
+    return torch.randint(0, 256, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- KV cache
+
+
+def incremental_logits(model, tokens, prefill):
+    """Prefill `prefill` tokens, then decode one token at a time; logits for every position."""
+    out = model(tokens[:, :prefill], use_cache=True)
+    pieces = [out.logits]
+    for t in range(prefill, tokens.shape[1]):
+        out = model(tokens[:, t : t + 1], past=out.past, use_cache=True)
+        pieces.append(out.logits)
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize("kind", ["rope", "sinusoidal", "learned", "alibi", "nope"])
+def test_full_forward_equals_prefill_plus_decode(kind):
+    model = tiny_model(kind, train_length=24)
+    tokens = random_tokens(2, 20)
+    full = model(tokens).logits
+    incremental = incremental_logits(model, tokens, prefill=5)
+    max_error = (full - incremental).abs().max().item()
+    print(f"{kind}: max |full - prefill+decode| = {max_error:.2e}")
+    assert max_error < 1e-4
+
+
+def test_decode_that_restarts_positions_at_zero_is_detected():
+    model = tiny_model("rope")
+    tokens = random_tokens(1, 12)
+    full = model(tokens).logits
+    out = model(tokens[:, :4], use_cache=True)
+    pieces = [out.logits]
+    for t in range(4, 12):  # the bug: every decode step believes it is at position 0
+        out = model(tokens[:, t : t + 1], past=out.past, use_cache=True, position_ids=torch.zeros(1, 1))
+        pieces.append(out.logits)
+    assert (full - torch.cat(pieces, dim=1)).abs().max() > 1e-2
+
+
+class ReRotatingAttention(transformer_module.Attention):
+    """The seed's bug: rotate the whole cached history again with the current step's angle."""
+
+    def forward(self, x, inputs, cached):
+        if cached is not None and inputs.cos is not None:
+            cached = (rotate(cached[0], inputs.cos, inputs.sin, inputs.layout), cached[1])
+        return super().forward(x, inputs, cached)
+
+
+def test_decode_that_re_rotates_cached_keys_is_detected():
+    model = tiny_model("rope")
+    tokens = random_tokens(1, 12)
+    full = model(tokens).logits
+    for block in model.blocks:
+        block.attn.__class__ = ReRotatingAttention
+    assert (full - incremental_logits(model, tokens, prefill=4)).abs().max() > 1e-2
+
+
+def test_greedy_generation_continues_positions():
+    model = tiny_model("rope")
+    prompt = random_tokens(2, 7)
+    generated = model.generate_greedy(prompt, max_new_tokens=5)
+    sequence = prompt
+    for _ in range(5):  # the slow oracle: a full forward over the whole sequence per step
+        next_token = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
+        sequence = torch.cat((sequence, next_token), dim=1)
+    assert torch.equal(generated, sequence[:, 7:])
+
+
+# ---------------------------------------------------------------- padding
+
+
+@pytest.mark.parametrize("kind", ["rope", "sinusoidal", "learned", "alibi", "nope"])
+def test_left_and_right_padding_agree_on_real_tokens(kind):
+    model = tiny_model(kind)
+    real = random_tokens(1, 9)[0]
+    pad = 258
+    left = torch.cat((torch.full((4,), pad), real))[None]
+    right = torch.cat((real, torch.full((4,), pad)))[None]
+    left_mask = torch.cat((torch.zeros(4), torch.ones(9)))[None]
+    right_mask = torch.cat((torch.ones(9), torch.zeros(4)))[None]
+    left_out = model(left, attention_mask=left_mask).logits[0, 4:]
+    right_out = model(right, attention_mask=right_mask).logits[0, :9]
+    unpadded = model(real[None]).logits[0]
+    torch.testing.assert_close(left_out, unpadded, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(right_out, unpadded, atol=1e-4, rtol=1e-4)
+    # negative control: without the mask the pads are attended to
+    assert not torch.allclose(model(left).logits[0, 4:], unpadded, atol=1e-3)
+    if kind in ("sinusoidal", "learned"):
+        # negative control: left padding with a shared arange(L) shifts the real tokens' positions
+        # (harmless only for the relative families, whose scores see position differences)
+        shared = model(left, attention_mask=left_mask, position_ids=torch.arange(13)).logits[0, 4:]
+        assert not torch.allclose(shared, unpadded, atol=1e-3)
+
+
+# ---------------------------------------------------------------- position families
+
+
+def test_nope_attention_without_mask_is_permutation_equivariant():
+    torch.manual_seed(0)
+    attention = tiny_model("nope").blocks[0].attn
+    x = torch.randn(1, 10, 32)
+    perm = torch.randperm(10)
+
+    def unmasked(x, rope=False):
+        q = attention.q_proj(x).view(1, 10, 4, 8).transpose(1, 2)
+        k, v = attention.kv_proj(x).view(1, 10, 2, 4, 8).permute(2, 0, 3, 1, 4)
+        if rope:
+            from models.positions import apply_rope
+
+            inv_freq = 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8)
+            q, k = apply_rope(q, torch.arange(10), inv_freq), apply_rope(k, torch.arange(10), inv_freq)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return out.transpose(1, 2).reshape(1, 10, 32)
+
+    torch.testing.assert_close(unmasked(x[:, perm]), unmasked(x)[:, perm])
+    # negative controls: a position signal (RoPE) or the causal mask breaks equivariance
+    assert not torch.allclose(unmasked(x[:, perm], rope=True), unmasked(x, rope=True)[:, perm], atol=1e-4)
+    model = tiny_model("nope")
+    tokens = random_tokens(1, 10)
+    assert not torch.allclose(model(tokens[:, perm]).logits, model(tokens).logits[:, perm], atol=1e-4)
+
+
+@pytest.mark.parametrize("kind, relative", [("rope", True), ("alibi", True), ("nope", True),
+                                            ("sinusoidal", False), ("learned", False)])
+def test_shifting_all_positions_changes_only_absolute_models(kind, relative):
+    model = tiny_model(kind, train_length=64)
+    tokens = random_tokens(2, 16)
+    base = model(tokens).logits
+    shifted = model(tokens, position_ids=torch.arange(16) + 37).logits
+    assert torch.allclose(base, shifted, atol=1e-4) == relative
+
+
+def test_learned_positions_work_at_max_and_fail_one_beyond():
+    model = tiny_model("learned", train_length=16)
+    model(random_tokens(1, 16))
+    with pytest.raises(ValueError, match="max_positions=16"):
+        model(random_tokens(1, 17))
+    clamp = tiny_model("learned", train_length=16, out_of_range="clamp")
+    assert clamp(random_tokens(1, 17)).logits.shape == (1, 17, 259)
+    interpolate = tiny_model("learned", train_length=16, out_of_range="interpolate")
+    assert interpolate(random_tokens(1, 40)).logits.isfinite().all()
+
+
+def test_grouped_query_attention_and_layernorm_gelu_run_and_cache():
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp="gelu", norm="layer")
+    model = tiny_model("rope", model_cfg=cfg)
+    tokens = random_tokens(2, 10)
+    full = model(tokens).logits
+    torch.testing.assert_close(incremental_logits(model, tokens, 3), full, atol=1e-4, rtol=1e-4)
+    assert model.blocks[0].attn.kv_proj.out_features == 2 * 2 * 8
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "nope"])
+def test_tiled_attention_path_matches_fused_kernel(kind, monkeypatch):
+    model = tiny_model(kind)
+    tokens = random_tokens(2, 24)
+    fused = model(tokens).logits
+    monkeypatch.setattr(transformer_module, "ATTENTION_TILE_ELEMENTS", 2 * 4 * 24 * 5)  # 5-query tiles
+    out = model(tokens, output_attn_entropy=True, output_hidden_states=True)
+    torch.testing.assert_close(out.logits, fused, atol=1e-4, rtol=1e-4)
+    assert len(out.attn_entropy) == 2 and out.attn_entropy[0].shape == (2, 4, 24)
+    assert len(out.hidden_states) == 3
+    # the first query sees one key: zero entropy; no row exceeds log(#visible keys)
+    assert out.attn_entropy[0][:, :, 0].abs().max() < 1e-5
+    limit = torch.log(torch.arange(1, 25).float())
+    assert bool((out.attn_entropy[1] <= limit + 1e-4).all())
+
+
+# ---------------------------------------------------------------- eval-time scaling
+
+
+def test_scaling_applies_where_meaningful_and_errors_otherwise():
+    rope = tiny_model("rope", train_length=16)
+    tokens = random_tokens(1, 64)
+    raw = rope(tokens).logits
+    rope.set_scaling(ScalingConfig("linear", "linear", {"factor": "auto"}), eval_length=64)
+    assert rope.scaling.params["factor"] == 4.0
+    assert not torch.allclose(rope(tokens).logits, raw, atol=1e-4)
+    rope.set_scaling(None)
+    torch.testing.assert_close(rope(tokens).logits, raw)
+
+    learned = tiny_model("learned", train_length=16)
+    learned.set_scaling(ScalingConfig("linear", "linear", {"factor": "auto"}), eval_length=64)
+    assert learned(tokens).logits.isfinite().all()
+    with pytest.raises(ValueError, match="'yarn' does not apply to position family 'learned'"):
+        learned.set_scaling(ScalingConfig("yarn", "yarn", {"factor": 4.0}))
+    with pytest.raises(ValueError, match="'teleport' is unknown"):
+        learned.set_scaling(ScalingConfig("x", "teleport"))
+    with pytest.raises(ValueError, match="needs an eval_length"):
+        rope.set_scaling(ScalingConfig("yarn", "yarn", {"factor": "auto"}))
+
+
+def test_logn_changes_logits_only_beyond_training_length():
+    model = tiny_model("alibi", train_length=16)
+    short, long = random_tokens(1, 16), random_tokens(1, 48)
+    raw_short, raw_long = model(short).logits, model(long).logits
+    model.set_scaling(ScalingConfig("logn", "default", {}, logn=True))
+    torch.testing.assert_close(model(short).logits, raw_short)
+    assert not torch.allclose(model(long).logits, raw_long, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["rope", "sinusoidal"])
+def test_linear_scaling_equals_halving_positions(kind):
+    # PI divides positions by the factor: factor 2 at positions 0, 2, 4, ... equals raw at 0, 1, 2, ...
+    model = tiny_model(kind, train_length=16)
+    tokens = random_tokens(1, 32)
+    raw = model(tokens).logits
+    model.set_scaling(ScalingConfig("linear", "linear", {"factor": 2.0}))
+    torch.testing.assert_close(model(tokens, position_ids=2 * torch.arange(32)).logits, raw)
+    # negative control: the same scaled model at unscaled positions 0, 1, 2, ... differs
+    assert not torch.allclose(model(tokens).logits, raw, atol=1e-4)
+
+
+def test_bad_model_configs_raise_clear_errors():
+    with pytest.raises(ValueError, match="even rotary dimension"):
+        DecoderLM(ModelConfig(d_model=36, n_heads=4), PositionConfig(kind="rope"), 16)
+    with pytest.raises(ValueError, match="not divisible by n_heads"):
+        DecoderLM(ModelConfig(d_model=30, n_heads=4), PositionConfig(kind="nope"), 16)
+    with pytest.raises(ValueError, match="position ids must be >= 0"):
+        tiny_model("rope")(random_tokens(1, 4), position_ids=torch.tensor([-1, 0, 1, 2]))
+
+
+def test_longrope_shorthands_expand_to_per_dimension_lists():
+    model = tiny_model("rope", train_length=16)  # head_dim 8 -> 4 rotary pairs
+    model.set_scaling(
+        ScalingConfig("longrope", "longrope", {"factor": "auto", "short_factor": 1.0, "long_factor": "ramp"}),
+        eval_length=64,
+    )
+    assert model.scaling.params["short_factor"] == [1.0] * 4
+    assert model.scaling.params["long_factor"] == pytest.approx([1.0, 4 ** (1 / 3), 4 ** (2 / 3), 4.0])
+    long_logits = model(random_tokens(1, 64)).logits  # long factors: seq_len 64 > 16
+    assert long_logits.isfinite().all()
+    with pytest.raises(ValueError, match="long_factor"):
+        model.set_scaling(ScalingConfig("longrope", "longrope", {"factor": 4.0, "short_factor": 1.0,
+                                                                 "long_factor": "steep"}))
