@@ -1,0 +1,798 @@
+"""Corpora, train/validation/test splits, fingerprints and training batches.
+
+Three corpus kinds, chosen by ``cfg["name"]`` in :func:`load_corpus` (the Hydra
+``data`` group). Defaults, as they would appear in ``conf/data/*.yaml``::
+
+    # pycorpus (default): the running Python's standard library sources
+    {"name": "pycorpus", "include_tests": False,
+     "split_fractions": {"train": 0.90, "validation": 0.05, "test": 0.05},
+     "max_files": None, "max_bytes": None}
+
+    # text: local files, directories or glob patterns (e.g. a downloaded PG-19 folder)
+    {"name": "text", "paths": ["~/data/pg19/**/*.txt"], "suffixes": [".txt"], "root": None,
+     "split_fractions": {"train": 0.90, "validation": 0.05, "test": 0.05},
+     "max_files": None, "max_bytes": None}
+
+    # hf: a Hugging Face dataset through datasets.load_dataset (or load_from_disk)
+    {"name": "hf", "path": "deepmind/pg19", "config_name": None, "data_files": None,
+     "split": None, "splits": {"train": "train", "validation": "validation", "test": "test"},
+     "text_field": "text", "load_from_disk": False, "cache_dir": None, "revision": None,
+     "load_kwargs": {}, "split_fractions": {"train": 0.90, "validation": 0.05, "test": 0.05},
+     "max_files": None, "max_bytes": None}
+
+Design choices (why):
+
+* Tokens are bytes (``bench.tokenizer``); files are read as bytes and never
+  decoded, so every file tokenizes, and one token is one byte everywhere.
+* Documents are ordered by sorted relative path and assigned to a split by a
+  SHA-256 hash of that path (not ``hash()``, which is salted per process): the
+  assignment is identical on every machine and does not move when files are
+  added or removed, and a capped corpus (``max_files``/``max_bytes``) keeps each
+  surviving file in the split it has in the full corpus.
+* ``pycorpus`` excludes the standard library's test suites (directories named
+  ``test``, ``tests`` or ``idle_test``) unless ``include_tests`` is true: they are
+  ~60% of the bytes, highly repetitive, and contain deliberately malformed
+  files (bad encodings, tokenizer stress data), which would make the
+  "natural long code" corpus less natural. ``site-packages``/``dist-packages``
+  are always excluded so installed packages never leak in, and so are the
+  build-generated ``_sysconfigdata*.py`` and ``config-*/``. Empty files are
+  skipped in every kind (they would be a lone EOS).
+* The fingerprint is a short SHA-256 of the sorted (id, size in bytes) list: it
+  is cheap (a ``stat`` per file), changes when a file is added, removed or
+  changes size, and differs between Python versions for ``pycorpus``, so result
+  rows from different corpora are never mixed silently.
+* Corpora are cached in memory per process (LRU): sweeps call ``load_corpus``
+  for every job. File corpora are keyed by their fingerprint, so a changed
+  file is re-read; Hugging Face corpora are keyed by their config.
+* Caps are deterministic: files are taken in SHA-256 order of their ids (a
+  stable pseudo-random order, so a small corpus still spans all packages), up
+  to ``max_files`` files and ``max_bytes`` bytes (files that would exceed the
+  byte budget are skipped). For ``hf`` the caps apply per loaded HF split, as
+  a prefix in row order (reading every row to hash-order it would defeat the cap).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import sysconfig
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from bench.passkey import (
+    PASSKEY_FILLERS,
+    PasskeyExample,
+    make_passkey_example,
+    min_passkey_length,
+    random_key,
+)
+from bench.tokenizer import ByteTokenizer, bytes_to_tokens
+
+__all__ = [
+    "CORPUS_KINDS",
+    "DEFAULT_SPLIT_FRACTIONS",
+    "PASSKEY_LOSSES",
+    "SPLITS",
+    "Corpus",
+    "Document",
+    "TrainingBatch",
+    "TrainingStream",
+    "assign_split",
+    "clear_corpus_cache",
+    "concat_documents",
+    "corpus_fingerprint",
+    "load_corpus",
+    "normalize_data_config",
+    "stdlib_root",
+    "validation_batches",
+]
+
+SPLITS = ("train", "validation", "test")
+DEFAULT_SPLIT_FRACTIONS = {"train": 0.90, "validation": 0.05, "test": 0.05}
+CORPUS_KINDS = ("pycorpus", "text", "hf")
+PASSKEY_LOSSES = ("all", "answer")
+EOS = ByteTokenizer.EOS
+
+_TEST_DIRS = frozenset({"test", "tests", "idle_test"})
+_ALWAYS_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+_FINGERPRINT_CHARS = 16
+_CACHE_SIZE = 4
+
+_COMMON_KEYS = {"name": None, "split_fractions": None, "max_files": None, "max_bytes": None}
+_KIND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "pycorpus": {"include_tests": False},
+    "text": {"paths": None, "suffixes": [".txt"], "root": None},
+    "hf": {
+        "path": None,
+        "config_name": None,
+        "data_files": None,
+        "split": None,
+        "splits": None,
+        "text_field": "text",
+        "load_from_disk": False,
+        "cache_dir": None,
+        "revision": None,
+        "load_kwargs": {},
+    },
+}
+
+
+# --------------------------------------------------------------------------- documents
+
+
+@dataclass(frozen=True, eq=False)
+class Document:
+    """One document: an id (relative path or ``<hf split>/<row>``) and its byte-token ids.
+
+    ``tokens`` is a read-only int16 numpy array (ids < 259); use :meth:`tensor` for
+    a LongTensor slice. Read-only because corpora are shared through the cache.
+    """
+
+    id: str
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def tensor(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """LongTensor copy of ``tokens[start:end]``."""
+        return torch.from_numpy(self.tokens[start:end].astype(np.int64))
+
+
+@dataclass(frozen=True, eq=False)
+class Corpus:
+    """Tokenized documents with a fixed split assignment.
+
+    ``name`` is the corpus kind (pycorpus/text/hf), ``source`` says where the text
+    came from, ``fingerprint`` identifies the exact set of documents.
+    """
+
+    name: str
+    fingerprint: str
+    source: str
+    documents: tuple[Document, ...]
+    assignment: Mapping[str, str]  # document id -> split name
+
+    def split(self, name: str) -> list[Document]:
+        """Documents of split ``name`` ("train", "validation" or "test"), in corpus order."""
+        _check_split(name)
+        return [d for d in self.documents if self.assignment[d.id] == name]
+
+    def long_documents(self, split: str, min_tokens: int) -> list[Document]:
+        """Documents of ``split`` with at least ``min_tokens`` tokens (e.g. 16 * train length)."""
+        return [d for d in self.split(split) if len(d) >= int(min_tokens)]
+
+    def require_long_documents(self, split: str, min_tokens: int, count: int = 1) -> list[Document]:
+        """Like :meth:`long_documents`, but raise ValueError if fewer than ``count`` exist.
+
+        Evaluating at 16x the training length silently on zero documents would
+        report nothing (or NaN) instead of failing; this makes the shortage explicit.
+        """
+        docs = self.long_documents(split, min_tokens)
+        if len(docs) < int(count):
+            raise ValueError(
+                f"the {split} split of corpus {self.name} ({self.fingerprint}) has {len(docs)} "
+                f"documents with >= {int(min_tokens)} tokens but {int(count)} are required; "
+                "use a corpus with longer documents, shorter evaluation lengths, a larger "
+                f"{split} fraction, or higher max_files/max_bytes."
+            )
+        return docs
+
+    def stats(self) -> dict[str, Any]:
+        """Document counts and token totals per split (for logs and reports)."""
+        out: dict[str, Any] = {"name": self.name, "fingerprint": self.fingerprint}
+        for split in SPLITS:
+            docs = self.split(split)
+            out[f"{split}_docs"] = len(docs)
+            out[f"{split}_tokens"] = sum(len(d) for d in docs)
+        out["total_tokens"] = sum(len(d) for d in self.documents)
+        return out
+
+
+def _check_split(name: str) -> None:
+    if name not in SPLITS:
+        raise ValueError(f"split {name!r} is unknown; allowed splits are {', '.join(SPLITS)}.")
+
+
+# --------------------------------------------------------------------------- splits and fingerprints
+
+
+def _normalize_fractions(fractions: object) -> tuple[float, float, float]:
+    """(train, validation, test) fractions from a mapping or a 3-sequence; they must sum to 1."""
+    if fractions is None:
+        fractions = DEFAULT_SPLIT_FRACTIONS
+    if isinstance(fractions, Mapping):
+        unknown = set(fractions) - set(SPLITS)
+        if unknown:
+            raise ValueError(
+                f"split_fractions has unknown keys {sorted(unknown)}; allowed keys are {', '.join(SPLITS)}."
+            )
+        values = tuple(float(fractions.get(s, 0.0)) for s in SPLITS)
+    elif isinstance(fractions, Sequence) and not isinstance(fractions, str) and len(fractions) == 3:
+        values = tuple(float(x) for x in fractions)
+    else:
+        raise ValueError(
+            f"split_fractions {fractions!r} is invalid; give a mapping with keys "
+            "train/validation/test or a list of three numbers."
+        )
+    if any(not (v >= 0.0) for v in values) or not math.isclose(sum(values), 1.0, abs_tol=1e-6):
+        raise ValueError(
+            f"split_fractions {values} are invalid; they must be non-negative and sum to 1."
+        )
+    return values  # type: ignore[return-value]
+
+
+def _unit_hash(key: str) -> float:
+    """A number in [0, 1) from SHA-256 of ``key``: stable across processes and machines."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def assign_split(doc_id: str, fractions: object = None) -> str:
+    """The split of a document id under the given fractions (hash of the id, not of content)."""
+    train, validation, _ = _normalize_fractions(fractions)
+    u = _unit_hash(doc_id)
+    if u < train:
+        return "train"
+    if u < train + validation:
+        return "validation"
+    return "test"
+
+
+def corpus_fingerprint(entries: Sequence[tuple[str, int]]) -> str:
+    """Short SHA-256 hex of the sorted (id, size in bytes) list."""
+    payload = json.dumps(sorted([str(i), int(s)] for i, s in entries), separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:_FINGERPRINT_CHARS]
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _plain(obj: Any) -> Any:
+    """Plain dict/list/scalars from a DictConfig or nested mappings/sequences."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(obj, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(obj, resolve=True, throw_on_missing=False)
+    except ImportError:  # omegaconf is a Hydra dependency; plain dicts work without it
+        pass
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _optional_positive_int(cfg: Mapping[str, Any], key: str) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"data.{key} {value!r} is invalid; allowed values are null or an integer >= 1."
+        )
+    return value
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value == "???" or value == [] or value == ""
+
+
+def normalize_data_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain dict with defaults filled in and every key checked.
+
+    Unknown keys are rejected (a typo such as ``max_file`` must not be ignored).
+    """
+    raw = _plain(cfg)
+    if not isinstance(raw, dict):
+        raise ValueError(f"data config {cfg!r} is invalid; it must be a mapping with a 'name' key.")
+    kind = raw.get("name")
+    if kind not in CORPUS_KINDS:
+        raise ValueError(
+            f"data.name {kind!r} is unknown; allowed names are {', '.join(CORPUS_KINDS)}."
+        )
+    allowed = {**_COMMON_KEYS, **_KIND_DEFAULTS[kind]}
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"data config for {kind} has unknown keys {unknown}; allowed keys are {sorted(allowed)}."
+        )
+    spec = {**allowed, **raw}
+    spec["split_fractions"] = list(_normalize_fractions(spec["split_fractions"]))
+    spec["max_files"] = _optional_positive_int(spec, "max_files")
+    spec["max_bytes"] = _optional_positive_int(spec, "max_bytes")
+    if kind == "text":
+        if _missing(spec["paths"]):
+            raise ValueError(
+                "data.paths is required for name=text; give files, directories or glob patterns."
+            )
+        if isinstance(spec["paths"], str):
+            spec["paths"] = [spec["paths"]]
+        if isinstance(spec["suffixes"], str):
+            spec["suffixes"] = [spec["suffixes"]]
+    if kind == "hf":
+        if _missing(spec["path"]):
+            raise ValueError(
+                "data.path is required for name=hf; give a dataset name or a local path."
+            )
+        if spec["split"] is not None and spec["splits"] is not None:
+            raise ValueError(
+                "data.split and data.splits are both set for name=hf; set split (one HF split, "
+                "divided by hash) or splits (a train/validation/test -> HF split mapping), not both."
+            )
+        if spec["splits"] is not None:
+            splits = spec["splits"]
+            if not isinstance(splits, dict) or not set(splits) <= set(SPLITS) or not splits:
+                raise ValueError(
+                    f"data.splits {splits!r} is invalid; it must map some of {', '.join(SPLITS)} to HF split names."
+                )
+        elif spec["split"] is None:
+            spec["split"] = "train"
+    return spec
+
+
+# --------------------------------------------------------------------------- file listings
+
+
+@dataclass(frozen=True)
+class _FileEntry:
+    id: str  # posix relative path: the split/fingerprint key, identical on every OS
+    path: Path
+    size: int
+
+
+def stdlib_root() -> Path:
+    """Directory of the running interpreter's standard library."""
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def _list_stdlib(root: Path, include_tests: bool) -> list[_FileEntry]:
+    excluded = _ALWAYS_EXCLUDED_DIRS | (frozenset() if include_tests else _TEST_DIRS)
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Prune in place so os.walk never descends. config-*/ and _sysconfigdata* are generated
+        # at build time and embed the build machine's paths: not library text, and they would
+        # make the fingerprint differ between two installs of the same Python version.
+        dirnames[:] = [d for d in dirnames if d not in excluded and not d.startswith("config-")]
+        for fname in filenames:
+            if fname.endswith(".py") and not fname.startswith("_sysconfigdata"):
+                path = Path(dirpath) / fname
+                entries.append(
+                    _FileEntry(path.relative_to(root).as_posix(), path, path.stat().st_size)
+                )
+    return entries
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _files_under(directory: Path, suffixes: Sequence[str]) -> list[Path]:
+    wanted = tuple(s.lower() for s in suffixes)
+    return [p for p in directory.rglob("*") if p.is_file() and p.name.lower().endswith(wanted)]
+
+
+def _resolve_text_paths(patterns: Sequence[str], suffixes: Sequence[str]) -> list[Path]:
+    """Files named by each pattern; a pattern matching no file is an error naming it."""
+    files: set[Path] = set()
+    for pattern in patterns:
+        expanded = os.path.expandvars(os.path.expanduser(str(pattern)))
+        if _has_magic(expanded):
+            candidates = [Path(p) for p in glob.glob(expanded, recursive=True)]
+        else:
+            candidates = [Path(expanded)] if os.path.exists(expanded) else []
+        matched: list[Path] = []
+        for cand in candidates:
+            # Directories expand to their files with the wanted suffixes; explicit files are taken as is.
+            matched.extend(_files_under(cand, suffixes) if cand.is_dir() else [cand])
+        if not matched:
+            raise ValueError(
+                f"data.paths pattern {pattern!r} matches no file; give existing files, "
+                f"directories containing {', '.join(suffixes)} files, or glob patterns that match files."
+            )
+        files.update(p.resolve() for p in matched)
+    return sorted(files)
+
+
+def _list_text(
+    patterns: Sequence[str], suffixes: Sequence[str], root: str | None
+) -> tuple[list[_FileEntry], Path]:
+    files = _resolve_text_paths(patterns, suffixes)
+    base = (
+        Path(os.path.expanduser(root)).resolve()
+        if root
+        else Path(os.path.commonpath([str(p.parent) for p in files]))
+    )
+    entries = []
+    for path in files:
+        try:
+            rel = path.relative_to(base).as_posix()
+        except ValueError:
+            raise ValueError(
+                f"data.root {root!r} does not contain the file {str(path)!r}; ids are relative to root."
+            ) from None
+        entries.append(_FileEntry(rel, path, path.stat().st_size))
+    return entries, base
+
+
+def _cap_entries(
+    entries: list[_FileEntry], max_files: int | None, max_bytes: int | None
+) -> list[_FileEntry]:
+    """Deterministic subset: SHA-256 order of ids, up to max_files files and max_bytes bytes."""
+    if max_files is None and max_bytes is None:
+        return entries
+    chosen: list[_FileEntry] = []
+    total = 0
+    for entry in sorted(entries, key=lambda e: hashlib.sha256(e.id.encode("utf-8")).digest()):
+        if max_files is not None and len(chosen) >= max_files:
+            break
+        if max_bytes is not None and total + entry.size > max_bytes:
+            continue  # skip, not stop: a single large file must not empty the corpus
+        chosen.append(entry)
+        total += entry.size
+    return chosen
+
+
+def _finish_file_listing(
+    entries: list[_FileEntry], spec: Mapping[str, Any], what: str
+) -> list[_FileEntry]:
+    entries = [e for e in entries if e.size > 0]
+    entries = _cap_entries(entries, spec["max_files"], spec["max_bytes"])
+    if not entries:
+        raise ValueError(
+            f"{what} has no non-empty files under the given caps; raise max_files/max_bytes."
+        )
+    return sorted(entries, key=lambda e: e.id)
+
+
+def _read_files(entries: Sequence[_FileEntry], desc: str) -> list[Document]:
+    docs = []
+    # delay: the progress bar only appears for slow reads (a big text corpus), not for pycorpus.
+    for entry in tqdm(entries, desc=desc, unit="file", delay=2.0, leave=False):
+        tokens = bytes_to_tokens(entry.path.read_bytes())
+        tokens.flags.writeable = False
+        docs.append(Document(entry.id, tokens))
+    return docs
+
+
+def _build_corpus(
+    name: str,
+    source: str,
+    docs: list[Document],
+    fractions: Sequence[float],
+    fixed: Mapping[str, str] | None = None,
+) -> Corpus:
+    """A Corpus with hash-based split assignment (or the ``fixed`` one for HF split mappings)."""
+    assignment = (
+        dict(fixed) if fixed is not None else {d.id: assign_split(d.id, fractions) for d in docs}
+    )
+    fingerprint = corpus_fingerprint([(d.id, len(d)) for d in docs])
+    # Read-only view: the corpus is shared by every caller through the cache.
+    return Corpus(name, fingerprint, source, tuple(docs), MappingProxyType(assignment))
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+def _hf_docs(spec: Mapping[str, Any]) -> tuple[list[Document], dict[str, str] | None, str]:
+    """Documents from a datasets.Dataset(Dict); ids are ``<hf split>/<row index>``."""
+    import datasets  # imported lazily: pycorpus/text users should not pay for it
+
+    if spec["splits"] is not None:
+        wanted = [(ours, str(theirs)) for ours, theirs in spec["splits"].items()]
+    else:
+        wanted = [(None, str(spec["split"]))]
+
+    if spec["load_from_disk"]:
+        loaded = datasets.load_from_disk(os.path.expanduser(spec["path"]))
+
+        def get(hf_split: str) -> Any:
+            if isinstance(loaded, datasets.DatasetDict):
+                if hf_split not in loaded:
+                    raise ValueError(
+                        f"data.split {hf_split!r} is not in the saved dataset at {spec['path']!r}; "
+                        f"allowed splits are {', '.join(loaded)}."
+                    )
+                return loaded[hf_split]
+            return loaded  # a single saved Dataset: the split name is only a label
+
+    else:
+
+        def get(hf_split: str) -> Any:
+            return datasets.load_dataset(
+                spec["path"],
+                spec["config_name"],
+                split=hf_split,
+                data_files=spec["data_files"],
+                cache_dir=spec["cache_dir"],
+                revision=spec["revision"],
+                **(spec["load_kwargs"] or {}),
+            )
+
+    docs: list[Document] = []
+    fixed: dict[str, str] = {}
+    budget_files, budget_bytes = spec["max_files"], spec["max_bytes"]
+    for ours, hf_split in wanted:
+        # Caps are per HF split, so a capped train split cannot starve the test split.
+        total_bytes = 0
+        ds = get(hf_split)
+        field = spec["text_field"]
+        if field not in ds.column_names:
+            raise ValueError(
+                f"data.text_field {field!r} is not a column of {spec['path']!r} split {hf_split!r}; "
+                f"allowed fields are {', '.join(ds.column_names)}."
+            )
+        n_rows = len(ds) if budget_files is None else min(len(ds), budget_files)
+        column = ds.select(range(n_rows))[field] if n_rows < len(ds) else ds[field]
+        for row, text in enumerate(
+            tqdm(column, desc=f"encoding {hf_split}", unit="doc", delay=2.0, leave=False)
+        ):
+            data = (text or "").encode("utf-8")
+            if not data:
+                continue
+            if budget_bytes is not None and total_bytes + len(data) > budget_bytes:
+                break  # row order: the cap is a prefix of each split
+            tokens = bytes_to_tokens(data)
+            tokens.flags.writeable = False
+            doc_id = f"{hf_split}/{row}"
+            docs.append(Document(doc_id, tokens))
+            total_bytes += len(data)
+            if ours is not None:
+                fixed[doc_id] = ours
+    if not docs:
+        raise ValueError(
+            f"the hf dataset {spec['path']!r} yielded no non-empty {spec['text_field']!r} texts."
+        )
+    label = spec["path"] + (f"/{spec['config_name']}" if spec["config_name"] else "")
+    return docs, (fixed if spec["splits"] is not None else None), f"hf:{label}"
+
+
+# --------------------------------------------------------------------------- factory and cache
+
+_CACHE: OrderedDict[str, Corpus] = OrderedDict()
+
+
+def clear_corpus_cache() -> None:
+    """Forget every cached corpus (tests; or to free memory)."""
+    _CACHE.clear()
+
+
+def _cache_get(key: str) -> Corpus | None:
+    corpus = _CACHE.get(key)
+    if corpus is not None:
+        _CACHE.move_to_end(key)
+    return corpus
+
+
+def _cache_put(key: str, corpus: Corpus) -> None:
+    _CACHE[key] = corpus
+    _CACHE.move_to_end(key)
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+
+
+def load_corpus(cfg: Mapping[str, Any]) -> Corpus:
+    """The corpus described by a ``data`` config (dict or DictConfig); see the module doc.
+
+    Cached per process: file corpora by (config, fingerprint), so an edited file
+    is re-read; Hugging Face corpora by config.
+    """
+    spec = normalize_data_config(cfg)
+    kind = spec["name"]
+    spec_key = json.dumps(spec, sort_keys=True, default=str)
+
+    if kind == "hf":
+        key = f"hf:{spec_key}"
+        cached = _cache_get(key)
+        if cached is None:
+            docs, fixed, source = _hf_docs(spec)
+            cached = _build_corpus(kind, source, docs, spec["split_fractions"], fixed)
+            _cache_put(key, cached)
+        return cached
+
+    if kind == "pycorpus":
+        root = stdlib_root()
+        entries = _list_stdlib(root, bool(spec["include_tests"]))
+        source = f"python{sys.version_info.major}.{sys.version_info.minor} stdlib at {root}"
+    else:
+        entries, root = _list_text(spec["paths"], spec["suffixes"], spec["root"])
+        source = f"text files under {root}"
+    entries = _finish_file_listing(entries, spec, f"corpus {kind} ({source})")
+    fingerprint = corpus_fingerprint([(e.id, e.size) for e in entries])
+    key = f"{kind}:{fingerprint}:{spec_key}"
+    cached = _cache_get(key)
+    if cached is None:
+        docs = _read_files(entries, desc=f"reading {kind}")
+        cached = _build_corpus(kind, source, docs, spec["split_fractions"])
+        _cache_put(key, cached)
+    return cached
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def concat_documents(docs: Sequence[Document]) -> np.ndarray:
+    """All documents back to back, each followed by EOS (int16).
+
+    The EOS teaches the model where one text ends, so windows that straddle two
+    documents are not read as one continuous text.
+    """
+    if not docs:
+        raise ValueError(
+            "no documents to concatenate; the split is empty (check split_fractions and caps)."
+        )
+    parts: list[np.ndarray] = []
+    eos = np.array([EOS], dtype=np.int16)
+    for doc in docs:
+        parts.append(np.asarray(doc.tokens, dtype=np.int16))
+        parts.append(eos)
+    return np.concatenate(parts)
+
+
+def _step_seed(seed: int, step: int) -> int:
+    """A 63-bit seed per (seed, step) so that any step can be regenerated alone (resume)."""
+    digest = hashlib.sha256(f"lenbench-train:{int(seed)}:{int(step)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class TrainingBatch(NamedTuple):
+    tokens: torch.Tensor  # LongTensor [B, seq_len + 1]; inputs = [:, :-1], targets = [:, 1:]
+    loss_mask: torch.Tensor  # BoolTensor [B, seq_len], aligned with targets
+    passkey_rows: torch.Tensor  # LongTensor [n_passkey] of row indices holding passkey examples
+
+
+class TrainingStream:
+    """Deterministic, endless training batches from random windows of the concatenated docs.
+
+    Iterating yields ``(tokens, loss_mask)``: tokens LongTensor [B, seq_len+1],
+    loss_mask BoolTensor [B, seq_len] aligned with ``tokens[:, 1:]``. Batch ``k``
+    depends only on (seed, k), so :meth:`batch` can regenerate any step and
+    ``start_step`` resumes a run exactly.
+
+    ``passkey_fraction`` of the rows (exactly, over the run: step k holds
+    ``floor(f*B*(k+1)) - floor(f*B*k)`` rows, at random row positions) are passkey
+    examples of exactly seq_len+1 tokens with a random key and depth.
+    ``passkey_filler="corpus"`` fills them with a random window of the training
+    text instead of the standard sentences. ``passkey_loss="answer"`` restricts the
+    loss of passkey rows to the answer tokens; "all" (default) trains on every token.
+    """
+
+    def __init__(
+        self,
+        docs: Sequence[Document],
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        passkey_fraction: float = 0.0,
+        passkey_filler: str = "standard",
+        passkey_loss: str = "all",
+        start_step: int = 0,
+        tokenizer: ByteTokenizer | None = None,
+    ) -> None:
+        if int(seq_len) < 1 or int(batch_size) < 1:
+            raise ValueError(
+                f"seq_len {seq_len!r} and batch_size {batch_size!r} are invalid; both must be integers >= 1."
+            )
+        if not 0.0 <= float(passkey_fraction) <= 1.0:
+            raise ValueError(
+                f"passkey_fraction {passkey_fraction!r} is invalid; allowed values are in [0, 1]."
+            )
+        if passkey_filler not in PASSKEY_FILLERS:
+            raise ValueError(
+                f"passkey_filler {passkey_filler!r} is unknown; allowed fillers are {', '.join(PASSKEY_FILLERS)}."
+            )
+        if passkey_loss not in PASSKEY_LOSSES:
+            raise ValueError(
+                f"passkey_loss {passkey_loss!r} is unknown; allowed values are {', '.join(PASSKEY_LOSSES)}."
+            )
+        self.seq_len = int(seq_len)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        # Exact rational so that e.g. 0.3 * 10 rows is 3, not 2.9999 floored to 2.
+        self.passkey_fraction = Fraction(float(passkey_fraction)).limit_denominator(10**6)
+        self.passkey_filler = passkey_filler
+        self.passkey_loss = passkey_loss
+        self.start_step = int(start_step)
+        self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+        if self.passkey_fraction > 0 and self.seq_len + 1 < min_passkey_length():
+            # Checked against the longest key now, rather than failing at a random later step.
+            raise ValueError(
+                f"seq_len {self.seq_len} is too short for passkey training examples; "
+                f"seq_len + 1 must be at least {min_passkey_length()} (or set passkey_fraction=0)."
+            )
+        self._stream = torch.from_numpy(concat_documents(docs))
+        if self._stream.numel() < self.seq_len + 1:
+            raise ValueError(
+                f"the training documents hold {self._stream.numel()} tokens, fewer than one window of "
+                f"seq_len + 1 = {self.seq_len + 1}; use more documents or a shorter seq_len."
+            )
+        self._offsets = torch.arange(self.seq_len + 1)
+
+    def passkey_rows_at(self, step: int) -> int:
+        """Number of passkey rows in batch ``step`` (cumulative rounding keeps the run total exact)."""
+        per_step = self.passkey_fraction * self.batch_size
+        return math.floor(per_step * (step + 1)) - math.floor(per_step * step)
+
+    def batch(self, step: int) -> TrainingBatch:
+        """Batch number ``step`` (0-based), a pure function of (seed, step)."""
+        step_seed = _step_seed(self.seed, step)
+        gen = torch.Generator().manual_seed(step_seed)
+        # Passkey keys/depths use the stdlib rng, as the passkey API does.
+        rng = random.Random(step_seed)
+        n_windows = self._stream.numel() - self.seq_len
+        starts = torch.randint(0, n_windows, (self.batch_size,), generator=gen)
+        tokens = self._stream[starts[:, None] + self._offsets].long()
+        loss_mask = torch.ones(self.batch_size, self.seq_len, dtype=torch.bool)
+
+        n_passkey = self.passkey_rows_at(step)
+        rows = torch.randperm(self.batch_size, generator=gen)[:n_passkey].sort().values
+        for row in rows.tolist():
+            example = self._passkey_example(rng)
+            tokens[row] = torch.tensor(example.input_ids, dtype=torch.long)
+            if self.passkey_loss == "answer":
+                loss_mask[row] = False
+                # target j predicts token j+1: the first answer token is predicted at len(prompt)-1.
+                loss_mask[row, len(example.prompt_ids) - 1 :] = True
+        return TrainingBatch(tokens, loss_mask, rows)
+
+    def _passkey_example(self, rng: random.Random) -> PasskeyExample:
+        total = self.seq_len + 1
+        key, depth = random_key(rng), rng.random()
+        source = None
+        if self.passkey_filler == "corpus":
+            # Slice a window here; passing the whole stream would copy it for every row.
+            start = rng.randrange(self._stream.numel() - total + 1)
+            source = self._stream[start : start + total].numpy()
+        return make_passkey_example(
+            total, depth, key, self.tokenizer, filler=self.passkey_filler, filler_source=source
+        )
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        step = self.start_step
+        while True:
+            batch = self.batch(step)
+            yield batch.tokens, batch.loss_mask
+            step += 1
+
+
+def validation_batches(
+    docs: Sequence[Document], seq_len: int, n_batches: int, batch_size: int
+) -> list[torch.Tensor]:
+    """Fixed windows for validation: ``n_batches`` LongTensors [batch_size, seq_len+1].
+
+    Window starts are spread evenly over the concatenated documents (no randomness),
+    so every call and every model sees exactly the same tokens; windows do not
+    overlap whenever the split holds at least n_batches*batch_size*(seq_len+1) tokens.
+    """
+    if int(seq_len) < 1 or int(n_batches) < 1 or int(batch_size) < 1:
+        raise ValueError(
+            f"seq_len {seq_len!r}, n_batches {n_batches!r} and batch_size {batch_size!r} are invalid; "
+            "all must be integers >= 1."
+        )
+    stream = torch.from_numpy(concat_documents(docs))
+    width = int(seq_len) + 1
+    if stream.numel() < width:
+        raise ValueError(
+            f"the validation documents hold {stream.numel()} tokens, fewer than one window of "
+            f"seq_len + 1 = {width}; use more documents or a shorter seq_len."
+        )
+    n = int(n_batches) * int(batch_size)
+    last = stream.numel() - width
+    starts = torch.tensor([(i * last) // max(n - 1, 1) for i in range(n)], dtype=torch.long)
+    windows = stream[starts[:, None] + torch.arange(width)].long()
+    return list(windows.split(int(batch_size)))

@@ -1,0 +1,314 @@
+"""Passkey retrieval examples (Landmark attention template, reused by PI and YaRN).
+
+Layout, joined by newlines exactly as Landmark's ``generate_prompt`` does::
+
+    TASK \\n PREFIX_FILLER \\n NEEDLE \\n SUFFIX_FILLER \\n QUESTION | ANSWER
+
+with NEEDLE = "The pass key is K. Remember it. K is the pass key.", QUESTION =
+"What is the pass key? The pass key is" and ANSWER = " K" (leading space; the
+answer ids are kept apart from the prompt so that evaluation can feed the prompt
+and compare the continuation, and training can restrict the loss to the answer).
+
+The filler is a character prefix of ``" ".join([STANDARD_FILLER] * n)``, as in
+Landmark: whole sentences, then a partial sentence to reach the exact length.
+Prefix and suffix filler both start at the beginning of that stream (Landmark
+does the same), so the haystack carries no positional hint other than the needle.
+
+Lengths are counted in byte tokens (``bench.tokenizer.ByteTokenizer``); every
+example has exactly ``total_length`` tokens, so "length" in a results table is
+the true context the model read.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.tokenizer import ByteTokenizer
+
+__all__ = [
+    "ANSWER_TEMPLATE",
+    "KEY_MAX",
+    "KEY_MIN",
+    "NEEDLE_TEMPLATE",
+    "PASSKEY_FILLERS",
+    "QUESTION",
+    "STANDARD_FILLER",
+    "TASK_DESCRIPTION",
+    "PasskeyExample",
+    "make_passkey_example",
+    "min_passkey_length",
+    "parse_passkey",
+    "passkey_correct",
+    "passkey_grid",
+    "random_key",
+    "standard_filler_text",
+]
+
+TASK_DESCRIPTION = (
+    "There is an important info hidden inside a lot of irrelevant text. "
+    "Find it and memorize them. I will quiz you about the important information there."
+)
+STANDARD_FILLER = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+)
+NEEDLE_TEMPLATE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+ANSWER_TEMPLATE = " {key}"
+SEPARATOR = "\n"
+KEY_MIN = 1
+KEY_MAX = 50000
+PASSKEY_FILLERS = ("standard", "corpus")
+
+_DEFAULT_TOKENIZER = ByteTokenizer()
+
+
+@dataclass(frozen=True)
+class PasskeyExample:
+    """One passkey prompt; ``len(prompt_ids) + len(answer_ids)`` is the example length.
+
+    ``needle_start`` is the token index in ``prompt_ids`` where the needle sentence
+    begins; ``depth`` is the requested fraction of the filler placed before it.
+    """
+
+    prompt_ids: list[int]
+    answer_ids: list[int]
+    key: int
+    depth: float
+    needle_start: int
+    trial: int = 0
+    filler: str = "standard"
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.answer_ids)
+
+    @property
+    def input_ids(self) -> list[int]:
+        """Prompt followed by answer: the full sequence for teacher-forced scoring/training."""
+        return self.prompt_ids + self.answer_ids
+
+
+def random_key(rng: random.Random) -> int:
+    """A key uniform in KEY_MIN..KEY_MAX (inclusive), as in Landmark."""
+    return rng.randint(KEY_MIN, KEY_MAX)
+
+
+def standard_filler_text(n_chars: int) -> str:
+    """The first ``n_chars`` characters of the endlessly repeated standard filler.
+
+    Equal to Landmark's ``" ".join([garbage] * N)[:n_chars]`` for any large N: whole
+    sentences first, then a partial sentence to hit the exact length.
+    """
+    if n_chars <= 0:
+        return ""
+    unit = STANDARD_FILLER + " "
+    return (unit * (n_chars // len(unit) + 1))[:n_chars]
+
+
+def _fixed_parts(key: int) -> tuple[str, str, str]:
+    """(text before the prefix filler, needle line, question) for ``key``."""
+    return TASK_DESCRIPTION + SEPARATOR, NEEDLE_TEMPLATE.format(key=key), QUESTION
+
+
+def min_passkey_length(key: int = KEY_MAX) -> int:
+    """Smallest ``total_length`` that fits the template with no filler.
+
+    Depends on the number of digits of the key; the default (the largest key) is
+    the bound that holds for every key, so callers that draw random keys should
+    check against it.
+    """
+    head, needle, question = _fixed_parts(key)
+    answer = ANSWER_TEMPLATE.format(key=key)
+    # head already ends in a separator; then prefix "\n" needle "\n" suffix "\n" question answer.
+    return len((head + SEPARATOR + needle + SEPARATOR + SEPARATOR + question + answer).encode())
+
+
+def _check_key(key: object) -> int:
+    if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or int(key) < 0:
+        raise ValueError(
+            f"passkey key {key!r} is invalid; allowed keys are non-negative integers "
+            f"(random keys are drawn from {KEY_MIN}..{KEY_MAX})."
+        )
+    return int(key)
+
+
+def _check_depth(depth: object) -> float:
+    value = float(depth)  # type: ignore[arg-type]
+    if not 0.0 <= value <= 1.0:  # also rejects NaN
+        raise ValueError(f"passkey depth {depth!r} is invalid; allowed depths are in [0, 1].")
+    return value
+
+
+def _source_ids(filler_source: object) -> np.ndarray:
+    """Normalize a corpus filler source (str, bytes, ids, array, tensor) to a 1-D int array."""
+    if isinstance(filler_source, str):
+        filler_source = filler_source.encode("utf-8")
+    if isinstance(filler_source, (bytes, bytearray, memoryview)):
+        arr = np.frombuffer(bytes(filler_source), dtype=np.uint8).astype(np.int64)
+    elif hasattr(filler_source, "numpy"):  # torch tensor
+        arr = filler_source.detach().cpu().numpy().astype(np.int64).reshape(-1)  # type: ignore[union-attr]
+    else:
+        arr = np.asarray(filler_source, dtype=np.int64).reshape(-1)
+    if arr.size == 0:
+        raise ValueError("passkey filler_source is empty; corpus filler needs at least one token.")
+    return arr
+
+
+def _corpus_filler(source: np.ndarray, n_tokens: int, rng: random.Random | None) -> list[int]:
+    """``n_tokens`` consecutive ids from ``source`` at a random offset (wrapping around).
+
+    Contiguous text keeps the haystack natural; wrapping lets a short source still
+    fill a long context instead of failing.
+    """
+    if n_tokens <= 0:
+        return []
+    offset = rng.randrange(source.size) if rng is not None else 0
+    idx = (offset + np.arange(n_tokens)) % source.size
+    return source[idx].tolist()
+
+
+def make_passkey_example(
+    total_length: int,
+    depth: float,
+    key: int | None,
+    tokenizer: ByteTokenizer | None = None,
+    filler: str = "standard",
+    filler_source: object = None,
+    rng: random.Random | None = None,
+    trial: int = 0,
+) -> PasskeyExample:
+    """A passkey example of exactly ``total_length`` byte tokens (prompt + answer).
+
+    ``depth`` in [0, 1] is the fraction of filler tokens placed before the needle
+    (0: needle right after the task sentence, 1: right before the question).
+    ``key=None`` draws a key with ``rng`` (uniform in 1..50000).
+    ``filler="corpus"`` takes contiguous ids from ``filler_source`` (str, bytes or
+    token ids) starting at an ``rng``-chosen offset (offset 0 without ``rng``).
+    Raises ValueError if ``total_length`` is below ``min_passkey_length(key)``.
+    """
+    tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
+    depth = _check_depth(depth)
+    if filler not in PASSKEY_FILLERS:
+        raise ValueError(
+            f"passkey filler {filler!r} is unknown; allowed fillers are {', '.join(PASSKEY_FILLERS)}."
+        )
+    if key is None:
+        if rng is None:
+            raise ValueError("passkey key is None and no rng was given; pass a key or an rng.")
+        key = random_key(rng)
+    key = _check_key(key)
+    total_length = int(total_length)
+    minimum = min_passkey_length(key)
+    if total_length < minimum:
+        raise ValueError(
+            f"passkey total_length {total_length} is too short for the template with key {key}; "
+            f"the minimum is {minimum} tokens (any key fits from {min_passkey_length()})."
+        )
+
+    head, needle, question = _fixed_parts(key)
+    n_filler = total_length - minimum
+    # round(), not int(): depths like 0.29 must not lose a token to float error.
+    n_prefix = round(depth * n_filler)
+    n_suffix = n_filler - n_prefix
+
+    if filler == "standard":
+        prefix = tok.encode(standard_filler_text(n_prefix))
+        suffix = tok.encode(standard_filler_text(n_suffix))
+    else:
+        if filler_source is None:
+            raise ValueError('passkey filler "corpus" needs a filler_source (text or token ids).')
+        stream = _corpus_filler(_source_ids(filler_source), n_filler, rng)
+        prefix, suffix = stream[:n_prefix], stream[n_prefix:]
+
+    sep = tok.encode(SEPARATOR)
+    head_ids = tok.encode(head)
+    needle_start = len(head_ids) + len(prefix) + len(sep)
+    prompt = (
+        head_ids + prefix + sep + tok.encode(needle) + sep + suffix + sep + tok.encode(question)
+    )
+    answer = tok.encode(ANSWER_TEMPLATE.format(key=key))
+    if len(prompt) + len(answer) != total_length:
+        # Only a non-byte tokenizer can get here: filler lengths are counted in bytes.
+        raise ValueError(
+            f"passkey example has {len(prompt) + len(answer)} tokens instead of {total_length}; "
+            "the tokenizer must be byte-level (one token per byte)."
+        )
+    return PasskeyExample(
+        prompt_ids=prompt,
+        answer_ids=answer,
+        key=key,
+        depth=depth,
+        needle_start=needle_start,
+        trial=int(trial),
+        filler=filler,
+    )
+
+
+def _cell_rng(seed: int, length: int, depth: float, trial: int) -> random.Random:
+    """An rng that depends only on (seed, length, depth, trial).
+
+    A string seed goes through SHA-512 inside ``random.Random``, so it is stable
+    across processes (unlike ``hash()``), and adding cells to a grid never changes
+    the examples of the other cells.
+    """
+    return random.Random(
+        f"lenbench-passkey:{int(seed)}:{int(length)}:{float(depth)!r}:{int(trial)}"
+    )
+
+
+def passkey_grid(
+    lengths: Iterable[int],
+    depths: Iterable[float],
+    trials: int,
+    seed: int,
+    tokenizer: ByteTokenizer | None = None,
+    filler: str = "standard",
+    filler_source: object = None,
+) -> list[PasskeyExample]:
+    """Examples for every (length, depth, trial), ordered length-major, then depth, then trial.
+
+    Each example (key, corpus offset) is a function of (seed, length, depth, trial) only.
+    """
+    lengths = [int(x) for x in lengths]
+    depths = [_check_depth(d) for d in depths]
+    if isinstance(trials, bool) or int(trials) < 1:
+        raise ValueError(f"passkey trials {trials!r} is invalid; allowed values are integers >= 1.")
+    if not lengths or not depths:
+        raise ValueError("passkey grid needs at least one length and one depth.")
+    examples = []
+    for length in lengths:
+        for depth in depths:
+            for trial in range(int(trials)):
+                rng = _cell_rng(seed, length, depth, trial)
+                key = random_key(rng)
+                examples.append(
+                    make_passkey_example(
+                        length, depth, key, tokenizer, filler, filler_source, rng, trial=trial
+                    )
+                )
+    return examples
+
+
+_LEADING_NUMBER = re.compile(r"\s*(\d+)")
+
+
+def parse_passkey(text: str) -> int | None:
+    """The integer at the start of a generated continuation (leading spaces allowed), or None."""
+    match = _LEADING_NUMBER.match(text)
+    return int(match.group(1)) if match else None
+
+
+def passkey_correct(
+    generated_ids: Sequence[int], key: int, tokenizer: ByteTokenizer | None = None
+) -> bool:
+    """Exact match of the whole key: the continuation must start with exactly its digits.
+
+    "123456" for key 12345 is wrong (extra digit); text after the number is ignored.
+    """
+    tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
+    return parse_passkey(tok.decode(generated_ids)) == int(key)
