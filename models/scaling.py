@@ -1,0 +1,425 @@
+"""RoPE frequency scaling methods ("context extension"), one small function per method.
+
+Modelled on Hugging Face transformers' ``modeling_rope_utils``: each method is a pure
+function registered by name in :data:`SCALING_METHODS`, and :func:`rope_parameters`
+turns ``(method name, geometry, method parameters)`` into the inverse frequencies and
+the attention factor a rotary layer needs.  Parameter names follow transformers'
+``rope_parameters`` keys so configs translate one to one; our ``original_length`` (the
+training length) plays transformers' ``original_max_position_embeddings`` (and, for
+``dynamic``, its ``max_position_embeddings``).
+
+Why the numerics look the way they do:
+
+* The exponents ``2i / r`` are built exactly like transformers does
+  (``arange(0, r, 2)`` as int64, cast to float32, divided by ``r`` in float32), so the
+  same rounding enters both; the rest is computed in float64 and only the result is
+  cast to float32.  The frequencies therefore agree with transformers' to within float32
+  rounding, for any rotary dimension.
+* Every parameter is validated up front and errors name the bad value and the allowed
+  ones.  Nothing is silently clamped or defaulted away (transformers, by contrast, only
+  logs warnings, and treats ``beta_fast=0`` or ``mscale=0`` as "unset").
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import torch
+
+__all__ = [
+    "SCALING_METHODS",
+    "RopeGeometry",
+    "ScalingFn",
+    "default_inv_freq",
+    "logn_factor",
+    "register_scaling",
+    "rope_parameters",
+]
+
+
+@dataclass(frozen=True)
+class RopeGeometry:
+    """What every scaling method may look at, already validated.
+
+    ``rotary_dim`` is r (even, > 0), ``base`` the RoPE base b (> 1), ``original_length``
+    the training length L, ``seq_len`` the length the frequencies are computed for (only
+    ``dynamic`` and ``longrope`` use it; for them it is ``max(position_id) + 1``).
+    """
+
+    rotary_dim: int
+    base: float
+    original_length: int
+    seq_len: int
+
+
+ScalingFn = Callable[..., tuple[torch.Tensor, float]]
+"""``fn(geometry, **params) -> (inv_freq float64 [r/2], attention_factor)``."""
+
+SCALING_METHODS: dict[str, ScalingFn] = {}
+"""Registered scaling methods by name; the keyword-only parameters of each function are
+exactly the parameters that method accepts (parameters without a default are required)."""
+
+
+def register_scaling(name: str) -> Callable[[ScalingFn], ScalingFn]:
+    """Register ``fn(geometry: RopeGeometry, *, <params>) -> (inv_freq, attention_factor)``.
+
+    Adding a method is one decorated function: its keyword-only parameters define which
+    names :func:`rope_parameters` accepts, so unknown names are rejected automatically.
+    """
+
+    def decorator(fn: ScalingFn) -> ScalingFn:
+        if name in SCALING_METHODS:
+            raise ValueError(f"Scaling method {name!r} is already registered.")
+        positional = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if len(positional) != 1:
+            raise ValueError(
+                f"Scaling function {fn.__name__!r} must take exactly one positional argument "
+                f"(the RopeGeometry) and keyword-only parameters, got {len(positional)} positional."
+            )
+        SCALING_METHODS[name] = fn
+        return fn
+
+    return decorator
+
+
+def _method_params(fn: ScalingFn) -> tuple[set[str], set[str]]:
+    """(allowed, required) parameter names of a registered function."""
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    allowed = {p.name for p in params}
+    required = {p.name for p in params if p.default is inspect.Parameter.empty}
+    return allowed, required
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _number(method: str, key: str, value: Any) -> float:
+    """A finite real number (bools and strings such as an unresolved "auto" are rejected)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise ValueError(f"{method}: {key} must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def _at_least(method: str, key: str, value: Any, minimum: float) -> float:
+    x = _number(method, key, value)
+    if x < minimum:
+        raise ValueError(f"{method}: {key} must be >= {minimum:g}, got {value!r}.")
+    return x
+
+
+def _positive(method: str, key: str, value: Any) -> float:
+    x = _number(method, key, value)
+    if x <= 0:
+        raise ValueError(f"{method}: {key} must be > 0, got {value!r}.")
+    return x
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def _ntk_exponent(method: str, rotary_dim: int) -> float:
+    """r / (r - 2), the NTK-aware base exponent; undefined for r = 2."""
+    if rotary_dim <= 2:
+        raise ValueError(
+            f"{method}: needs a rotary dimension > 2 (the base exponent is r/(r-2)), got r={rotary_dim}."
+        )
+    return rotary_dim / (rotary_dim - 2)
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    """theta_i = base^(-2i/r), i = 0..r/2-1, float64.
+
+    The exponent is formed as transformers forms it (int64 arange -> float32, divided by
+    r in float32) so its rounding matches theirs; the power itself is taken in float64.
+    """
+    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (base ** exponent.double())
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature g(s, m) = 0.1 m ln s + 1 (1 for s <= 1)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_correction_dim(num_rotations: float, rotary_dim: int, base: float, length: int) -> float:
+    """Dimension index whose wavelength fits ``num_rotations`` times into ``length``."""
+    return (rotary_dim * math.log(length / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+@register_scaling("default")
+def _default(geometry: RopeGeometry) -> tuple[torch.Tensor, float]:
+    """Plain RoPE: theta_i = b^(-2i/r)."""
+    return default_inv_freq(geometry.rotary_dim, geometry.base), 1.0
+
+
+@register_scaling("linear")
+def _linear(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
+    """Position interpolation (Chen et al. 2023): theta_i / s, i.e. positions divided by s."""
+    s = _at_least("linear", "factor", factor, 1.0)
+    return default_inv_freq(geometry.rotary_dim, geometry.base) / s, 1.0
+
+
+@register_scaling("ntk")
+def _ntk(geometry: RopeGeometry, *, alpha: float) -> tuple[torch.Tensor, float]:
+    """Static NTK-aware scaling (YaRN repo): base' = b * alpha^(r/(r-2)).
+
+    The exponent is chosen so the highest frequency (theta_0 = 1) is unchanged and the
+    lowest one is divided by exactly alpha: extrapolate high frequencies, interpolate low.
+    """
+    a = _positive("ntk", "alpha", alpha)
+    base = geometry.base * a ** _ntk_exponent("ntk", geometry.rotary_dim)
+    return default_inv_freq(geometry.rotary_dim, base), 1.0
+
+
+@register_scaling("dynamic")
+def _dynamic(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
+    """Dynamic NTK (transformers' ``dynamic``): the base grows with the current length.
+
+    seq' = max(seq_len, L); base' = b * (s * seq'/L - (s - 1))^(r/(r-2)).  ``factor`` is
+    a multiplier on the length ratio, not the target ratio: at seq' = L nothing changes.
+    """
+    s = _positive("dynamic", "factor", factor)
+    r = geometry.rotary_dim
+    length = max(geometry.seq_len, geometry.original_length)
+    ratio = s * length / geometry.original_length - (s - 1)
+    base = geometry.base * ratio ** _ntk_exponent("dynamic", r)
+    return default_inv_freq(r, base), 1.0
+
+
+@register_scaling("yarn")
+def _yarn(
+    geometry: RopeGeometry,
+    *,
+    factor: float,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    attention_factor: float | None = None,
+    truncate: bool = True,
+) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023): interpolate low frequencies, keep high ones, blend between.
+
+    Dimensions rotating fewer than ``beta_slow`` times over L are divided by s, those
+    rotating more than ``beta_fast`` times are kept, with a linear ramp over the index
+    range [low, high] in between; ``high`` is clamped to r - 1 (not r/2 - 1), as in
+    transformers.  The attention factor multiplies cos and sin, so logits scale by its
+    square: explicit ``attention_factor``, else g(s, mscale)/g(s, mscale_all_dim) when
+    both are given, else g(s, 1).
+    """
+    s = _at_least("yarn", "factor", factor, 1.0)
+    fast = _positive("yarn", "beta_fast", beta_fast)
+    slow = _positive("yarn", "beta_slow", beta_slow)
+    if fast < slow:
+        raise ValueError(
+            f"yarn: beta_fast must be >= beta_slow, got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}."
+        )
+    if not isinstance(truncate, bool):
+        raise ValueError(f"yarn: truncate must be True or False, got {truncate!r}.")
+
+    if attention_factor is not None:
+        attn = _positive("yarn", "attention_factor", attention_factor)
+    elif mscale is not None or mscale_all_dim is not None:
+        if mscale is None or mscale_all_dim is None:
+            raise ValueError(
+                "yarn: mscale and mscale_all_dim must be given together (transformers ignores one "
+                f"alone), got mscale={mscale!r}, mscale_all_dim={mscale_all_dim!r}."
+            )
+        m = _positive("yarn", "mscale", mscale)
+        m_all = _positive("yarn", "mscale_all_dim", mscale_all_dim)
+        attn = _yarn_mscale(s, m) / _yarn_mscale(s, m_all)
+    else:
+        attn = _yarn_mscale(s)
+
+    r, b, length = geometry.rotary_dim, geometry.base, geometry.original_length
+    low = _yarn_correction_dim(fast, r, b, length)
+    high = _yarn_correction_dim(slow, r, b, length)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, r - 1)
+    if low == high:
+        high += 0.001  # avoid 0/0, as transformers does
+
+    ramp = ((torch.arange(r // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    theta = default_inv_freq(r, b)
+    return (theta / s) * ramp + theta * (1 - ramp), attn
+
+
+@register_scaling("llama3")
+def _llama3(
+    geometry: RopeGeometry,
+    *,
+    factor: float,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+) -> tuple[torch.Tensor, float]:
+    """Llama 3.1 scaling: wavelengths longer than L/low_freq_factor are divided by s,
+    shorter than L/high_freq_factor kept, and smoothly blended in between.
+
+    Defaults are Meta's Llama 3.1 values (1 and 4); transformers has no defaults.
+    """
+    s = _at_least("llama3", "factor", factor, 1.0)
+    lf = _positive("llama3", "low_freq_factor", low_freq_factor)
+    hf = _positive("llama3", "high_freq_factor", high_freq_factor)
+    if hf <= lf:
+        raise ValueError(
+            "llama3: high_freq_factor must be > low_freq_factor, got "
+            f"high_freq_factor={high_freq_factor!r}, low_freq_factor={low_freq_factor!r}."
+        )
+    length = geometry.original_length
+    theta = default_inv_freq(geometry.rotary_dim, geometry.base)
+    wavelen = 2 * math.pi / theta
+    low_freq_wavelen, high_freq_wavelen = length / lf, length / hf
+
+    smooth = (length / wavelen - lf) / (hf - lf)
+    blended = (1 - smooth) * theta / s + smooth * theta
+    out = torch.where(wavelen > low_freq_wavelen, theta / s, theta)
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, blended, out), 1.0
+
+
+@register_scaling("longrope")
+def _longrope(
+    geometry: RopeGeometry,
+    *,
+    short_factor: Sequence[float],
+    long_factor: Sequence[float],
+    factor: float | None = None,
+    attention_factor: float | None = None,
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Ding et al. 2024; Phi-3): per-dimension rescale factors, theta_i / ext_i.
+
+    ``long_factor`` is used when seq_len > L (strictly), else ``short_factor``.  The
+    attention factor depends only on the static ``factor`` (transformers derives it as
+    max_position_embeddings / original_max_position_embeddings when absent; pass that
+    ratio here), so it also applies to short sequences: explicit ``attention_factor``,
+    else 1 if s <= 1, else sqrt(1 + ln s / ln L).
+    """
+    half = geometry.rotary_dim // 2
+    factors = {}
+    for key, values in (("short_factor", short_factor), ("long_factor", long_factor)):
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise ValueError(f"longrope: {key} must be a list of {half} numbers, got {values!r}.")
+        if len(values) != half:
+            raise ValueError(
+                f"longrope: {key} must have length rotary_dim/2 = {half}, got length {len(values)}."
+            )
+        factors[key] = [_positive("longrope", f"{key}[{i}]", v) for i, v in enumerate(values)]
+
+    s = None if factor is None else _at_least("longrope", "factor", factor, 1.0)
+    if attention_factor is not None:
+        attn = _positive("longrope", "attention_factor", attention_factor)
+    elif s is None:
+        raise ValueError(
+            "longrope: give factor (target length / original_length, transformers' "
+            "max_position_embeddings / original_max_position_embeddings) or attention_factor; "
+            "got neither."
+        )
+    else:
+        attn = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(geometry.original_length))
+
+    use_long = geometry.seq_len > geometry.original_length
+    ext = torch.tensor(factors["long_factor" if use_long else "short_factor"], dtype=torch.float64)
+    return default_inv_freq(geometry.rotary_dim, geometry.base) / ext, attn
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def rope_parameters(
+    name: str,
+    *,
+    head_dim: int,
+    base: float,
+    original_length: int,
+    seq_len: int,
+    rotary_fraction: float = 1.0,
+    **params: Any,
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention factor of scaling method ``name``.
+
+    Returns ``(inv_freq, attention_factor)``: ``inv_freq`` is a float32 tensor of shape
+    [r/2] with r = int(head_dim * rotary_fraction) (the rotated channels; the rest pass
+    through), ``attention_factor`` a float that multiplies both cos and sin, so
+    attention logits scale by its square (as in transformers).  ``seq_len`` is the
+    length the frequencies are for (``max(position_id) + 1``); ``params`` are the
+    method's parameters, named as in transformers' ``rope_parameters``.
+    """
+    if name not in SCALING_METHODS:
+        raise ValueError(
+            f"Unknown scaling method {name!r}; registered methods: {sorted(SCALING_METHODS)}."
+        )
+    fn = SCALING_METHODS[name]
+    allowed, required = _method_params(fn)
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ValueError(
+            f"{name}: unknown parameter(s) {unknown}; allowed parameters: {sorted(allowed) or 'none'}."
+        )
+    missing = sorted(required - set(params))
+    if missing:
+        raise ValueError(
+            f"{name}: missing required parameter(s) {missing}; allowed parameters: {sorted(allowed)}."
+        )
+
+    head_dim = _positive_int("head_dim", head_dim)
+    original_length = _positive_int("original_length", original_length)
+    seq_len = _positive_int("seq_len", seq_len)
+    fraction = _number(name, "rotary_fraction", rotary_fraction)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"rotary_fraction must be in (0, 1], got {rotary_fraction!r}.")
+    rotary_dim = int(head_dim * fraction)
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(
+            f"The rotary dimension int(head_dim * rotary_fraction) = int({head_dim} * {rotary_fraction}) "
+            f"= {rotary_dim} must be even and > 0."
+        )
+    b = _number(name, "base", base)
+    if b <= 1:
+        raise ValueError(f"base must be > 1, got {base!r}.")
+
+    geometry = RopeGeometry(rotary_dim, b, original_length, seq_len)
+    inv_freq, attention_factor = fn(geometry, **params)
+    if inv_freq.shape != (rotary_dim // 2,):
+        raise RuntimeError(
+            f"Scaling method {name!r} returned inv_freq of shape {tuple(inv_freq.shape)}, "
+            f"expected ({rotary_dim // 2},)."
+        )
+    return inv_freq.to(torch.float32), float(attention_factor)
+
+
+def logn_factor(seq_len: int, train_length: int) -> float:
+    """Log-n attention scaling: multiply logits by max(1, ln(seq_len) / ln(train_length)).
+
+    Keeps the attention entropy roughly constant as the number of attended tokens grows
+    beyond the training length; at or below it the factor is exactly 1.
+    """
+    seq_len = _positive_int("seq_len", seq_len)
+    train_length = _positive_int("train_length", train_length)
+    if train_length < 2:
+        raise ValueError(f"train_length must be >= 2 (ln(1) = 0), got {train_length!r}.")
+    return max(1.0, math.log(seq_len) / math.log(train_length))

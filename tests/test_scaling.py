@@ -1,0 +1,685 @@
+"""Tests for models/scaling.py: RoPE scaling methods against an independent implementation.
+
+The oracle is Hugging Face transformers' own rope init functions, called directly
+(``ROPE_INIT_FUNCTIONS[name](config, "cpu", seq_len=...)``; ``default`` through
+``LlamaRotaryEmbedding.compute_default_rope_parameters``).  Written against and run with
+transformers 5.24.0 (torch 2.13.0+cpu).  Oracle tests are skipped when transformers is
+missing or older than 5.0 (4.x configures RoPE through ``rope_scaling`` instead).
+
+Things learned from the 5.24 oracle:
+
+* ``LlamaRotaryEmbedding.compute_default_rope_parameters`` ignores
+  ``partial_rotary_factor`` (it always returns head_dim/2 frequencies), so partial
+  ``default`` is checked against ``GPTNeoXRotaryEmbedding.compute_default_rope_parameters``,
+  which honours it (and equals Llama's for full rotation).
+* ``dynamic`` reads L from ``max_position_embeddings`` (so it is set to the training
+  length); ``yarn``/``llama3``/``longrope`` read ``original_max_position_embeddings``.
+* ``longrope`` without ``factor`` derives it as max_position_embeddings / original; ours
+  takes that ratio as ``factor`` and the two agree.
+* YaRN's ``mscale`` / ``mscale_all_dim`` only count when both are truthy, and
+  ``beta_fast=0`` means 32; we reject those inputs instead (see the error tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from models.scaling import (
+    SCALING_METHODS,
+    RopeGeometry,
+    default_inv_freq,
+    logn_factor,
+    register_scaling,
+    rope_parameters,
+)
+
+RTOL = 1e-6
+HEAD_DIMS = (32, 64, 128)
+BASES = (500.0, 1e4, 1e6)
+FACTORS = (2.0, 4.0, 8.0, 16.0)
+# 8192 with base 500 puts YaRN's `high` above r/2 - 1, where the r - 1 clamp matters.
+TRAIN_LENGTHS = (64, 256, 2048, 8192)
+FRACTIONS = (1.0, 0.75, 0.25)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def assert_rope_matches(
+    ours: tuple[torch.Tensor, float],
+    theirs: tuple[torch.Tensor, float],
+    label: str = "",
+    rtol: float = RTOL,
+) -> None:
+    """Same shape, float32, inv_freq within rtol (no atol) and attention factor within RTOL."""
+    inv, attn = ours
+    ref_inv, ref_attn = theirs
+    assert inv.dtype == torch.float32, f"{label}: dtype {inv.dtype}"
+    assert inv.shape == ref_inv.shape, (
+        f"{label}: shape {tuple(inv.shape)} vs {tuple(ref_inv.shape)}"
+    )
+    rel = ((inv.double() - ref_inv.double()).abs() / ref_inv.double().abs()).max().item()
+    assert rel <= rtol, f"{label}: inv_freq max relative error {rel:.3g} > {rtol}"
+    assert math.isclose(attn, float(ref_attn), rel_tol=RTOL, abs_tol=0.0), (
+        f"{label}: attention factor {attn!r} vs {float(ref_attn)!r}"
+    )
+
+
+def longrope_lists(rotary_dim: int, factor: float) -> tuple[list[float], list[float]]:
+    """Deterministic short/long factor lists of length r/2 (long grows to ~factor)."""
+    half = rotary_dim // 2
+    short = [1.0 + 0.05 * i / half for i in range(half)]
+    long = [1.0 + (factor - 1.0) * (i / (half - 1)) ** 1.5 for i in range(half)]
+    return short, long
+
+
+@pytest.fixture(scope="module")
+def hf() -> Any:
+    transformers = pytest.importorskip("transformers")
+    major = int(transformers.__version__.split(".")[0])
+    if major < 5:
+        pytest.skip(
+            f"oracle written for transformers 5.x rope_parameters, found {transformers.__version__}"
+        )
+    transformers.logging.set_verbosity_error()  # config validation warnings are expected noise here
+    return transformers
+
+
+@functools.cache
+def _llama_config(hf: Any, head_dim: int, max_position_embeddings: int) -> Any:
+    """One LlamaConfig per geometry (building one costs ~2 ms; rope_parameters is swapped per call)."""
+    return hf.LlamaConfig(
+        hidden_size=2 * head_dim,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )
+
+
+def hf_rope(
+    hf: Any,
+    method: str,
+    *,
+    head_dim: int,
+    base: float,
+    original_length: int,
+    seq_len: int,
+    rotary_fraction: float = 1.0,
+    max_position_embeddings: int | None = None,
+    **params: Any,
+) -> tuple[torch.Tensor, float]:
+    """transformers' inv_freq / attention factor for the same setting."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rope: dict[str, Any] = {"rope_type": method, "rope_theta": base, **params}
+    if rotary_fraction != 1.0:
+        rope["partial_rotary_factor"] = rotary_fraction
+    if method == "dynamic":
+        max_pos = original_length  # transformers' dynamic uses max_position_embeddings as L
+    else:
+        if method != "default":
+            rope["original_max_position_embeddings"] = original_length
+        factor = params.get("factor", 1.0)
+        max_pos = max_position_embeddings or int(original_length * factor)
+    cfg = _llama_config(hf, head_dim, max_pos)
+    cfg.rope_parameters = rope  # the init functions standardize it themselves
+    if method == "default":
+        if rotary_fraction != 1.0:  # Llama's default ignores partial_rotary_factor
+            return GPTNeoXRotaryEmbedding.compute_default_rope_parameters(cfg)
+        return LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
+    return ROPE_INIT_FUNCTIONS[method](cfg, "cpu", seq_len=seq_len)
+
+
+def grid(method: str, head_dim: int) -> Iterator[dict[str, Any]]:
+    """Settings for one method and head dim.
+
+    Full product of bases x factors x training lengths (x seq_lens below/at/just
+    above/far above L for the length-dependent methods); the rotary fraction cycles
+    through FRACTIONS so partial rotation is covered without tripling the runtime.
+    """
+    seq_dependent = method in ("dynamic", "longrope")
+    factors = (1.0,) if method == "default" else FACTORS
+    for k, (base, factor, length) in enumerate(itertools.product(BASES, factors, TRAIN_LENGTHS)):
+        seqs = (length // 2, length, length + 1, 4 * length) if seq_dependent else (length,)
+        for seq_len in seqs:
+            yield {
+                "head_dim": head_dim,
+                "base": base,
+                "original_length": length,
+                "seq_len": seq_len,
+                "rotary_fraction": FRACTIONS[k % len(FRACTIONS)],
+                "factor": factor,
+            }
+
+
+def method_params(method: str, setting: dict[str, Any]) -> list[dict[str, Any]]:
+    """Parameter variants of ``method`` for one grid point (``factor`` is the grid's)."""
+    s = setting["factor"]
+    rotary_dim = int(setting["head_dim"] * setting["rotary_fraction"])
+    if method == "default":
+        return [{}]
+    if method in ("linear", "dynamic"):
+        return [{"factor": s}]
+    if method == "yarn":
+        return [
+            {"factor": s},
+            {"factor": s, "truncate": False},
+            {"factor": s, "beta_fast": 16.0, "beta_slow": 2.0},
+            {"factor": s, "mscale": 1.0, "mscale_all_dim": 0.5},
+            {"factor": s, "attention_factor": 1.25},
+        ]
+    if method == "llama3":
+        return [
+            {"factor": s, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            {"factor": s, "low_freq_factor": 2.0, "high_freq_factor": 8.0},
+        ]
+    if method == "longrope":
+        short, long = longrope_lists(rotary_dim, s)
+        return [
+            {"short_factor": short, "long_factor": long, "factor": s},
+            {"short_factor": short, "long_factor": long, "attention_factor": 1.1},
+        ]
+    raise AssertionError(method)
+
+
+def oracle_rtol(method: str, params: dict[str, Any]) -> float:
+    """transformers computes YaRN's ramp in float32; with truncate=False the blend
+    theta * (1 - ramp * (1 - 1/s)) cancels and its error reaches ~1.5e-6 (ours is the
+    exact value to float32 rounding, see test_yarn_untruncated_is_exact)."""
+    if method == "yarn" and params.get("truncate") is False:
+        return 4e-6
+    return RTOL
+
+
+# ----------------------------------------------------------------------------- oracle: transformers
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("method", ["default", "linear", "dynamic", "yarn", "llama3", "longrope"])
+def test_matches_transformers(hf: Any, method: str, head_dim: int) -> None:
+    checked = 0
+    for setting in grid(method, head_dim):
+        for params in method_params(method, setting):
+            kwargs = {**{k: v for k, v in setting.items() if k != "factor"}, **params}
+            ours = rope_parameters(method, **kwargs)
+            theirs = hf_rope(hf, method, **kwargs)
+            assert_rope_matches(ours, theirs, f"{method} {kwargs}", oracle_rtol(method, params))
+            checked += 1
+    assert checked >= 12
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_longrope_factor_derived_like_transformers(hf: Any, head_dim: int) -> None:
+    """Without ``factor`` transformers uses max_position_embeddings / original; ours takes
+    that ratio as ``factor`` and must give the same attention factor (short and long)."""
+    for base, length, s in itertools.product(BASES, TRAIN_LENGTHS, FACTORS):
+        short, long = longrope_lists(head_dim, s)
+        common = {"head_dim": head_dim, "base": base, "original_length": length}
+        lists = {"short_factor": short, "long_factor": long}
+        seq_len = 4 * length if s > 4 else length
+        ours = rope_parameters("longrope", **common, seq_len=seq_len, **lists, factor=s)
+        theirs = hf_rope(
+            hf,
+            "longrope",
+            **common,
+            seq_len=seq_len,
+            **lists,
+            max_position_embeddings=int(length * s),
+        )
+        assert_rope_matches(ours, theirs, f"longrope derived factor {common} s={s}")
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_ntk_equals_dynamic_at_matching_ratio(hf: Any, head_dim: int) -> None:
+    """Static NTK with alpha = s*seq/L - (s-1) is transformers' dynamic NTK at seq."""
+    for base, length, s in itertools.product(BASES, TRAIN_LENGTHS, FACTORS):
+        seq_len = int(s) * length  # so the ratio is s^2 - s + 1, a different alpha per s
+        alpha = s * seq_len / length - (s - 1)
+        common = {"head_dim": head_dim, "base": base, "original_length": length}
+        ours = rope_parameters("ntk", **common, seq_len=length, alpha=alpha)
+        theirs = hf_rope(hf, "dynamic", **common, seq_len=seq_len, factor=s)
+        assert_rope_matches(ours, theirs, f"ntk alpha={alpha} {common}")
+
+
+def test_yarn_untruncated_is_exact(hf: Any) -> None:
+    """Where we and transformers differ by > 1e-6 (yarn, truncate=False, s=16), ours is the
+    exact value rounded to float32 and transformers' float32 ramp is the one that is off."""
+    r, b, length, s = 64, 500.0, 256, 16.0
+    common = {"head_dim": r, "base": b, "original_length": length, "seq_len": length}
+    ours, _ = rope_parameters("yarn", **common, factor=s, truncate=False)
+    theirs, _ = hf_rope(hf, "yarn", **common, factor=s, truncate=False)
+
+    def corr(n: float) -> float:
+        return r * math.log(length / (2 * math.pi * n)) / (2 * math.log(b))
+
+    low, high = max(corr(32), 0.0), min(corr(1), r - 1.0)
+    exact = []
+    for i in range(r // 2):
+        theta, ramp = b ** (-2 * i / r), min(max((i - low) / (high - low), 0.0), 1.0)
+        exact.append(theta / s * ramp + theta * (1 - ramp))
+    exact_t = torch.tensor(exact, dtype=torch.float64)
+
+    def rel(x: torch.Tensor) -> float:
+        return ((x.double() - exact_t).abs() / exact_t).max().item()
+
+    assert rel(ours) < 1e-7
+    assert 1e-6 < rel(theirs) < 4e-6  # documents the oracle's own rounding (see oracle_rtol)
+
+
+def test_default_partial_oracles_agree_on_full_rotation(hf: Any) -> None:
+    """The NeoX default used for partial rotation equals Llama's for full rotation."""
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = hf.LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    )
+    a = GPTNeoXRotaryEmbedding.compute_default_rope_parameters(cfg)
+    b = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
+    assert torch.equal(a[0], b[0]) and a[1] == b[1]
+
+
+def rope_tables(
+    inv_freq: torch.Tensor, attention_factor: float, positions: torch.Tensor, scale_sin: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin as transformers' rotary embedding emits them ("half" layout, factor on both)."""
+    freqs = positions[:, None].float() * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * attention_factor, emb.sin() * (attention_factor if scale_sin else 1.0)
+
+
+def hf_tables(
+    hf: Any, rope: dict[str, Any], max_pos: int, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin from LlamaRotaryEmbedding.forward (incl. its dynamic/longrope seq_len logic)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = hf.LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        max_position_embeddings=max_pos,
+        rope_parameters=rope,
+    )
+    emb = LlamaRotaryEmbedding(cfg)
+    x = torch.zeros(1, positions.numel(), 64)
+    cos, sin = emb(x, positions[None, :])
+    return cos[0], sin[0]
+
+
+def assert_tables_close(
+    ours: tuple[torch.Tensor, torch.Tensor], theirs: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-4)  # float32 angles up to ~1e3 rad
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "max_pos"),
+    [
+        ("yarn", {"factor": 4.0}, 1024),
+        ("dynamic", {"factor": 4.0}, 256),
+        ("longrope", {"factor": 4.0}, 1024),
+    ],
+)
+def test_cos_sin_tables_match_transformers_forward(
+    hf: Any, method: str, params: dict[str, Any], max_pos: int
+) -> None:
+    """End to end through LlamaRotaryEmbedding: seq_len is max(position) + 1, factor on cos and sin."""
+    params = dict(params)
+    if method == "longrope":
+        params["short_factor"], params["long_factor"] = longrope_lists(64, 4.0)
+    rope = {"rope_type": method, "rope_theta": 1e4, **params}
+    if method != "dynamic":
+        rope["original_max_position_embeddings"] = 256
+    for n_pos in (200, 1000):  # below and above the training length
+        positions = torch.arange(n_pos)
+        inv, attn = rope_parameters(
+            method, head_dim=64, base=1e4, original_length=256, seq_len=n_pos, **params
+        )
+        assert_tables_close(
+            rope_tables(inv, attn, positions), hf_tables(hf, dict(rope), max_pos, positions)
+        )
+
+
+# ----------------------------------------------------------------------------- negative controls
+
+
+def test_helper_rejects_perturbed_inv_freq() -> None:
+    inv, attn = rope_parameters(
+        "yarn", head_dim=64, base=1e4, original_length=256, seq_len=1024, factor=4.0
+    )
+    assert_rope_matches((inv, attn), (inv.clone(), attn))
+    bumped = inv.clone()
+    bumped[7] *= 1 + 1e-5
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_rope_matches((bumped, attn), (inv, attn))
+    with pytest.raises(AssertionError, match="attention factor"):
+        assert_rope_matches((inv, attn * (1 + 1e-5)), (inv, attn))
+    with pytest.raises(AssertionError, match="shape"):
+        assert_rope_matches((inv[:-1], attn), (inv, attn))
+    with pytest.raises(AssertionError, match="dtype"):
+        assert_rope_matches((inv.double(), attn), (inv, attn))
+
+
+def _wrong_yarn_half_clamp(geometry: RopeGeometry, factor: float) -> torch.Tensor:
+    """YaRN with the classic bug: `high` clamped to r/2 - 1 instead of r - 1."""
+    r, b, length = geometry.rotary_dim, geometry.base, geometry.original_length
+
+    def corr(n: float) -> float:
+        return r * math.log(length / (2 * math.pi * n)) / (2 * math.log(b))
+
+    low, high = max(math.floor(corr(32)), 0), min(math.ceil(corr(1)), r // 2 - 1)
+    ramp = ((torch.arange(r // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    theta = default_inv_freq(r, b)
+    return ((theta / factor) * ramp + theta * (1 - ramp)).float()
+
+
+def test_wrong_yarn_clamp_is_rejected(hf: Any) -> None:
+    """In the regime L > 2*pi*b (here base 500, L 8192), clamping high to r/2-1 is detectably wrong."""
+    setting = {"head_dim": 64, "base": 500.0, "original_length": 8192, "seq_len": 8192}
+    theirs = hf_rope(hf, "yarn", **setting, factor=4.0)
+    ours = rope_parameters("yarn", **setting, factor=4.0)
+    assert_rope_matches(ours, theirs)
+    wrong = _wrong_yarn_half_clamp(RopeGeometry(64, 500.0, 8192, 8192), 4.0)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_rope_matches((wrong, ours[1]), theirs)
+
+
+def test_yarn_attention_factor_must_be_on_cos_and_sin(hf: Any) -> None:
+    """Forgetting the factor on sin (or dropping it entirely) no longer matches transformers."""
+    positions = torch.arange(600)
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 1e4,
+        "factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    theirs = hf_tables(hf, rope, 1024, positions)
+    inv, attn = rope_parameters(
+        "yarn", head_dim=64, base=1e4, original_length=256, seq_len=600, factor=4.0
+    )
+    assert_tables_close(rope_tables(inv, attn, positions), theirs)
+    with pytest.raises(AssertionError):
+        assert_tables_close(rope_tables(inv, attn, positions, scale_sin=False), theirs)
+    with pytest.raises(AssertionError):
+        assert_tables_close(rope_tables(inv, 1.0, positions), theirs)
+    with pytest.raises(AssertionError, match="attention factor"):
+        assert_rope_matches(
+            (inv, 1.0),
+            hf_rope(
+                hf, "yarn", head_dim=64, base=1e4, original_length=256, seq_len=600, factor=4.0
+            ),
+        )
+
+
+def test_dynamic_factor_as_target_ratio_is_rejected(hf: Any) -> None:
+    """The trap: treating dynamic's factor as the target ratio (base' = b * s^(r/(r-2))) is wrong."""
+    common = {"head_dim": 64, "base": 1e4, "original_length": 256}
+    for seq_len in (256, 1024):
+        theirs = hf_rope(hf, "dynamic", **common, seq_len=seq_len, factor=4.0)
+        assert_rope_matches(
+            rope_parameters("dynamic", **common, seq_len=seq_len, factor=4.0), theirs
+        )
+        wrong = rope_parameters("ntk", **common, seq_len=seq_len, alpha=4.0)
+        with pytest.raises(AssertionError, match="relative error"):
+            assert_rope_matches(wrong, theirs)
+
+
+# ----------------------------------------------------------------------------- hand-checked values
+
+
+REFERENCE = {
+    # REFERENCE.md: head_dim 64, base 1e4, factor 4, L 256; inv_freq[:4], attention factor.
+    "default": ({}, 256, [1.0, 0.749894, 0.562341, 0.421697], 1.0),
+    "linear": ({"factor": 4.0}, 256, [0.25, 0.187474, 0.140585, 0.105424], 1.0),
+    "dynamic": ({"factor": 4.0}, 1024, [1.0, 0.690345, 0.476577, 0.329002], 1.0),
+    "yarn": ({"factor": 4.0}, 1024, [1.0, 0.706631, 0.497456, 0.348711], 1.1386294361),
+}
+
+
+@pytest.mark.parametrize("method", sorted(REFERENCE))
+def test_reference_values(method: str) -> None:
+    params, seq_len, head, attn = REFERENCE[method]
+    inv, a = rope_parameters(
+        method, head_dim=64, base=1e4, original_length=256, seq_len=seq_len, **params
+    )
+    assert inv.shape == (32,) and inv.dtype == torch.float32
+    torch.testing.assert_close(inv[:4], torch.tensor(head), rtol=2e-6, atol=1e-6)
+    assert a == pytest.approx(attn, rel=1e-9)
+
+
+def test_reference_values_by_hand() -> None:
+    """The same numbers from the closed forms, independent of any rope code."""
+    r, b, s, length = 64, 1e4, 4.0, 256
+    theta = [b ** (-2 * i / r) for i in range(r // 2)]
+    inv, _ = rope_parameters("default", head_dim=r, base=b, original_length=length, seq_len=length)
+    torch.testing.assert_close(inv, torch.tensor(theta, dtype=torch.float32), rtol=1e-6, atol=0)
+    # dynamic at 4L: base' = b * (4*4 - 3)^(64/62) = b * 13^(32/31)
+    base2 = b * 13 ** (64 / 62)
+    inv, _ = rope_parameters(
+        "dynamic", head_dim=r, base=b, original_length=length, seq_len=4 * length, factor=s
+    )
+    torch.testing.assert_close(
+        inv,
+        torch.tensor([base2 ** (-2 * i / r) for i in range(r // 2)], dtype=torch.float32),
+        rtol=1e-6,
+        atol=0,
+    )
+    # yarn: corr(32) = 64 ln(256/(64 pi)) / (2 ln 1e4) = 0.827 -> low 0; corr(1) = 12.88 -> high 13.
+    inv, attn = rope_parameters(
+        "yarn", head_dim=r, base=b, original_length=length, seq_len=length, factor=s
+    )
+    ramp = [min(max(i / 13, 0.0), 1.0) for i in range(r // 2)]
+    hand = [t / s * m + t * (1 - m) for t, m in zip(theta, ramp, strict=True)]
+    torch.testing.assert_close(inv, torch.tensor(hand, dtype=torch.float32), rtol=1e-6, atol=0)
+    assert attn == pytest.approx(1 + 0.1 * math.log(4))
+    # longrope's default attention factor: sqrt(1 + ln 4 / ln 256) = sqrt(1.25)
+    short, long = longrope_lists(r, s)
+    _, attn = rope_parameters(
+        "longrope",
+        head_dim=r,
+        base=b,
+        original_length=length,
+        seq_len=10,
+        short_factor=short,
+        long_factor=long,
+        factor=s,
+    )
+    assert attn == pytest.approx(math.sqrt(1.25))
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("linear", {"factor": 1.0}),
+        ("yarn", {"factor": 1.0}),
+        ("llama3", {"factor": 1.0}),
+        ("ntk", {"alpha": 1.0}),
+    ],
+)
+def test_identity_settings_equal_default(method: str, params: dict[str, Any]) -> None:
+    common = {"head_dim": 64, "base": 1e4, "original_length": 256, "seq_len": 1024}
+    ref, _ = rope_parameters("default", **common)
+    inv, attn = rope_parameters(method, **common, **params)
+    torch.testing.assert_close(inv, ref, rtol=1e-6, atol=0)
+    assert attn == 1.0
+
+
+def test_dynamic_and_longrope_switch_only_beyond_training_length() -> None:
+    common = {"head_dim": 64, "base": 1e4, "original_length": 256}
+    ref, _ = rope_parameters("default", **common, seq_len=1)
+    for seq_len in (1, 100, 256):
+        assert torch.equal(
+            rope_parameters("dynamic", **common, seq_len=seq_len, factor=8.0)[0], ref
+        )
+    assert not torch.allclose(rope_parameters("dynamic", **common, seq_len=257, factor=8.0)[0], ref)
+    short, long = longrope_lists(64, 4.0)
+    at_l = rope_parameters(
+        "longrope", **common, seq_len=256, short_factor=short, long_factor=long, factor=4.0
+    )
+    past_l = rope_parameters(
+        "longrope", **common, seq_len=257, short_factor=short, long_factor=long, factor=4.0
+    )
+    torch.testing.assert_close(at_l[0], ref / torch.tensor(short), rtol=1e-6, atol=0)
+    torch.testing.assert_close(past_l[0], ref / torch.tensor(long), rtol=1e-6, atol=0)
+    assert at_l[1] == past_l[1] > 1.0  # attention factor applies to short sequences too
+
+
+def test_partial_rotation_shapes() -> None:
+    for method, params in [("default", {}), ("yarn", {"factor": 4.0}), ("ntk", {"alpha": 2.0})]:
+        inv, _ = rope_parameters(
+            method,
+            head_dim=64,
+            base=1e4,
+            original_length=256,
+            seq_len=256,
+            rotary_fraction=0.25,
+            **params,
+        )
+        assert inv.shape == (8,) and inv.dtype == torch.float32
+
+
+def test_registry_names_and_extension() -> None:
+    assert {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"} <= set(
+        SCALING_METHODS
+    )
+
+    @register_scaling("_test_halve")
+    def _halve(geometry: RopeGeometry, *, amount: float = 2.0) -> tuple[torch.Tensor, float]:
+        return default_inv_freq(geometry.rotary_dim, geometry.base) / amount, 1.0
+
+    try:
+        inv, _ = rope_parameters(
+            "_test_halve", head_dim=8, base=1e4, original_length=16, seq_len=16, amount=4.0
+        )
+        assert inv[0].item() == 0.25
+        with pytest.raises(ValueError, match="'factor'.*allowed parameters: \\['amount'\\]"):
+            rope_parameters(
+                "_test_halve", head_dim=8, base=1e4, original_length=16, seq_len=16, factor=4.0
+            )
+        with pytest.raises(ValueError, match="already registered"):
+            register_scaling("_test_halve")(_halve)
+    finally:
+        SCALING_METHODS.pop("_test_halve", None)
+
+
+# ----------------------------------------------------------------------------- errors
+
+GEOM = {"head_dim": 64, "base": 1e4, "original_length": 256, "seq_len": 1024}
+SHORT, LONG = longrope_lists(64, 4.0)
+
+
+def _call(name: str, **overrides: Any) -> Callable[[], object]:
+    kwargs = {**GEOM, **overrides}
+    return lambda: rope_parameters(name, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (_call("yarnn", factor=4.0), r"'yarnn'.*registered methods: \[.*'yarn'"),
+        (_call("linear", alpha=2.0), r"\['alpha'\].*allowed parameters: \['factor'\]"),
+        (_call("yarn", factor=4.0, beta=3), r"\['beta'\].*'beta_fast'"),
+        (_call("linear"), r"missing required parameter\(s\) \['factor'\]"),
+        (_call("linear", factor=0.5), r"factor must be >= 1, got 0.5"),
+        (_call("yarn", factor=0.5), r"yarn: factor must be >= 1, got 0.5"),
+        (_call("llama3", factor=0.9), r"llama3: factor must be >= 1, got 0.9"),
+        (_call("dynamic", factor=0), r"dynamic: factor must be > 0, got 0"),
+        (_call("dynamic", factor=-2.0), r"got -2.0"),
+        (_call("ntk", alpha=0.0), r"ntk: alpha must be > 0, got 0.0"),
+        (_call("linear", factor="auto"), r"finite number, got 'auto'"),
+        (_call("linear", factor=float("nan")), r"got nan"),
+        (
+            _call("longrope", short_factor=SHORT[:3], long_factor=LONG, factor=4.0),
+            r"short_factor must have length rotary_dim/2 = 32, got length 3",
+        ),
+        (
+            _call("longrope", short_factor=SHORT, long_factor=LONG + [1.0], factor=4.0),
+            r"long_factor .* got length 33",
+        ),
+        (
+            _call("longrope", short_factor=SHORT, long_factor="1,2", factor=4.0),
+            r"long_factor must be a list",
+        ),
+        (
+            _call("longrope", short_factor=SHORT, long_factor=LONG),
+            r"give factor .* or attention_factor",
+        ),
+        (
+            _call("longrope", short_factor=[0.0] * 32, long_factor=LONG, factor=4.0),
+            r"short_factor\[0\] must be > 0",
+        ),
+        (_call("yarn", factor=4.0, beta_fast=0), r"beta_fast must be > 0, got 0"),
+        (_call("yarn", factor=4.0, beta_fast=1, beta_slow=32), r"beta_fast=1, beta_slow=32"),
+        (_call("yarn", factor=4.0, mscale=0.7), r"together.*mscale=0.7, mscale_all_dim=None"),
+        (
+            _call("yarn", factor=4.0, attention_factor=-1.0),
+            r"attention_factor must be > 0, got -1.0",
+        ),
+        (_call("yarn", factor=4.0, truncate="yes"), r"truncate must be True or False, got 'yes'"),
+        (
+            _call("llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0),
+            r"high_freq_factor=1.0, low_freq_factor=4.0",
+        ),
+        (_call("default", head_dim=63), r"= 63 must be even"),
+        (_call("default", rotary_fraction=0.3), r"int\(64 \* 0.3\) = 19 must be even"),
+        (_call("default", rotary_fraction=1.5), r"rotary_fraction must be in \(0, 1\], got 1.5"),
+        (_call("ntk", head_dim=2, alpha=2.0), r"r/\(r-2\).*r=2"),
+        (_call("default", base=1.0), r"base must be > 1, got 1.0"),
+        (_call("default", seq_len=0), r"seq_len must be a positive integer, got 0"),
+        (
+            _call("default", original_length=256.0),
+            r"original_length must be a positive integer, got 256.0",
+        ),
+    ],
+)
+def test_bad_parameters_raise(call: Callable[[], object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_valid_baseline_of_error_cases_passes() -> None:
+    """Negative control for the error table: the unperturbed calls succeed."""
+    for name, params in [
+        ("linear", {"factor": 4.0}),
+        ("yarn", {"factor": 4.0, "mscale": 0.7, "mscale_all_dim": 0.7}),
+        ("llama3", {"factor": 8.0}),
+        ("longrope", {"short_factor": SHORT, "long_factor": LONG, "factor": 4.0}),
+        ("ntk", {"head_dim": 4, "alpha": 2.0}),
+    ]:
+        _call(name, **params)()
+
+
+# ----------------------------------------------------------------------------- logn
+
+
+@pytest.mark.parametrize("length", [64, 256, 2048])
+def test_logn_factor(length: int) -> None:
+    assert logn_factor(1, length) == 1.0
+    assert logn_factor(length // 2, length) == 1.0
+    assert logn_factor(length, length) == 1.0
+    assert logn_factor(4 * length, length) == pytest.approx(
+        math.log(4 * length) / math.log(length), rel=1e-12
+    )
+    assert logn_factor(4 * length, length) > 1.0
+    with pytest.raises(ValueError, match="train_length must be >= 2"):
+        logn_factor(10, 1)
+    with pytest.raises(ValueError, match="seq_len must be a positive integer, got 0"):
+        logn_factor(0, length)
