@@ -1,0 +1,382 @@
+"""evaluate_model, the nll protocols, passkey scoring and the eval configs; each with a negative control."""
+
+import dataclasses
+import logging
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from bench.data import Document
+from bench.evaluate import (
+    DEFAULT_EVAL_CONFIG,
+    evaluate_model,
+    nll_rows,
+    nll_windows,
+    parse_length,
+    resolve_eval_config,
+)
+from bench.passkey import QUESTION, passkey_grid
+from bench.passkey_eval import greedy_passkey_verdicts, passkey_context_row, passkey_verdicts
+from bench.probes import EvalContext
+from models.positions import PositionConfig
+from models.transformer import DecoderLM, ModelConfig, ScalingConfig
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "eval"
+TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4)
+TRAIN = 32
+ROW_KEYS = {
+    "metric",
+    "value",
+    "n",
+    "eval_length",
+    "bucket_lo",
+    "bucket_hi",
+    "axis",
+    "axis_value",
+    "layer",
+    "ci_lo",
+    "ci_hi",
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and much faster on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(kind="rope", seed=0, train_length=TRAIN, **position_kwargs):
+    torch.manual_seed(seed)
+    model = DecoderLM(TINY, PositionConfig(kind=kind, **position_kwargs), train_length)
+    with torch.no_grad():  # sharper attention than at init, so that context matters
+        for block in model.blocks:
+            block.attn.q_proj.weight.mul_(6.0)
+            block.attn.kv_proj.weight.mul_(6.0)
+    return model.eval()
+
+
+def random_docs(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        Document(f"doc{i}", rng.integers(0, 256, size=n).astype(np.int16))
+        for i, n in enumerate(lengths)
+    ]
+
+
+def ctx_of(model, batch_size=4):
+    return EvalContext(model, progress=False, batch_size=batch_size)
+
+
+def only(**sections):
+    """An eval config with every metric disabled except the given sections."""
+    cfg = {
+        name: {"enabled": False} for name, v in DEFAULT_EVAL_CONFIG.items() if isinstance(v, dict)
+    }
+    for name, section in sections.items():
+        cfg[name] = {"enabled": True, **section}
+    return cfg
+
+
+# ---------------------------------------------------------------- configs
+
+
+def test_standard_yaml_is_the_default_config():
+    assert yaml.safe_load((CONF / "standard.yaml").read_text()) == DEFAULT_EVAL_CONFIG
+
+
+def test_every_yaml_key_is_documented_and_known():
+    for name in ("standard.yaml", "quick.yaml"):
+        text = (CONF / name).read_text()
+        loaded = yaml.safe_load(text)
+        resolve_eval_config(loaded, 64)  # no unknown keys, every value valid
+        assert set(loaded) == set(DEFAULT_EVAL_CONFIG)
+        lines = text.splitlines()
+        for i, line in enumerate(lines):  # each key: an inline comment or a comment line above
+            if re.match(r"\s*\w+:", line):
+                above = lines[i - 1].strip() if i else ""
+                assert "#" in line or above.startswith("#"), (
+                    f"{name}: {line.strip()} is not documented"
+                )
+
+
+def test_lengths_accept_tokens_and_multiples():
+    assert parse_length("4x", 256) == 1024
+    assert parse_length("0.25x", 256) == 64
+    assert parse_length(300, 256) == 300
+    cfg = resolve_eval_config(
+        {"lengths": ["2x", 100, "1x"], "attn_entropy": {"lengths": ["2x", "16x"]}}, 64
+    )
+    assert cfg["lengths"] == [64, 100, 128]
+    assert cfg["attn_entropy"]["lengths"] == [128]  # only eval lengths
+    assert cfg["nll"]["lengths"] == [64, 100, 128]
+    assert resolve_eval_config({}, 10)["lengths"] == [10, 20, 40, 80, 160]
+    assert resolve_eval_config({"passkey": {"depths": 3}}, 10)["passkey"]["depths"] == [
+        0.0,
+        0.5,
+        1.0,
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"lenghts": [1]}, "lenghts"),
+        ({"nll": {"protocl": "sliding"}}, "nll.'protocl'"),
+        ({"nll": {"protocol": "rolling"}}, "rolling"),
+        ({"lengths": ["fourx"]}, "fourx"),
+        ({"lengths": [1.5]}, "1.5"),
+        ({"precision": "fp8"}, "fp8"),
+        ({"passkey": {"depths": [0.5, 2]}}, "passkey depth 2"),
+        ({"shift_dnll": {"max_docs": 0}}, "max_docs"),
+    ],
+)
+def test_bad_config_values_raise_clearly(bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        resolve_eval_config(bad, 64)
+
+
+# ---------------------------------------------------------------- nll
+
+
+def test_nll_windows_hand_cases():
+    assert nll_windows(10, 4, 5, "nonoverlapping", 4) == [(0, 0), (4, 0)]
+    assert nll_windows(4, 4, 5, "nonoverlapping", 4) == []  # 4 tokens give only 3 targets
+    # span 8 targets, stride 3: windows at 0, 3, 4 (last one ends at the span's end)
+    assert nll_windows(10, 4, 5, "sliding", 3) == [(0, 0), (3, 1), (4, 3)]
+    assert nll_windows(10, 4, 5, "sliding", 4) == nll_windows(10, 4, 5, "nonoverlapping", 4)
+    for doc_len, stride in [(50, 3), (50, 1), (33, 7)]:
+        scored = []
+        for start, score_from in nll_windows(doc_len, 8, 4, "sliding", stride):
+            scored += range(start + score_from, start + 8)
+        assert scored == list(range(len(scored)))  # every target once, in order
+
+
+def manual_nll(model, doc, start, length):
+    tokens = doc.tensor(start, start + length + 1)[None]
+    with torch.no_grad():
+        logits = model(tokens[:, :-1]).logits
+    return -logits.log_softmax(-1).gather(-1, tokens[:, 1:, None])[0, :, 0].double()
+
+
+def test_nll_buckets_add_up_and_match_an_independent_computation():
+    model = tiny_model()
+    docs = random_docs([200, 90, 300, 150])
+    length = 64
+    rows = nll_rows(ctx_of(model), docs, length, TRAIN, max_docs=10, max_windows=2, bootstrap=100)
+    buckets = [r for r in rows if "bucket_lo" in r]
+    whole = [r for r in rows if "bucket_lo" not in r]
+    assert len(whole) == 1 and whole[0]["axis"] == "docs" and whole[0]["axis_value"] == 4
+    windows = {200: 2, 90: 1, 300: 2, 150: 2}
+    assert whole[0]["n"] == sum(windows.values()) * length
+    assert sum(r["n"] for r in buckets) == whole[0]["n"]
+    assert [(r["bucket_lo"], r["bucket_hi"]) for r in buckets][-2:] == [(16, 32), (32, 64)]
+    per_token = torch.cat(
+        [manual_nll(model, d, k * length, length) for d in docs for k in range(windows[len(d)])]
+    )
+    assert whole[0]["value"] == pytest.approx(per_token.mean().item(), abs=1e-5)
+    position = torch.arange(length).repeat(len(per_token) // length)
+    for r in buckets:
+        in_bucket = (position >= r["bucket_lo"]) & (position < r["bucket_hi"])
+        assert r["value"] == pytest.approx(per_token[in_bucket].mean().item(), abs=1e-5)
+        assert r["ci_lo"] <= r["value"] <= r["ci_hi"]
+    assert whole[0]["ci_lo"] < whole[0]["value"] < whole[0]["ci_hi"]
+
+
+def test_sliding_with_stride_equal_to_window_is_nonoverlapping_exactly():
+    model = tiny_model()
+    docs = random_docs([300, 200, 260])
+    kwargs = dict(max_docs=3, max_windows=4, bootstrap=50, seed=3)
+    plain = nll_rows(ctx_of(model), docs, 64, TRAIN, protocol="nonoverlapping", **kwargs)
+    sliding = nll_rows(ctx_of(model), docs, 64, TRAIN, protocol="sliding", stride=64, **kwargs)
+    assert plain == sliding
+    # negative control: a smaller stride scores the same tokens with more context, so values move
+    short = nll_rows(ctx_of(model), docs, 64, TRAIN, protocol="sliding", stride=16, **kwargs)
+    assert short[-1]["n"] == plain[-1]["n"]
+    assert abs(short[-1]["value"] - plain[-1]["value"]) > 1e-4
+    assert sum(r["n"] for r in short[:-1]) == short[-1]["n"]
+
+
+def test_short_docs_are_skipped_and_counted(caplog):
+    model = tiny_model()
+    docs = random_docs([64, 65, 10, 200, 64])  # 64 tokens are one short of a 64-token window
+    rows = nll_rows(ctx_of(model), docs, 64, TRAIN, max_docs=10, bootstrap=0)
+    assert rows[-1]["axis_value"] == 2 and rows[-1]["n"] == 2 * 64
+    assert "ci_lo" not in rows[-1]  # bootstrap 0: no CI
+    with caplog.at_level(logging.WARNING, logger="bench.evaluate"):
+        empty = nll_rows(ctx_of(model), docs, 256, TRAIN, max_docs=10)
+    assert len(empty) == 1 and empty[0]["n"] == 0 and empty[0]["axis_value"] == 0
+    assert math.isnan(empty[0]["value"])
+    assert "no test document has the 257 tokens" in caplog.text
+
+
+# ---------------------------------------------------------------- passkey
+
+
+class PasskeyOracle(nn.Module):
+    """Reads the key from the needle and answers it, except for keys divisible by 3 (last digit off)
+    and for sequences longer than ``fail_beyond`` tokens. Greedy decoding without a cache."""
+
+    def __init__(self, fail_beyond=10**9):
+        super().__init__()
+        self.fail_beyond = fail_beyond
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    def answer(self, key: int) -> str:
+        text = f" {key}"
+        if key % 3 == 0:
+            text = text[:-1] + str((int(text[-1]) + 1) % 10)
+        return text
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, **_):
+        n, length = input_ids.shape
+        logits = torch.zeros(n, length, 259)
+        for row in range(n):
+            text = bytes(input_ids[row].tolist()).decode("latin-1")
+            key = int(re.search(r"The pass key is (\d+)\.", text).group(1))
+            answer = self.answer(key) if length <= self.fail_beyond else " 0"
+            end = text.rfind(QUESTION) + len(QUESTION)  # index of the first answer token
+            for t in range(end - 1, length):
+                if 0 <= t + 1 - end < len(answer):
+                    logits[row, t, ord(answer[t + 1 - end])] = 10.0
+        return SimpleNamespace(logits=logits)
+
+    def generate_greedy(self, input_ids, max_new_tokens, attention_mask=None):
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, self(ids).logits[:, -1:].argmax(-1)], dim=1)
+        return ids[:, input_ids.shape[1] :]
+
+
+def test_teacher_forced_passkey_equals_greedy_on_an_oracle():
+    examples = passkey_grid([260, 300], [0.0, 0.5, 1.0], trials=4, seed=1)
+    oracle = PasskeyOracle()
+    teacher = passkey_verdicts(oracle, examples, batch_size=5, device="cpu")
+    greedy = greedy_passkey_verdicts(oracle, examples, batch_size=5, device="cpu")
+    truth = [e.key % 3 != 0 for e in examples]
+    assert teacher == greedy == truth
+    assert any(truth) and not all(truth)  # both verdicts occur: the equality is not vacuous
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_teacher_forced_passkey_equals_greedy_on_a_decoder(kind):
+    """A random model fails real keys, so score it on its own greedy continuations (all True) and on
+    corrupted ones (all False): teacher forcing must agree with KV-cache greedy decoding on both."""
+    model = tiny_model(kind, train_length=128)
+    examples = passkey_grid([256], [0.0, 1.0], trials=3, seed=0)
+    real = passkey_verdicts(model, examples, 4, "cpu")
+    assert real == greedy_passkey_verdicts(model, examples, 4, "cpu")
+    prompts = torch.tensor([e.prompt_ids for e in examples[:1]])
+    own = []
+    for e in examples:
+        prompts = torch.tensor([e.prompt_ids])
+        tokens = model.generate_greedy(prompts, len(e.answer_ids))[0].tolist()
+        own.append(dataclasses.replace(e, answer_ids=tokens))
+    wrong = [
+        dataclasses.replace(e, answer_ids=e.answer_ids[:-1] + [(e.answer_ids[-1] + 1) % 256])
+        for e in own
+    ]
+    mixed = own + wrong
+    expected = [True] * len(own) + [False] * len(wrong)
+    assert passkey_verdicts(model, mixed, 4, "cpu") == expected
+    assert greedy_passkey_verdicts(model, mixed, 4, "cpu") == expected
+
+
+def test_passkey_rows_and_context_through_evaluate_model():
+    oracle = PasskeyOracle(fail_beyond=300)
+    cfg = only(passkey={"depths": [0.0, 1.0], "trials": 3, "threshold": 0.6})
+    cfg["lengths"] = [64, 260, 290, 400]
+    rows = evaluate_model(oracle, cfg, [], train_length=130, scaling=None, progress=False)
+    acc = [r for r in rows if r["metric"] == "passkey_acc"]
+    assert {r["eval_length"] for r in acc} == {260, 290, 400}  # 64 is below the template minimum
+    overall = {r["eval_length"]: r["value"] for r in acc if "axis" not in r}
+    for length in (260, 290):  # the oracle's own rule, on the same seeded grid
+        keys = [e.key for e in passkey_grid([length], [0.0, 1.0], 3, seed=0)]
+        assert overall[length] == pytest.approx(np.mean([k % 3 != 0 for k in keys]))
+    assert overall[400] == 0.0 and overall[260] == 0.5 and overall[290] > 0.8
+    by_depth = [r for r in acc if r.get("axis") == "depth"]
+    assert sorted({r["axis_value"] for r in by_depth}) == [0.0, 1.0] and all(
+        r["n"] == 3 for r in by_depth
+    )
+    (context,) = [r for r in rows if r["metric"] == "passkey_context"]
+    assert context["value"] == 290 and context["eval_length"] == 290 and context["n"] == 3
+    none = passkey_context_row({256: 0.5, 512: 0.9}, 0.95)
+    assert none["value"] == 0 and none["eval_length"] == 0 and none["n"] == 2
+
+
+# ---------------------------------------------------------------- evaluate_model
+
+
+def test_quick_config_runs_every_metric_and_restores_the_model():
+    model = tiny_model("rope")
+    model.train()
+    cfg = yaml.safe_load((CONF / "quick.yaml").read_text())
+    cfg["passkey"]["lengths"] = []  # passkey needs >= 253 tokens; covered above
+    docs = random_docs([30, 140, 140, 140, 140, 140])
+    scaling = ScalingConfig(name="yarn", method="yarn", params={"factor": "auto"})
+    rows = evaluate_model(model, cfg, docs, train_length=TRAIN, scaling=scaling, progress=False)
+    metrics = {r["metric"] for r in rows}
+    assert metrics == {
+        "nll",
+        "shift_dnll",
+        "order_dnll",
+        "context_nll",
+        "attn_entropy",
+        "position_probe_r2",
+    }
+    assert {r["eval_length"] for r in rows} == {32, 64, 128}
+    for r in rows:
+        assert set(r) <= ROW_KEYS and {"metric", "value", "n", "eval_length"} <= set(r)
+        assert isinstance(r["value"], float) and isinstance(r["n"], int)
+    assert model.training and model.scaling.method == "default"
+    # the scaling was active: factor auto at 4x changes the 4x NLL versus the raw model
+    raw = evaluate_model(
+        model,
+        only(nll={"max_docs": 5}) | {"lengths": ["4x"]},
+        docs,
+        train_length=TRAIN,
+        scaling=None,
+        progress=False,
+    )
+    scaled = [
+        r for r in rows if r["metric"] == "nll" and r["eval_length"] == 128 and "bucket_lo" not in r
+    ]
+    assert abs(raw[-1]["value"] - scaled[0]["value"]) > 1e-4
+
+
+def test_learned_table_lengths_beyond_the_table_are_skipped(caplog):
+    model = tiny_model("learned")
+    cfg = only(nll={"bootstrap": 0}) | {"lengths": ["1x", "2x"]}
+    with caplog.at_level(logging.WARNING, logger="bench.evaluate"):
+        rows = evaluate_model(
+            model, cfg, random_docs([100] * 2), train_length=TRAIN, scaling=None, progress=False
+        )
+    assert {r["eval_length"] for r in rows} == {TRAIN}
+    assert "eval length 64 skipped" in caplog.text
+    # negative control: a clamping table runs at 2x
+    clamp = tiny_model("learned", out_of_range="clamp")
+    rows = evaluate_model(
+        clamp, cfg, random_docs([100] * 2), train_length=TRAIN, scaling=None, progress=False
+    )
+    assert {r["eval_length"] for r in rows} == {TRAIN, 2 * TRAIN}
+
+
+def test_bf16_precision_runs_close_to_fp32():
+    model = tiny_model()
+    docs = random_docs([100] * 2)
+    cfg = only(nll={"bootstrap": 0}) | {"lengths": [64]}
+    fp32 = evaluate_model(model, cfg, docs, train_length=TRAIN, scaling=None, progress=False)
+    bf16 = evaluate_model(
+        model, cfg | {"precision": "bf16"}, docs, train_length=TRAIN, scaling=None, progress=False
+    )
+    assert bf16[-1]["value"] == pytest.approx(fp32[-1]["value"], abs=0.05)
+    assert bf16[-1]["value"] != fp32[-1]["value"]
