@@ -1,0 +1,483 @@
+"""Results tables: schema, canonical JSON, atomic parquet writes, loading with "newest wins" dedup.
+
+One row per measured value (tidy, long format). Every job writes one parquet file named by its
+run_id; a rerun overwrites that file atomically, and :func:`load_results` keeps, per measured cell,
+only the row with the newest ``written_at`` timestamp, so reruns never add duplicate rows.
+
+Column conventions after :func:`normalize_results`:
+
+* identifying strings (``experiment``, ``position``, ``metric``, ...) are non-empty strings;
+* ``position_params`` / ``scaling_params`` are canonical JSON (see :func:`canonical_json`);
+* ``train_length``, ``eval_length``, ``n``, ``seed`` are int64; ``value`` is float64;
+* ``bucket_lo``, ``bucket_hi``, ``ci_lo``, ``ci_hi`` are float64 (NaN when absent),
+  ``layer`` is nullable Int64, ``axis`` is a string or missing;
+* ``axis_value`` is a string or missing: numbers are stored canonically (``128``, ``0.25``) so
+  that numeric axes (depth, delta, distance, context) and label axes (region ``inside`` /
+  ``beyond``) share one parquet column; use ``pd.to_numeric(..., errors="coerce")`` to plot;
+* ``written_at`` is a UTC timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+REQUIRED_COLUMNS: list[str] = [
+    "experiment",
+    "run_id",
+    "model_id",
+    "position",
+    "position_params",
+    "scaling",
+    "scaling_params",
+    "train_length",
+    "eval_length",
+    "metric",
+    "value",
+    "n",
+    "seed",
+    "corpus",
+    "corpus_fingerprint",
+    "code_version",
+]
+OPTIONAL_COLUMNS: list[str] = [
+    "bucket_lo",
+    "bucket_hi",
+    "axis",
+    "axis_value",
+    "layer",
+    "ci_lo",
+    "ci_hi",
+]
+TIMESTAMP_COLUMN = "written_at"
+
+#: Metric names from DESIGN.md plus ``passkey_context``. Other metric names are accepted too.
+METRICS: tuple[str, ...] = (
+    "nll",
+    "passkey_acc",
+    "passkey_context",
+    "shift_dnll",
+    "order_dnll",
+    "attn_entropy",
+    "context_nll",
+    "position_probe_r2",
+)
+
+#: Columns that identify one measured cell; rows agreeing on all of them are duplicates.
+CELL_COLUMNS: list[str] = [
+    "experiment",
+    "model_id",
+    "position",
+    "position_params",
+    "scaling",
+    "scaling_params",
+    "train_length",
+    "eval_length",
+    "metric",
+    "seed",
+    "corpus_fingerprint",
+    "bucket_lo",
+    "bucket_hi",
+    "axis",
+    "axis_value",
+    "layer",
+]
+
+#: Passkey accuracy at or above this counts a length as "retrieved" (YaRN's passkey context).
+PASSKEY_THRESHOLD = 0.8
+
+_STRING_COLUMNS = [
+    "experiment",
+    "run_id",
+    "model_id",
+    "position",
+    "scaling",
+    "metric",
+    "corpus",
+    "corpus_fingerprint",
+    "code_version",
+]
+_PARAMS_COLUMNS = ["position_params", "scaling_params"]
+_INT_COLUMNS = ["train_length", "eval_length", "n", "seed"]
+_FLOAT_OPTIONAL = ["bucket_lo", "bucket_hi", "ci_lo", "ci_hi"]
+
+
+# ----------------------------------------------------------------------------- canonical JSON
+
+
+def _plain(obj: Any) -> Any:
+    """Convert ``obj`` to plain JSON types with stable float and key handling."""
+    if obj is None or isinstance(obj, (bool, np.bool_)):
+        return None if obj is None else bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        # float32 & co.: use their own shortest repr so 0.1f stays 0.1, not 0.10000000149
+        x = float(str(obj)) if isinstance(obj, np.floating) and obj.itemsize < 8 else float(obj)
+        if math.isfinite(x) and x.is_integer() and abs(x) < 2**53:
+            return int(x)  # 4.0 and 4 are the same parameter value
+        return x
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, np.ndarray):
+        return [_plain(v) for v in obj.tolist()]
+    if isinstance(obj, (Sequence, set, frozenset)) and not isinstance(obj, (bytes, bytearray)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        return [_plain(v) for v in items]
+    raise ValueError(
+        f"cannot encode {obj!r} (type {type(obj).__name__}) as JSON; allowed are None, bool, "
+        "int, float, str, paths, mappings and sequences of those"
+    )
+
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON for ``*_params`` columns: sorted keys, compact separators, stable floats.
+
+    Integral floats are written as integers (``4.0`` -> ``4``), numpy scalars and float32 values
+    use their shortest representation, tuples become lists and ``None`` becomes ``{}``, so the
+    same parameters always give the same string.
+    """
+    if obj is None:
+        obj = {}
+    return json.dumps(_plain(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical_params(value: Any, column: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "{}"
+    if isinstance(value, str):
+        text = value.strip() or "{}"
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"column {column!r} holds {value!r}, which is not JSON; allowed are JSON strings, "
+                "dicts or None"
+            ) from exc
+        return canonical_json(parsed)
+    return canonical_json(value)
+
+
+def _canonical_axis_value(value: Any) -> Any:
+    if value is None or value is pd.NA:
+        return None
+    if isinstance(value, (float, np.floating)) and math.isnan(float(value)):
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        x = _plain(value)
+        return str(x) if isinstance(x, int) else repr(x)
+    return str(value)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Validate result rows and return a copy with canonical column types and order.
+
+    Raises ``ValueError`` naming the first problem: a missing required column, a missing value in
+    a required column, or a value of the wrong type. Optional columns that are absent are added
+    empty; a missing ``written_at`` is set to now (UTC). Extra columns are kept at the end.
+    """
+    df = frame.copy() if isinstance(frame, pd.DataFrame) else pd.DataFrame(list(frame))
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"results are missing required column(s) {', '.join(repr(c) for c in missing)}; "
+            f"required columns are: {', '.join(REQUIRED_COLUMNS)}"
+        )
+    df = df.reset_index(drop=True)
+
+    for col in _STRING_COLUMNS + _INT_COLUMNS:
+        if df[col].isna().any():
+            bad = int(df[col].isna().to_numpy().nonzero()[0][0])
+            raise ValueError(
+                f"required column {col!r} is empty in row {bad}; every row needs a value"
+            )
+
+    for col in _STRING_COLUMNS:
+        values = [str(v) for v in df[col].tolist()]
+        if any(v == "" for v in values):
+            raise ValueError(
+                f"required column {col!r} holds an empty string; give a non-empty name"
+            )
+        df[col] = pd.Series(values, dtype=object, index=df.index)
+    for col in _PARAMS_COLUMNS:
+        memo: dict[str, str] = {}  # few distinct values: canonicalize each once
+
+        def canon(v: Any, col: str = col, memo: dict[str, str] = memo) -> str:
+            if isinstance(v, str):
+                if v not in memo:
+                    memo[v] = _canonical_params(v, col)
+                return memo[v]
+            return _canonical_params(v, col)
+
+        df[col] = pd.Series([canon(v) for v in df[col].tolist()], dtype=object, index=df.index)
+
+    for col in _INT_COLUMNS:
+        numeric = pd.to_numeric(df[col], errors="coerce")
+        bad = numeric.isna() | (numeric != np.floor(numeric))
+        if bad.any():
+            idx = int(bad.to_numpy().nonzero()[0][0])
+            raise ValueError(
+                f"column {col!r} must hold integers, got {df[col].iloc[idx]!r} in row {idx}"
+            )
+        df[col] = numeric.astype("int64")
+
+    value = pd.to_numeric(df["value"], errors="coerce")
+    bad = value.isna() & df["value"].notna()
+    if bad.any():
+        idx = int(bad.to_numpy().nonzero()[0][0])
+        raise ValueError(
+            f"column 'value' must hold numbers, got {df['value'].iloc[idx]!r} in row {idx}"
+        )
+    df["value"] = value.astype("float64")
+
+    for col in _FLOAT_OPTIONAL:
+        if col not in df.columns:
+            df[col] = np.nan
+        else:
+            numeric = pd.to_numeric(df[col], errors="coerce")
+            bad = numeric.isna() & df[col].notna()
+            if bad.any():
+                idx = int(bad.to_numpy().nonzero()[0][0])
+                raise ValueError(
+                    f"column {col!r} must hold numbers or be empty, got {df[col].iloc[idx]!r} in row {idx}"
+                )
+            df[col] = numeric.astype("float64")
+    if "layer" not in df.columns:
+        df["layer"] = pd.array([pd.NA] * len(df), dtype="Int64")
+    else:
+        layer = pd.to_numeric(df["layer"], errors="coerce")
+        if (
+            (layer.isna() & df["layer"].notna()) | (layer.notna() & (layer != np.floor(layer)))
+        ).any():
+            raise ValueError("column 'layer' must hold integers or be empty")
+        df["layer"] = layer.astype("Int64")
+    if "axis" not in df.columns:
+        df["axis"] = pd.Series([None] * len(df), dtype=object, index=df.index)
+    else:
+        df["axis"] = pd.Series(
+            [None if _is_missing(v) else str(v) for v in df["axis"].tolist()],
+            dtype=object,
+            index=df.index,
+        )
+    if "axis_value" not in df.columns:
+        df["axis_value"] = pd.Series([None] * len(df), dtype=object, index=df.index)
+    else:
+        df["axis_value"] = pd.Series(
+            [_canonical_axis_value(v) for v in df["axis_value"].tolist()],
+            dtype=object,
+            index=df.index,
+        )
+
+    if TIMESTAMP_COLUMN not in df.columns or df[TIMESTAMP_COLUMN].isna().all():
+        df[TIMESTAMP_COLUMN] = pd.Timestamp(datetime.now(timezone.utc))
+    else:
+        try:
+            stamps = pd.to_datetime(df[TIMESTAMP_COLUMN], utc=True)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"column {TIMESTAMP_COLUMN!r} must hold timestamps: {exc}") from exc
+        df[TIMESTAMP_COLUMN] = stamps.fillna(pd.Timestamp(datetime.now(timezone.utc)))
+    df[TIMESTAMP_COLUMN] = df[TIMESTAMP_COLUMN].astype("datetime64[us, UTC]")
+
+    ordered = REQUIRED_COLUMNS + OPTIONAL_COLUMNS + [TIMESTAMP_COLUMN]
+    extras = [c for c in df.columns if c not in ordered]
+    return df[ordered + extras]
+
+
+def _is_missing(v: Any) -> bool:
+    if v is None or v is pd.NA:
+        return True
+    return isinstance(v, float) and math.isnan(v)
+
+
+# ----------------------------------------------------------------------------- write / load
+
+
+def write_results(rows: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | Path) -> Path:
+    """Validate ``rows`` and write them to ``path`` (parquet) atomically; return the path.
+
+    The table goes to a hidden temporary file in the same directory, is flushed to disk and then
+    renamed over ``path`` with ``os.replace``: readers see the old file or the new one, never a
+    half-written one, and a crash leaves no ``*.parquet`` behind. One file per job (named by its
+    run_id) means a rerun replaces its own file instead of adding rows.
+    """
+    df = normalize_results(rows)
+    if df.empty:
+        raise ValueError(f"no result rows to write to {str(path)!r}; pass at least one row")
+    path = Path(path)
+    if path.suffix != ".parquet":
+        raise ValueError(f"results path {str(path)!r} must end in '.parquet'")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        df.to_parquet(tmp_name, index=False)
+        with open(tmp_name, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _result_files(paths: Sequence[str | Path]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(
+                f
+                for f in p.rglob("*.parquet")
+                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            )
+            files.extend(found)
+        elif p.is_file():
+            if p.suffix != ".parquet":
+                raise ValueError(f"results file {str(p)!r} is not a .parquet file")
+            files.append(p)
+        else:
+            raise ValueError(
+                f"results path {str(p)!r} does not exist; pass a results directory or .parquet file"
+            )
+    unique: dict[Path, None] = {}
+    for f in files:
+        unique.setdefault(f.resolve(), None)
+    return list(unique)
+
+
+def _first_bad_file(frames: list[pd.DataFrame]) -> str | None:
+    for frame in frames:
+        try:
+            normalize_results(frame)
+        except ValueError:
+            return str(frame["source_file"].iloc[0])
+    return None
+
+
+def dedup_results(df: pd.DataFrame) -> pd.DataFrame:
+    """Keep, per measured cell (:data:`CELL_COLUMNS`, missing values compare equal), the newest row.
+
+    Ties on ``written_at`` go to the row that comes later in ``df``.
+    """
+    ordered = df.sort_values(TIMESTAMP_COLUMN, kind="stable")
+    key = ordered[CELL_COLUMNS].astype(object).where(ordered[CELL_COLUMNS].notna(), None)
+    keep = ~key.duplicated(keep="last").to_numpy()
+    return ordered[keep].sort_index()
+
+
+def load_results(paths: str | Path | Sequence[str | Path], *, dedup: bool = True) -> pd.DataFrame:
+    """Load result tables from directories (all ``**/*.parquet``) and files.
+
+    Rows are validated and concatenated; with ``dedup`` (the default) each measured cell keeps
+    only its newest row (see :func:`dedup_results`). A ``source_file`` column records where each
+    row came from. Files without ``written_at`` use their modification time.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = list(paths)
+    if not paths:
+        raise ValueError("no results paths given; pass results directories or .parquet files")
+    files = _result_files(paths)
+    shown = ", ".join(repr(str(p)) for p in paths)
+    if not files:
+        raise ValueError(f"no .parquet result files found under {shown}")
+    frames = []
+    for f in files:
+        try:
+            raw = pd.read_parquet(f)
+        except Exception as exc:  # noqa: BLE001 - any reader error means an unreadable file
+            raise ValueError(f"cannot read results file {str(f)!r}: {exc}") from exc
+        if raw.empty:
+            continue
+        missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
+        if missing:
+            raise ValueError(
+                f"{f}: results are missing required column(s) "
+                f"{', '.join(repr(c) for c in missing)}; required columns are: "
+                f"{', '.join(REQUIRED_COLUMNS)}"
+            )
+        if TIMESTAMP_COLUMN not in raw.columns:
+            raw[TIMESTAMP_COLUMN] = pd.Timestamp(f.stat().st_mtime, unit="s", tz="UTC")
+        raw["source_file"] = str(f)
+        frames.append(raw)
+    if not frames:
+        raise ValueError(f"the result files under {shown} hold no rows")
+    raw_all = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    try:
+        df = normalize_results(raw_all)  # one pass over all files: much faster than per file
+    except ValueError as exc:
+        bad = _first_bad_file(frames)
+        raise ValueError(f"{bad}: {exc}" if bad else str(exc)) from exc
+    if dedup:
+        df = dedup_results(df)
+    return df.reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- derived metrics
+
+
+def passkey_context(df: pd.DataFrame, threshold: float = PASSKEY_THRESHOLD) -> pd.DataFrame:
+    """Derive ``passkey_context`` rows from ``passkey_acc`` rows.
+
+    Per (experiment, model_id, position, scaling, train_length, seed, corpus): accuracy at each
+    eval length is the n-weighted mean over depths; the passkey context is the largest length
+    whose accuracy is >= ``threshold`` (0 if none). The returned rows have ``metric =
+    "passkey_context"``, ``value`` = that length and ``eval_length`` = that length (or 0).
+    """
+    acc = df[df["metric"] == "passkey_acc"]
+    if acc.empty:
+        return pd.DataFrame(columns=REQUIRED_COLUMNS)
+    keys = [
+        "experiment",
+        "model_id",
+        "position",
+        "position_params",
+        "scaling",
+        "scaling_params",
+        "train_length",
+        "seed",
+        "corpus",
+        "corpus_fingerprint",
+    ]
+    out = []
+    for key, group in acc.groupby(keys, sort=True, dropna=False):
+        by_length = {}
+        for length, g in group.groupby("eval_length"):
+            w = g["n"].to_numpy(dtype=float)
+            v = g["value"].to_numpy(dtype=float)
+            by_length[int(length)] = (
+                float(np.average(v, weights=w)) if w.sum() > 0 else float(v.mean())
+            )
+        good = [length for length, a in by_length.items() if a >= threshold]
+        ctx = max(good) if good else 0
+        row = dict(zip(keys, key, strict=True))
+        row.update(
+            run_id=";".join(sorted(set(group["run_id"]))),
+            eval_length=ctx,
+            metric="passkey_context",
+            value=float(ctx),
+            n=int(group["n"].sum()),
+            code_version=";".join(sorted(set(group["code_version"]))),
+        )
+        out.append(row)
+    return pd.DataFrame(out)[REQUIRED_COLUMNS]

@@ -1,0 +1,508 @@
+"""Tests for bench/report.py on synthetic, realistically shaped result tables (no torch)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench import report as report_mod
+from bench.report import generate_report, latest_experiment_dir, main
+from bench.results import canonical_json, load_results, write_results
+
+POSITIONS = ["rope", "sinusoidal", "learned", "alibi", "nope"]
+SCALINGS = {
+    "none": {},
+    "linear": {"factor": "auto"},
+    "yarn": {"factor": 4.0, "beta_fast": 32, "beta_slow": 1},
+}
+EVAL_LENGTHS = [64, 128, 256, 512, 1024]
+TRAIN_LENGTH = 64
+SEEDS = [0, 1]
+DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+EMPTY_CELL = ("nope", "none", 1, 1024)  # (position, scaling, seed, eval_length) with no tokens
+BREAK = {"rope": 1.5, "sinusoidal": 3.0, "learned": 9.0, "alibi": 0.1, "nope": 0.6}
+
+EXPECTED_PLOTS = [
+    "ppl_vs_length",
+    "extrapolation_ratio",
+    "nll_by_bucket",
+    "passkey_heatmap",
+    "passkey_acc_vs_length",
+    "shift_dnll",
+    "order_dnll",
+    "attn_entropy",
+    "context_nll",
+    "position_probe_r2",
+]
+
+
+def _buckets(length: int) -> list[tuple[int, int]]:
+    edges = [0, 16, 32] + [2**k for k in range(6, 11) if 2**k <= length]
+    return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:], strict=True) if hi <= length]
+
+
+def _degrade(position: str, scaling: str, length: int) -> float:
+    over = max(0.0, math.log2(length / TRAIN_LENGTH))
+    damp = {"none": 1.0, "linear": 0.4, "yarn": 0.2}[scaling]
+    return BREAK[position] * damp * over
+
+
+def synthetic_rows(
+    experiment: str = "train_short_test_long", seeds: list[int] = SEEDS
+) -> list[dict]:
+    """Rows shaped like a real sweep: 5 positions x 3 scalings x 5 lengths x 2 seeds + probes.
+
+    learned positions cannot read past their table, so they have only eval_length 64 (a partial
+    sweep, as in a real run)."""
+    rng = np.random.default_rng(0)
+    rows: list[dict] = []
+    for pos in POSITIONS:
+        for scal, sparams in SCALINGS.items():
+            for seed in seeds:
+                base = {
+                    "experiment": experiment,
+                    "run_id": f"{pos}-{scal}-s{seed}",
+                    "model_id": f"m-{pos}-s{seed}",
+                    "position": pos,
+                    "position_params": canonical_json({"base": 10000.0} if pos == "rope" else {}),
+                    "scaling": scal,
+                    "scaling_params": canonical_json(sparams),
+                    "train_length": TRAIN_LENGTH,
+                    "seed": seed,
+                    "corpus": "pycorpus",
+                    "corpus_fingerprint": "abc123",
+                    "code_version": "0.1.0+g1234",
+                }
+                lengths = [64] if pos == "learned" else EVAL_LENGTHS
+                accuracy = {}
+                for ev in lengths:
+                    d = _degrade(pos, scal, ev)
+                    if (pos, scal, seed, ev) == EMPTY_CELL:
+                        # as bench.evaluate writes it when no test document is long enough
+                        rows.append(
+                            {**base, "eval_length": ev, "metric": "nll", "value": float("nan"),
+                             "n": 0, "axis": "docs", "axis_value": 0}
+                        )  # fmt: skip
+                        continue
+                    nll = 2.0 + 0.05 * seed + d + 0.01 * rng.standard_normal()
+                    rows.append(
+                        {
+                            **base,
+                            "eval_length": ev,
+                            "metric": "nll",
+                            "value": nll,
+                            "n": 8 * ev,
+                            "axis": "docs",
+                            "axis_value": 8,
+                            "ci_lo": nll - 0.03,
+                            "ci_hi": nll + 0.03,
+                        }
+                    )
+                    for lo, hi in _buckets(ev):
+                        bd = _degrade(pos, scal, max(hi, TRAIN_LENGTH))
+                        v = 2.3 - 0.1 * math.log2(hi) + bd + 0.01 * rng.standard_normal()
+                        rows.append(
+                            {
+                                **base,
+                                "eval_length": ev,
+                                "metric": "nll",
+                                "value": v,
+                                "n": 8 * (hi - lo),
+                                "bucket_lo": lo,
+                                "bucket_hi": hi,
+                                "ci_lo": v - 0.05,
+                                "ci_hi": v + 0.05,
+                            }
+                        )
+                    accs = []
+                    for depth in DEPTHS:
+                        acc = float(np.clip(1.0 - 0.3 * d + 0.1 * depth * (d > 0), 0, 1))
+                        accs.append(round(acc * 10) / 10)
+                        rows.append(
+                            {
+                                **base,
+                                "eval_length": ev,
+                                "metric": "passkey_acc",
+                                "value": accs[-1],
+                                "n": 10,
+                                "axis": "depth",
+                                "axis_value": depth,
+                            }
+                        )
+                    # plus the per-length row (no axis), as bench.passkey_eval writes it
+                    accuracy[ev] = float(np.mean(accs))
+                    rows.append(
+                        {**base, "eval_length": ev, "metric": "passkey_acc",
+                         "value": accuracy[ev], "n": 10 * len(DEPTHS)}
+                    )  # fmt: skip
+                good = [ev for ev, a in accuracy.items() if a >= 0.8]
+                ctx = max(good, default=0)
+                rows.append(
+                    {**base, "eval_length": ctx, "metric": "passkey_context", "value": float(ctx),
+                     "n": len(accuracy)}
+                )  # fmt: skip
+                for delta in [0, 16, 64, 256, 1024]:
+                    v = 0.0 if pos in ("alibi", "nope") else BREAK[pos] * 0.1 * math.log2(1 + delta)
+                    rows.append(
+                        {
+                            **base,
+                            "eval_length": 64,
+                            "metric": "shift_dnll",
+                            "value": v,
+                            "n": 512,
+                            "axis": "delta",
+                            "axis_value": delta,
+                        }
+                    )
+                if pos == "learned":
+                    continue
+                for dist in [16, 32, 64, 128]:
+                    rows.append(
+                        {
+                            **base,
+                            "eval_length": 256,
+                            "metric": "order_dnll",
+                            "value": 0.5 / math.log2(dist),
+                            "n": 256,
+                            "axis": "distance",
+                            "axis_value": dist,
+                        }
+                    )
+                for layer in range(2):
+                    for lo, hi in _buckets(256):
+                        v = math.log(hi) * (0.7 + 0.1 * layer) - 0.2 * _degrade(
+                            pos, scal, max(hi, 64)
+                        )
+                        rows.append(
+                            {
+                                **base,
+                                "eval_length": 256,
+                                "metric": "attn_entropy",
+                                "value": v,
+                                "n": 4 * (hi - lo),
+                                "layer": layer,
+                                "bucket_lo": lo,
+                                "bucket_hi": hi,
+                            }
+                        )
+                for c in [16, 32, 64, 128, 256, 512]:
+                    rows.append(
+                        {
+                            **base,
+                            "eval_length": 1024,
+                            "metric": "context_nll",
+                            "value": 2.2 - 0.1 * math.log2(c) + _degrade(pos, scal, c + 64),
+                            "n": 64,
+                            "axis": "context",
+                            "axis_value": c,
+                        }
+                    )
+                for region, v in (("inside", 0.95), ("beyond", 0.9 - BREAK[pos] * 0.3)):
+                    rows.append(
+                        {
+                            **base,
+                            "eval_length": 256,
+                            "metric": "position_probe_r2",
+                            "value": v,
+                            "n": 256,
+                            "axis": "region",
+                            "axis_value": region,
+                            "layer": 2,
+                        }
+                    )
+    return rows
+
+
+def write_sweep(directory: Path, rows: list[dict]) -> None:
+    """One parquet file per (position, seed) job, as a sweep would write them."""
+    df = pd.DataFrame(rows)
+    for (pos, seed), g in df.groupby(["position", "seed"]):
+        write_results(g, directory / f"{pos}-s{seed}.parquet")
+
+
+STALE_TIME = pd.Timestamp("2020-01-01", tz="UTC")
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The whole sweep, plus a stale file from an earlier run of the rope/yarn jobs whose
+    whole-window NLL values are 5 nats worse; it sorts last, so only the timestamp rule
+    (not file order) can drop it."""
+    root = tmp_path_factory.mktemp("full")
+    results = root / "results" / "train_short_test_long"
+    rows = synthetic_rows()
+    write_sweep(results, rows)
+    stale = pd.DataFrame(
+        [r for r in rows if r["run_id"].startswith("rope-yarn") and r["metric"] == "nll"]
+    )
+    stale = stale[stale["bucket_lo"].isna()].assign(written_at=STALE_TIME)
+    stale["value"] += 5.0
+    write_results(stale, results / "zzz_stale_rope-yarn.parquet")
+    report = generate_report([results], root / "out")
+    return results, report
+
+
+def test_all_plots_written_nonempty(full_report: tuple[Path, Path]) -> None:
+    _, report = full_report
+    plots = report.parent / "plots"
+    for name in EXPECTED_PLOTS:
+        for ext in ("png", "svg"):
+            f = plots / f"{name}.{ext}"
+            assert f.is_file(), f"missing {f.name}"
+            assert f.stat().st_size > 2000, f"{f.name} is suspiciously small"
+        assert f"plots/{name}.png" in report.read_text()
+    png = (plots / "ppl_vs_length.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (plots / "ppl_vs_length.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_report_md_contents(full_report: tuple[Path, Path]) -> None:
+    _, report = full_report
+    text = report.read_text()
+    assert text.startswith("# lenbench report: train_short_test_long")
+    for needle in [
+        "abc123",
+        "pycorpus",
+        "0.1.0+g1234",
+        "yarn (beta_fast=32,beta_slow=1,factor=4)",
+        "Passkey context",
+        "Extrapolation ratio",
+        "## Configuration",
+    ]:
+        assert needle in text, needle
+    assert "Note: no" not in text  # every metric is present
+    tables = report.parent / "tables"
+    for name in [
+        "perplexity",
+        "extrapolation_ratio",
+        "nll_by_bucket",
+        "passkey_by_length",
+        "passkey_by_depth",
+        "passkey_context",
+        "probe_shift_dnll",
+        "probe_order_dnll",
+        "probe_attn_entropy",
+        "probe_attn_entropy_summary",
+        "probe_context_nll",
+        "probe_position_probe_r2",
+    ]:
+        assert (tables / f"{name}.csv").is_file(), name
+        assert (tables / f"{name}.md").read_text().startswith("|"), name
+    assert (tables / "source_rows.csv").is_file()
+
+
+def _trace(tables: Path, table: pd.DataFrame, i: int) -> pd.DataFrame:
+    source = pd.read_csv(tables / "source_rows.csv")
+    ids = [int(x) for x in str(table.loc[i, "row_ids"]).split(";")]
+    assert len(ids) == table.loc[i, "n_rows"]
+    return source.set_index("row_id").loc[ids]
+
+
+def test_perplexity_table_traces_to_source_rows(full_report: tuple[Path, Path]) -> None:
+    _, report = full_report
+    tables = report.parent / "tables"
+    t = pd.read_csv(tables / "perplexity.csv")
+    i = int(
+        t.index[(t["position"] == "rope") & (t["scaling"] == "yarn") & (t["eval_length"] == 512)][0]
+    )
+    src = _trace(tables, t, i)
+    # the rows it came from are exactly the whole-window nll rows of both seeds
+    assert set(src["metric"]) == {"nll"} and src["bucket_lo"].isna().all()
+    assert sorted(src["seed"]) == SEEDS and set(src["eval_length"]) == {512}
+    assert set(src["position"]) == {"rope"} and set(src["scaling"]) == {"yarn"}
+    expected = np.average(src["value"], weights=src["n"])
+    assert t.loc[i, "nll"] == pytest.approx(expected, rel=1e-12)
+    assert t.loc[i, "ppl"] == pytest.approx(math.exp(expected), rel=1e-12)
+    # negative control: the table value is not simply one seed's value
+    assert not np.isclose(t.loc[i, "nll"], src["value"].iloc[0])
+
+    r = pd.read_csv(tables / "extrapolation_ratio.csv")
+    j = int(
+        r.index[(r["position"] == "rope") & (r["scaling"] == "yarn") & (r["eval_length"] == 512)][0]
+    )
+    base = t[(t["position"] == "rope") & (t["scaling"] == "yarn") & (t["eval_length"] == 64)][
+        "ppl"
+    ].iloc[0]
+    assert r.loc[j, "ratio"] == pytest.approx(t.loc[i, "ppl"] / base)
+    assert r.loc[j, "k"] == 8
+    # an empty (NaN, n=0) whole-window row carries no weight: the other seed's value is used
+    pos, scal, seed, ev = EMPTY_CELL
+    j = int(t.index[(t["position"] == pos) & (t["scaling"] == scal) & (t["eval_length"] == ev)][0])
+    src = _trace(tables, t, j)
+    assert len(src) == 2 and src.loc[src["seed"] == seed, "value"].isna().all()
+    other = src[src["seed"] != seed]
+    assert t.loc[j, "nll"] == pytest.approx(float(other["value"].iloc[0]))  # not NaN
+    # partial sweep: learned has only k = 1
+    assert set(r[r["position"] == "learned"]["k"]) == {1}
+
+
+def test_passkey_and_probe_tables_trace(full_report: tuple[Path, Path]) -> None:
+    _, report = full_report
+    tables = report.parent / "tables"
+    t = pd.read_csv(tables / "passkey_by_length.csv")
+    i = int(
+        t.index[
+            (t["position"] == "sinusoidal") & (t["scaling"] == "none") & (t["eval_length"] == 128)
+        ][0]
+    )
+    src = _trace(tables, t, i)
+    # the stored per-length rows (one per seed), not those plus the per-depth rows
+    assert len(src) == len(SEEDS) and set(src["metric"]) == {"passkey_acc"}
+    assert src["axis"].isna().all() and (src["eval_length"] == 128).all()
+    assert t.loc[i, "passkey_acc"] == pytest.approx(np.average(src["value"], weights=src["n"]))
+    d = pd.read_csv(tables / "passkey_by_depth.csv")
+    d = d[(d["position"] == "sinusoidal") & (d["scaling"] == "none") & (d["eval_length"] == 128)]
+    assert sorted(d["depth"]) == DEPTHS and (d["n_rows"] == len(SEEDS)).all()
+    assert t.loc[i, "passkey_acc"] == pytest.approx(np.average(d["passkey_acc"], weights=d["n"]))
+
+    ctx = pd.read_csv(tables / "passkey_context.csv").set_index(["position", "scaling"])
+    # alibi degrades slowest: accuracy stays >= 0.8 to the longest length; learned only tested at 64
+    acc = t.set_index(["position", "scaling", "eval_length"])["passkey_acc"]
+    for (pos, scal), row in ctx.iterrows():
+        good = [
+            ev
+            for ev in EVAL_LENGTHS
+            if (pos, scal, ev) in acc.index and acc[(pos, scal, ev)] >= 0.8
+        ]
+        assert row["passkey_context"] == (max(good) if good else 0), (pos, scal)
+    assert ctx.loc[("alibi", "none"), "passkey_context"] == 1024
+    assert ctx.loc[("sinusoidal", "none"), "passkey_context"] == 64
+    # the value the jobs stored agrees with the one derived from the accuracies
+    assert (ctx["recorded_passkey_context"] == ctx["passkey_context"]).all()
+
+    e = pd.read_csv(tables / "probe_attn_entropy_summary.csv")
+    k = int(
+        e.index[(e["position"] == "rope") & (e["scaling"] == "none") & (e["region"] == "beyond")][0]
+    )
+    src = _trace(tables, e, k)
+    assert set(src["layer"]) == {0, 1} and (src["bucket_lo"] >= 64).all()
+    assert e.loc[k, "value"] == pytest.approx(np.average(src["value"], weights=src["n"]))
+
+
+def test_missing_metrics_give_notes(tmp_path: Path) -> None:
+    rows = [r for r in synthetic_rows(seeds=[0]) if r["metric"] == "nll" and "bucket_lo" not in r]
+    write_sweep(tmp_path / "res", rows)
+    report = generate_report(tmp_path / "res", tmp_path / "out")
+    text = report.read_text()
+    for metric in [
+        "passkey_acc",
+        "shift_dnll",
+        "order_dnll",
+        "attn_entropy",
+        "context_nll",
+        "position_probe_r2",
+    ]:
+        assert f"no `{metric}` rows in these results" in text, metric
+    assert "no bucketed `nll` rows" in text
+    assert "no `nll` rows" not in text  # negative control: nll is present
+    assert (tmp_path / "out" / "plots" / "ppl_vs_length.png").is_file()
+    assert not (tmp_path / "out" / "plots" / "passkey_heatmap.png").exists()
+
+
+def test_report_uses_newest_rows(full_report: tuple[Path, Path]) -> None:
+    results, report = full_report
+    tables = report.parent / "tables"
+    source = pd.read_csv(tables / "source_rows.csv")
+    assert not source["written_at"].str.startswith("2020").any()
+    t = pd.read_csv(tables / "perplexity.csv")
+    fresh = load_results([results])
+    sel = (fresh["position"] == "rope") & (fresh["scaling"] == "yarn") & (fresh["metric"] == "nll")
+    sel &= fresh["bucket_lo"].isna() & (fresh["eval_length"] == 256)
+    want = np.average(fresh.loc[sel, "value"], weights=fresh.loc[sel, "n"])
+    got = t[(t["position"] == "rope") & (t["scaling"] == "yarn") & (t["eval_length"] == 256)]["nll"]
+    assert got.tolist() == [pytest.approx(want)]
+    # negative control: without dedup the stale rows are there and would shift the mean
+    raw = load_results([results], dedup=False)
+    rsel = (raw["position"] == "rope") & (raw["scaling"] == "yarn") & (raw["metric"] == "nll")
+    rsel &= raw["bucket_lo"].isna() & (raw["eval_length"] == 256)
+    assert rsel.sum() == 2 * sel.sum()  # both seeds have a stale duplicate
+    assert np.average(raw.loc[rsel, "value"], weights=raw.loc[rsel, "n"]) > want + 1.0
+
+
+def test_cli_explicit_dirs_and_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two result dirs without any nll rows: probe rows for rope, passkey rows for alibi."""
+    rows = synthetic_rows(seeds=[0])
+    a = [r for r in rows if r["metric"] == "position_probe_r2" and r["position"] == "rope"]
+    b = [r for r in rows if r["metric"] == "passkey_acc" and r["position"] == "alibi"]
+    write_sweep(tmp_path / "a", a)
+    write_sweep(tmp_path / "b", b)
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "rep")]) == 0
+    out = tmp_path / "rep" / "report.md"
+    assert out.is_file() and str(out) in capsys.readouterr().out
+    text = out.read_text()
+    assert "no `nll` rows in these results" in text
+    assert "no `passkey_acc` rows" not in text and "no `position_probe_r2` rows" not in text
+    for name in ("position_probe_r2", "passkey_heatmap", "passkey_acc_vs_length"):
+        assert (tmp_path / "rep" / "plots" / f"{name}.svg").stat().st_size > 2000
+    assert not (tmp_path / "rep" / "plots" / "ppl_vs_length.png").exists()
+    t = pd.read_csv(tmp_path / "rep" / "tables" / "passkey_context.csv")
+    assert t["position"].tolist() == ["alibi"] * 3
+    r2 = pd.read_csv(tmp_path / "rep" / "tables" / "probe_position_probe_r2.csv")
+    assert set(r2["position"]) == {"rope"} and set(r2["region"]) == {"inside", "beyond"}
+
+
+def test_cli_default_latest_experiment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [
+        r
+        for r in synthetic_rows(seeds=[0])
+        if r["metric"] == "nll" and r["position"] == "rope" and "bucket_lo" not in r
+    ]
+    exp_a = [{**r, "experiment": "exp_a"} for r in rows]
+    exp_b = [{**r, "experiment": "exp_b"} for r in rows]
+    write_sweep(tmp_path / "results" / "exp_b", exp_b)
+    write_sweep(tmp_path / "results" / "exp_a", exp_a)
+    past = time.time() - 3600
+    for p in (tmp_path / "results" / "exp_b").rglob("*"):
+        os.utime(p, (past, past))
+    os.utime(tmp_path / "results" / "exp_b", (past, past))
+    for p in (tmp_path / "results" / "exp_a").rglob("*"):  # modified later -> the latest
+        os.utime(p, None)
+    monkeypatch.chdir(tmp_path)
+    assert latest_experiment_dir() == Path("results") / "exp_a"
+    assert main([]) == 0
+    assert (tmp_path / "reports" / "exp_a" / "report.md").is_file()
+    assert not (tmp_path / "reports" / "exp_b").exists()
+    # negative control: make the other one newer and the choice follows
+    for p in (tmp_path / "results" / "exp_b").rglob("*.parquet"):
+        os.utime(p, (time.time() + 10, time.time() + 10))
+    assert latest_experiment_dir() == Path("results") / "exp_b"
+
+
+def test_bad_paths_give_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope_dir"
+    with pytest.raises(ValueError, match="nope_dir.*does not exist"):
+        generate_report([missing], tmp_path / "out")
+    with pytest.raises(SystemExit) as exc:
+        main([str(missing)])
+    assert exc.value.code == 2
+    assert "nope_dir" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .parquet result files found under .*empty"):
+        generate_report([tmp_path / "empty"], tmp_path / "out")
+    with pytest.raises(ValueError, match="results directory .* does not exist"):
+        latest_experiment_dir(tmp_path / "no_results_here")
+
+
+def test_markdown_table_helper() -> None:
+    df = pd.DataFrame({"name": ["a|b", "c"], "x": [1.23456, float("nan")], "k": [1, 2]})
+    md = report_mod.markdown_table(df).splitlines()
+    assert md[0] == "| name | x | k |"
+    assert md[1] == "|:---|---:|---:|"
+    assert md[2] == "| a\\|b | 1.235 | 1 |"
+    assert md[3] == "| c | – | 2 |"
+
+
+def test_report_does_not_import_torch() -> None:
+    import subprocess
+
+    code = "import sys, bench.report, bench.results; sys.exit('torch' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
+    )
