@@ -1,0 +1,488 @@
+"""Content-addressed checkpoint cache: train a configuration once, reuse it everywhere.
+
+A checkpoint's key is ``sha256(canonical JSON of weights_config(cfg))[:16]``, where the weights
+config holds only what changes the weights: the normalized ``model``, ``position``, ``data``
+and ``train`` sections, ``seed``, the corpus fingerprint and ``CODE_SALT``. Eval-time settings
+(``scaling``, ``eval``, ``experiment``, ``hydra``, launchers) never enter it, nor do the train
+keys that only change what is logged (``bench.train.NON_WEIGHT_TRAIN_KEYS``) or the learned
+table's ``position.out_of_range`` policy (used only when reading past the table).
+
+Canonical JSON: sorted keys, compact separators, defaults filled in (``{}`` and the spelled-out
+defaults give one key), integral floats written as integers (``256.0`` == ``256``) and other
+floats rounded to 12 significant digits (so ``lr * min_lr_ratio`` and the literal ``min_lr``
+agree), tuples as lists, booleans as booleans.
+
+Layout under the cache root (default: env ``LENBENCH_CACHE`` or ``~/.cache/lenbench/checkpoints``)::
+
+    <root>/<key>/model.pt    torch.save({"key", "model_cfg", "position_cfg", "train_length",
+                                         "weights_config", "state_dict", "train_stats"})
+    <root>/<key>/DONE        {"key": ..., "weights_config": ...} (JSON), written last
+    <root>/<key>.lock        filelock: held while a process trains or writes this key
+
+Protocol (``get_or_train``): if DONE exists, load. Otherwise take the lock, look again (another
+process may have finished meanwhile), delete leftovers of interrupted writers, train, write
+model.pt through a temporary file in the same directory + ``os.replace``, then DONE the same
+way. A process killed at any point leaves either no DONE (the next run retrains and overwrites)
+or a complete checkpoint; the OS releases its lock when it dies. Loading verifies that the stored
+weights config hashes to the key, matches DONE and the stored model/position configs, and (in
+``get_or_train``) equals the requested one; a mismatch is a :class:`CheckpointError` naming the
+path. The lock is ``filelock.FileLock`` (fcntl/flock); on network filesystems without working
+flock, put the cache on a local or lock-capable filesystem.
+
+Under ``accelerate launch`` with several processes all ranks call ``get_or_train``; rank 0 takes
+the lock and decides train-or-load for everyone (broadcast), all ranks train together, rank 0
+writes the checkpoint, then all ranks continue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.data import Corpus, normalize_data_config
+from bench.train import (
+    NON_WEIGHT_TRAIN_KEYS,
+    _section,
+    model_config,
+    normalize_train_config,
+    position_config,
+    seed_of,
+    train_model,
+    use_cpu_backend,
+)
+from models.positions import PositionConfig
+from models.transformer import DecoderLM, ModelConfig
+
+__all__ = [
+    "CODE_SALT",
+    "CheckpointError",
+    "canonical_json",
+    "checkpoint_dir",
+    "default_cache_root",
+    "get_or_train",
+    "key_of",
+    "load_model",
+    "save_checkpoint",
+    "weights_config",
+    "weights_key",
+]
+
+# Bump whenever a code change alters the weights a given config trains to (model init, training
+# loop, data pipeline): every key changes, so stale checkpoints are never reused.
+CODE_SALT = "lenbench-weights-1"
+MODEL_FILE = "model.pt"
+DONE_FILE = "DONE"
+KEY_CHARS = 16
+ENV_CACHE = "LENBENCH_CACHE"
+# position fields that never change the weights (the learned table's policy past its end)
+NON_WEIGHT_POSITION_KEYS = ("out_of_range",)
+_KEY_PATTERN = re.compile(rf"[0-9a-f]{{{KEY_CHARS}}}")
+_TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(ValueError):
+    """A stored checkpoint is missing, incomplete or does not match its key or the request."""
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _canonical(obj: Any) -> Any:
+    if obj is None or isinstance(obj, bool):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            return repr(obj)
+        if obj.is_integer() and abs(obj) < 2**53:
+            return int(obj)
+        return float(f"{obj:.12g}")
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, Mapping):
+        return {str(k): _canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return _canonical(obj.item())
+    raise ValueError(
+        f"cannot put {obj!r} (type {type(obj).__name__}) in a checkpoint key; allowed are None, "
+        "bool, int, float, str, paths, mappings and sequences of those."
+    )
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted-key, compact JSON with integral floats as ints and floats to 12 significant digits."""
+    return json.dumps(_canonical(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def key_of(config: Mapping[str, Any]) -> str:
+    """The 16-hex-char key of an already normalized weights config."""
+    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:KEY_CHARS]
+
+
+def weights_config(cfg: Mapping[str, Any], corpus: Corpus | str | None = None) -> dict[str, Any]:
+    """What determines the trained weights, normalized: model, position, data, train, seed, salt.
+
+    ``corpus`` (a Corpus or its fingerprint) adds ``corpus_fingerprint``, so a changed corpus
+    (edited text files, another Python's stdlib) never reuses weights trained on the old one.
+    ``get_or_train`` always passes it: the key of a job is ``weights_key(cfg, corpus)``.
+    """
+    train = normalize_train_config(_section(cfg, "train"))
+    position = asdict(position_config(_section(cfg, "position")))
+    out: dict[str, Any] = {
+        "code_salt": CODE_SALT,
+        "model": asdict(model_config(_section(cfg, "model"))),
+        "position": {k: v for k, v in position.items() if k not in NON_WEIGHT_POSITION_KEYS},
+        "data": normalize_data_config(_section(cfg, "data") or {"name": "pycorpus"}),
+        "train": {k: v for k, v in train.items() if k not in NON_WEIGHT_TRAIN_KEYS},
+        "seed": seed_of(cfg),
+    }
+    if corpus is not None:
+        out["corpus_fingerprint"] = corpus if isinstance(corpus, str) else corpus.fingerprint
+    return _canonical(out)
+
+
+def weights_key(cfg: Mapping[str, Any], corpus: Corpus | str | None = None) -> str:
+    """sha256 hex[:16] of ``weights_config(cfg, corpus)`` (stable across key order and 256 vs 256.0)."""
+    return key_of(weights_config(cfg, corpus))
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def default_cache_root() -> Path:
+    """``$LENBENCH_CACHE`` or ``~/.cache/lenbench/checkpoints``."""
+    env = os.environ.get(ENV_CACHE)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lenbench" / "checkpoints"
+
+
+def _root(cache_root: str | Path | None) -> Path:
+    return Path(cache_root).expanduser() if cache_root is not None else default_cache_root()
+
+
+def checkpoint_dir(key: str, cache_root: str | Path | None = None) -> Path:
+    if not _KEY_PATTERN.fullmatch(key):
+        raise ValueError(
+            f"checkpoint key {key!r} is invalid; a key is {KEY_CHARS} lowercase hex characters."
+        )
+    return _root(cache_root) / key
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    """write(file object) into a temp file next to ``path``, fsync, then os.replace onto it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TMP_PREFIX}{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _clean_leftovers(directory: Path) -> None:
+    """Remove temp files of interrupted writers and a DONE-less model.pt (caller holds the lock)."""
+    if not directory.is_dir():
+        return
+    for leftover in directory.glob(f"{_TMP_PREFIX}*"):
+        leftover.unlink(missing_ok=True)
+    if not (directory / DONE_FILE).exists():
+        (directory / MODEL_FILE).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def _model_part(config: Mapping[str, Any]) -> tuple[Any, Any, int]:
+    return config["model"], config["position"], config["train"]["length"]
+
+
+def _check_model_matches(
+    model_cfg: Mapping[str, Any],
+    position_cfg: Mapping[str, Any],
+    train_length: int,
+    config: Mapping[str, Any],
+    where: str,
+) -> None:
+    want_model, want_position, want_length = _model_part(config)
+    position = {k: v for k, v in position_cfg.items() if k not in NON_WEIGHT_POSITION_KEYS}
+    if (
+        canonical_json(model_cfg) != canonical_json(want_model)
+        or canonical_json(position) != canonical_json(want_position)
+        or int(train_length) != int(want_length)
+    ):
+        raise CheckpointError(
+            f"{where}: the model's configuration (model {canonical_json(model_cfg)}, position "
+            f"{canonical_json(position)}, train_length {train_length}) does not match its weights "
+            f"config (model {canonical_json(want_model)}, position {canonical_json(want_position)}, "
+            f"train.length {want_length})."
+        )
+
+
+def save_checkpoint(
+    model: DecoderLM,
+    key: str,
+    weights_config: Mapping[str, Any],
+    cache_root: str | Path | None = None,
+    train_stats: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``<root>/<key>/model.pt`` then ``DONE``, each atomically; return the checkpoint dir.
+
+    ``key`` must be ``key_of(weights_config)`` and the model must have the weights config's
+    architecture; both are checked so a bad checkpoint is refused at write time, not at load.
+    Callers that may race should hold the key's lock (``get_or_train`` does).
+    """
+    config = _canonical(dict(weights_config))
+    if key_of(config) != key:
+        raise CheckpointError(
+            f"key {key!r} is not the key of the given weights config ({key_of(config)!r})."
+        )
+    _check_model_matches(
+        asdict(model.model_cfg),
+        asdict(model.position_cfg),
+        model.train_length,
+        config,
+        f"checkpoint {key}",
+    )
+    directory = checkpoint_dir(key, cache_root)
+    directory.mkdir(parents=True, exist_ok=True)
+    state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    payload = {
+        "key": key,
+        "model_cfg": asdict(model.model_cfg),
+        "position_cfg": asdict(model.position_cfg),
+        "train_length": int(model.train_length),
+        "weights_config": config,
+        "state_dict": state_dict,
+        "train_stats": _json_safe(train_stats),
+    }
+    (directory / DONE_FILE).unlink(missing_ok=True)  # a rewrite is incomplete until DONE is back
+    _atomic_write(directory / MODEL_FILE, lambda handle: torch.save(payload, handle))
+    done = json.dumps({"key": key, "weights_config": config}, indent=1, sort_keys=True)
+    _atomic_write(directory / DONE_FILE, lambda handle: handle.write(done.encode("utf-8")))
+    return directory
+
+
+def _json_safe(stats: Mapping[str, Any] | None) -> dict[str, Any]:
+    """train_stats as JSON would return them (int dict keys become strings), for both code paths."""
+    return json.loads(json.dumps(dict(stats or {}), default=str))
+
+
+def _resolve(ref: str | Path, cache_root: str | Path | None) -> Path:
+    """Checkpoint directory of a key, a checkpoint directory or a model.pt path."""
+    path = Path(ref).expanduser()
+    if isinstance(ref, str) and _KEY_PATTERN.fullmatch(ref) and not path.exists():
+        path = checkpoint_dir(ref, cache_root)
+    if path.is_file():
+        return path.parent
+    if path.is_dir():
+        return path
+    raise CheckpointError(
+        f"checkpoint {str(ref)!r} was not found; give a {KEY_CHARS}-hex-character key (looked up "
+        f"under {_root(cache_root)}), a checkpoint directory or a path to its {MODEL_FILE}."
+    )
+
+
+def load_model(
+    ref: str | Path,
+    cache_root: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    expected_config: Mapping[str, Any] | None = None,
+) -> tuple[DecoderLM, dict[str, Any]]:
+    """Load a finished checkpoint -> (model in eval mode on ``device``, meta).
+
+    ``ref`` is a key (under ``cache_root``, default ``$LENBENCH_CACHE`` or
+    ``~/.cache/lenbench/checkpoints``), a checkpoint directory or its model.pt. meta holds
+    ``key``, ``weights_config``, ``train_length``, ``train_stats``, ``model_cfg``,
+    ``position_cfg`` and ``path``. Raises CheckpointError (a ValueError) if the checkpoint is
+    incomplete (no DONE), was edited (its weights config does not hash to its key), or does not
+    equal ``expected_config`` when given.
+    """
+    directory = _resolve(ref, cache_root)
+    model_path, done_path = directory / MODEL_FILE, directory / DONE_FILE
+    if not done_path.exists() or not model_path.exists():
+        raise CheckpointError(
+            f"checkpoint {directory} is incomplete (no {DONE_FILE} marker or no {MODEL_FILE}): its "
+            "training was interrupted; rerun the job to train it again."
+        )
+    try:
+        done = json.loads(done_path.read_text(encoding="utf-8"))
+        payload = torch.load(model_path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a corrupt file must name its path
+        raise CheckpointError(
+            f"checkpoint {directory} cannot be read ({err}); delete it to retrain."
+        ) from err
+    stored = payload.get("weights_config")
+    key = payload.get("key")
+    if not isinstance(stored, dict) or not isinstance(key, str):
+        raise CheckpointError(
+            f"checkpoint {model_path} has no weights_config/key; delete {directory} to retrain."
+        )
+    if key_of(stored) != key or (_KEY_PATTERN.fullmatch(directory.name) and directory.name != key):
+        raise CheckpointError(
+            f"checkpoint {model_path} is inconsistent: its stored weights config hashes to "
+            f"{key_of(stored)} but it is stored as {key!r} in {directory.name!r} (edited or "
+            f"corrupted); delete {directory} to retrain."
+        )
+    if done.get("key") != key or canonical_json(done.get("weights_config")) != canonical_json(
+        stored
+    ):
+        raise CheckpointError(
+            f"checkpoint {directory} is inconsistent: {DONE_FILE} and {MODEL_FILE} disagree about "
+            f"the weights config (edited or corrupted); delete {directory} to retrain."
+        )
+    if expected_config is not None and canonical_json(expected_config) != canonical_json(stored):
+        raise CheckpointError(
+            f"checkpoint {model_path} does not hold the requested weights config: stored "
+            f"{canonical_json(stored)}, requested {canonical_json(expected_config)}."
+        )
+    _check_model_matches(
+        payload["model_cfg"],
+        payload["position_cfg"],
+        payload["train_length"],
+        stored,
+        f"checkpoint {model_path}",
+    )
+    model = DecoderLM(
+        ModelConfig(**payload["model_cfg"]),
+        PositionConfig(**payload["position_cfg"]),
+        int(payload["train_length"]),
+    )
+    model.load_state_dict(payload["state_dict"])
+    model.to(device).eval()
+    meta = {
+        "key": key,
+        "weights_config": stored,
+        "train_length": int(payload["train_length"]),
+        "train_stats": payload.get("train_stats", {}),
+        "model_cfg": payload["model_cfg"],
+        "position_cfg": payload["position_cfg"],
+        "path": str(directory),
+    }
+    return model, meta
+
+
+# --------------------------------------------------------------------------- get or train
+
+
+def _distributed(accelerator: Any) -> Any:
+    """accelerate's PartialState when several processes run this job, else None."""
+    if accelerator is not None:
+        return accelerator.state if accelerator.num_processes > 1 else None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or (
+        torch.distributed.is_available() and torch.distributed.is_initialized()
+    ):
+        from accelerate import PartialState
+
+        state = PartialState(cpu=use_cpu_backend())
+        return state if state.num_processes > 1 else None
+    return None
+
+
+def _finish(model: DecoderLM, cfg: Mapping[str, Any], device: Any) -> DecoderLM:
+    # Eval-time position settings of the request (out_of_range) apply to the returned model.
+    model.position_cfg = position_config(_section(cfg, "position"))
+    return model.to(device).eval()
+
+
+def get_or_train(
+    cfg: Mapping[str, Any],
+    corpus: Corpus,
+    cache_root: str | Path | None = None,
+    train_fn: Callable[..., tuple[DecoderLM, dict[str, Any]]] = train_model,
+    progress: bool = True,
+    *,
+    accelerator: Any = None,
+    device: str | torch.device = "cpu",
+    lock_timeout: float = -1,
+) -> tuple[DecoderLM, dict[str, Any], bool]:
+    """The trained model for ``cfg`` on ``corpus``: loaded from the cache, or trained and stored.
+
+    Returns (model in eval mode on ``device``, meta, trained) where meta is ``load_model``'s
+    (``key``, ``weights_config``, ``train_length``, ``train_stats``, ``path``, ...) and trained
+    says whether this call trained. ``train_fn(cfg, corpus, progress=..., [accelerator=...])``
+    is called at most once per key across concurrent processes; others wait on the lock
+    (``lock_timeout`` seconds, -1 = forever) and then load.
+    """
+    from filelock import FileLock
+
+    config = weights_config(cfg, corpus)
+    key = key_of(config)
+    root = _root(cache_root)
+    directory = root / key
+    state = _distributed(accelerator)
+    kwargs: dict[str, Any] = {"progress": progress}
+    if accelerator is not None:
+        kwargs["accelerator"] = accelerator
+
+    def load() -> tuple[DecoderLM, dict[str, Any], bool]:
+        model, meta = load_model(directory, device=device, expected_config=config)
+        return _finish(model, cfg, device), meta, False
+
+    def train_and_save(write: bool) -> tuple[DecoderLM, dict[str, Any], bool]:
+        model, stats = train_fn(cfg, corpus, **kwargs)
+        stats = _json_safe(stats)
+        if write:
+            save_checkpoint(model, key, config, root, stats)
+        meta = {
+            "key": key,
+            "weights_config": config,
+            "train_length": int(model.train_length),
+            "train_stats": stats,
+            "model_cfg": asdict(model.model_cfg),
+            "position_cfg": asdict(model.position_cfg),
+            "path": str(directory),
+        }
+        return _finish(model, cfg, device), meta, True
+
+    if state is None:
+        if (directory / DONE_FILE).exists():
+            return load()
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(root / f"{key}.lock"), timeout=lock_timeout):
+            if (directory / DONE_FILE).exists():
+                return load()  # another process trained it while we waited
+            _clean_leftovers(directory)
+            return train_and_save(write=True)
+
+    # Several ranks: rank 0 holds the lock and decides for all of them.
+    from accelerate.utils import broadcast_object_list
+
+    lock = None
+    decision = ["load"]
+    try:
+        if state.is_main_process:
+            root.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(root / f"{key}.lock"), timeout=lock_timeout)
+            lock.acquire()
+            if not (directory / DONE_FILE).exists():
+                _clean_leftovers(directory)
+                decision = ["train"]
+        broadcast_object_list(decision, from_process=0)
+        if decision[0] == "load":
+            if lock is not None:
+                lock.release()
+                lock = None
+            return load()
+        result = train_and_save(write=state.is_main_process)
+        state.wait_for_everyone()  # nobody returns before the checkpoint is complete
+        return result
+    finally:
+        if lock is not None:
+            lock.release()

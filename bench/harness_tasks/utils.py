@@ -1,0 +1,24 @@
+"""Functions the lenbench task YAMLs name with ``!function utils.<fn>``.
+
+lm-eval imports this file by path (not as ``bench.harness_tasks.utils``), so it only forwards to
+``bench.harness``, where the data builders live and are tested.
+"""
+
+from bench.harness import passkey_dataset as _passkey_dataset
+from bench.harness import passkey_process_results as _passkey_process_results
+from bench.harness import perplexity_dataset as _perplexity_dataset
+
+
+def passkey_dataset(**metadata):
+    """custom_dataset of lenbench_passkey_<L>: {"test": Dataset} built locally from the metadata."""
+    return _passkey_dataset(**metadata)
+
+
+def passkey_process_results(doc, results):
+    """acc (starts with " <key>") and acc_parsed (first integer == key) of one generation."""
+    return _passkey_process_results(doc, results)
+
+
+def perplexity_dataset(**metadata):
+    """custom_dataset of lenbench_ppl_<L>: {"test": Dataset} of held-out documents cut to L bytes."""
+    return _perplexity_dataset(**metadata)

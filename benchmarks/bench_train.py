@@ -1,0 +1,362 @@
+"""Training throughput and peak memory: our DecoderLM against transformers' LlamaForCausalLM.
+
+Both models get identical dimensions (vocab 259, layers, width, heads, SwiGLU intermediate size
+``ModelConfig.ff_width``, RMSNorm, tied embeddings, RoPE base 10000 in the GPT-NeoX "half"
+layout, no biases), the same batches (seeded random byte tokens), the same loss (float32 cross
+entropy on the logits) and the same optimizer step (AdamW), in one process. Before timing, the
+Llama model is loaded with our weights and its logits are compared with ours (``max_abs_diff``)
+so that "identical dimensions" is checked, not assumed.
+
+Throughput: forward + backward + AdamW step; ``--warmup`` steps excluded; ours and the
+reference alternate step by step so that load from other processes hits both alike; tokens/s
+uses the median step time. Peak memory: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the
+peak resident set size (sampled every 2 ms by a thread) above the RSS measured right before the
+model is built (after ``gc`` and ``malloc_trim``), over a separate few-step run per model.
+
+    python benchmarks/bench_train.py --width 128
+    python benchmarks/bench_train.py --width 256 --precisions fp32,bf16 --steps 8
+
+Prints a table and writes benchmarks/results/bench_train_<config>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.positions import PositionConfig  # noqa: E402
+from models.transformer import DecoderLM, ModelConfig  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VOCAB = 259
+
+
+def build_ours(args: argparse.Namespace) -> DecoderLM:
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        n_layers=args.layers,
+        d_model=args.width,
+        n_heads=args.heads,
+        mlp="swiglu",
+        norm="rms",
+        tie_embeddings=True,
+    )
+    return DecoderLM(cfg, PositionConfig(kind="rope", base=args.base, layout="half"), args.seq)
+
+
+def build_llama(args: argparse.Namespace, ours: DecoderLM) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=args.width,
+        intermediate_size=ours.model_cfg.ff_width,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        max_position_embeddings=args.seq,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": float(args.base)},
+        rms_norm_eps=torch.finfo(torch.float32).eps,  # what nn.RMSNorm(eps=None) uses
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        bos_token_id=256,
+        eos_token_id=257,
+        pad_token_id=258,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def copy_weights(ours: DecoderLM, llama: torch.nn.Module) -> None:
+    """Load our weights into the Llama model (our fused kv/gate-up projections are split)."""
+    d = ours.model_cfg.d_model
+    ff = ours.model_cfg.ff_width
+    with torch.no_grad():
+        llama.model.embed_tokens.weight.copy_(ours.tok_emb.weight)
+        llama.model.norm.weight.copy_(ours.final_norm.weight)
+        for block, layer in zip(ours.blocks, llama.model.layers, strict=True):
+            layer.input_layernorm.weight.copy_(block.attn_norm.weight)
+            layer.post_attention_layernorm.weight.copy_(block.mlp_norm.weight)
+            layer.self_attn.q_proj.weight.copy_(block.attn.q_proj.weight)
+            layer.self_attn.k_proj.weight.copy_(block.attn.kv_proj.weight[:d])
+            layer.self_attn.v_proj.weight.copy_(block.attn.kv_proj.weight[d:])
+            layer.self_attn.o_proj.weight.copy_(block.attn.o_proj.weight)
+            layer.mlp.gate_proj.weight.copy_(block.mlp.up.weight[:ff])
+            layer.mlp.up_proj.weight.copy_(block.mlp.up.weight[ff:])
+            layer.mlp.down_proj.weight.copy_(block.mlp.down.weight)
+
+
+def logits_of(model: torch.nn.Module, tokens: torch.Tensor, reference: bool) -> torch.Tensor:
+    if reference:
+        return model(input_ids=tokens, use_cache=False).logits
+    return model(tokens).logits
+
+
+def make_step(
+    model: torch.nn.Module, reference: bool, precision: str, device: torch.device
+) -> Callable[[torch.Tensor], None]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    autocast = (
+        (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+        if precision == "bf16"
+        else contextlib.nullcontext
+    )
+
+    def step(batch: torch.Tensor) -> None:
+        with autocast():
+            logits = logits_of(model, batch[:, :-1], reference)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), batch[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def release_memory() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class PeakRSS:
+    """Peak resident set size while active, sampled by a thread (CPU memory)."""
+
+    def __init__(self, interval: float = 0.002):
+        import psutil
+
+        self.process, self.interval = psutil.Process(), interval
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = self.process.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def build(args: argparse.Namespace, reference: bool, device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    ours = build_ours(args)
+    if not reference:
+        return ours.to(device).train()
+    llama = build_llama(args, ours)
+    copy_weights(ours, llama)
+    return llama.to(device).train()
+
+
+def peak_memory_mb(
+    args: argparse.Namespace,
+    reference: bool,
+    precision: str,
+    device: torch.device,
+    batches: list[torch.Tensor],
+) -> float:
+    """Peak memory (MiB) of building the model and running a few training steps."""
+    release_memory()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        model = build(args, reference, device)
+        step = make_step(model, reference, precision, device)
+        for batch in batches[:3]:
+            step(batch)
+        sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        with PeakRSS() as rss:
+            base = rss.peak
+            model = build(args, reference, device)
+            step = make_step(model, reference, precision, device)
+            for batch in batches[:3]:
+                step(batch)
+        peak = rss.peak - base
+    del model, step
+    release_memory()
+    return peak / 2**20
+
+
+def parity(args: argparse.Namespace, device: torch.device, batch: torch.Tensor) -> float:
+    """max |logits ours - logits llama| with identical weights, fp32, eval mode."""
+    ours = build(args, False, device).eval()
+    llama = build(args, True, device).eval()
+    with torch.no_grad():
+        diff = (logits_of(ours, batch[:, :-1], False) - logits_of(llama, batch[:, :-1], True)).abs()
+    return float(diff.max())
+
+
+def throughput(
+    args: argparse.Namespace, precision: str, device: torch.device, batches: list[torch.Tensor]
+) -> dict[str, list[float]]:
+    """Per-step seconds for ours and the reference, alternating step by step."""
+    models = {name: build(args, name == "llama", device) for name in ("ours", "llama")}
+    steps = {
+        name: make_step(model, name == "llama", precision, device) for name, model in models.items()
+    }
+    times: dict[str, list[float]] = {"ours": [], "llama": []}
+    for i in range(args.warmup + args.steps):
+        batch = batches[i % len(batches)]
+        order = ("ours", "llama") if i % 2 == 0 else ("llama", "ours")
+        for name in order:
+            sync(device)
+            start = time.perf_counter()
+            steps[name](batch)
+            sync(device)
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+        print(
+            f"  {precision} step {i + 1}/{args.warmup + args.steps}"
+            + ("" if i >= args.warmup else " (warmup)"),
+            file=sys.stderr,
+            flush=True,
+        )
+    return times
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per model and precision")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--base", type=float, default=10000.0, help="RoPE base")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    bad = [p for p in precisions if p not in ("fp32", "bf16")]
+    if bad:
+        parser.error(f"--precisions {bad} unknown; allowed values are fp32, bf16.")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    import transformers
+
+    generator = torch.Generator().manual_seed(1234)
+    batches = [
+        torch.randint(0, 256, (args.batch, args.seq + 1), generator=generator).to(device)
+        for _ in range(4)
+    ]
+    load_before = os.getloadavg()
+    max_diff = parity(args, device, batches[0][:2])
+    print(f"parity: max |logits ours - llama| = {max_diff:.2e}", file=sys.stderr)
+    rows = []
+    tokens_per_step = args.batch * args.seq
+    for precision in precisions:
+        times = throughput(args, precision, device, batches)
+        for name in ("ours", "llama"):
+            median = statistics.median(times[name])
+            rows.append(
+                {
+                    "model": name,
+                    "precision": precision,
+                    "tokens_per_s": tokens_per_step / median,
+                    "median_step_s": median,
+                    "step_s": times[name],
+                    "peak_mem_mib": peak_memory_mb(
+                        args, name == "llama", precision, device, batches
+                    ),
+                }
+            )
+    n_params = build_ours(args).num_parameters()
+    result = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "n_params": n_params,
+        "parity_max_abs_diff": max_diff,
+        "rows": rows,
+        "ratios": {},
+        "env": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    }
+    print(
+        f"\nDecoderLM vs LlamaForCausalLM: layers={args.layers} width={args.width} "
+        f"heads={args.heads} ff={build_ours(args).model_cfg.ff_width} seq={args.seq} "
+        f"batch={args.batch} device={device} threads={torch.get_num_threads()} "
+        f"params={n_params:,} parity={max_diff:.1e}"
+    )
+    print(f"{'precision':<9} {'model':<6} {'tokens/s':>10} {'step s':>8} {'peak MiB':>9}")
+    for row in rows:
+        print(
+            f"{row['precision']:<9} {row['model']:<6} {row['tokens_per_s']:>10,.0f} "
+            f"{row['median_step_s']:>8.3f} {row['peak_mem_mib']:>9.1f}"
+        )
+    for precision in precisions:
+        ours, ref = (
+            next(r for r in rows if r["precision"] == precision and r["model"] == m)
+            for m in ("ours", "llama")
+        )
+        ratio = {
+            "tokens_per_s": ours["tokens_per_s"] / ref["tokens_per_s"],
+            "peak_mem": ours["peak_mem_mib"] / ref["peak_mem_mib"]
+            if ref["peak_mem_mib"] > 0
+            else math.nan,
+        }
+        result["ratios"][precision] = ratio
+        print(
+            f"{precision}: ours/llama tokens/s = {ratio['tokens_per_s']:.2f}x, "
+            f"peak memory = {ratio['peak_mem']:.2f}x"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = (
+        f"bench_train_L{args.layers}_D{args.width}_H{args.heads}_S{args.seq}_B{args.batch}_"
+        f"{device.type}.json"
+    )
+    path = args.out / name
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,410 @@
+"""Checkpoint cache: key stability/sensitivity, reuse, locking across processes, kill-and-resume,
+tamper detection, and load_model references."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench.cache as cache
+from bench.cache import (
+    CODE_SALT,
+    CheckpointError,
+    get_or_train,
+    key_of,
+    load_model,
+    save_checkpoint,
+    weights_config,
+    weights_key,
+)
+from bench.data import Corpus, load_corpus
+from bench.train import make_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def write_text_corpus(root: Path, n_files: int = 12) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        (root / f"doc{i:02d}.txt").write_text(f"document {i}: " + "abc def ghi " * 40, "utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_text_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_dir: Path) -> Corpus:
+    return load_corpus({"name": "text", "paths": [str(corpus_dir)]})
+
+
+def make_cfg(corpus_dir: Path | str = "docs", **train: object) -> dict:
+    return {
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},
+        "position": {"kind": "rope", "base": 10000},
+        "data": {"name": "text", "paths": [str(corpus_dir)]},
+        "train": {"length": 16, "steps": 3, "batch_size": 2, **train},
+        "seed": 0,
+    }
+
+
+class CountingTrainer:
+    """A fast deterministic train_fn: the seeded untrained model; counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, cfg, corpus, **kwargs):
+        self.calls += 1
+        torch.manual_seed(int(cfg["seed"]))
+        model = make_model(cfg)
+        return model, {"steps": cfg["train"]["steps"], "val_losses": {3: 1.5}}
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_key_is_stable_across_order_spelling_defaults_and_omegaconf() -> None:
+    from omegaconf import OmegaConf
+
+    cfg = make_cfg()
+    key = weights_key(cfg)
+    assert len(key) == 16 and int(key, 16) >= 0
+    reordered = {
+        k: dict(reversed(list(v.items()))) if isinstance(v, dict) else v for k, v in cfg.items()
+    }
+    reordered = dict(reversed(list(reordered.items())))
+    assert list(reordered) != list(cfg) and weights_key(reordered) == key
+    spelled = make_cfg(length=16.0, steps=3.0)
+    spelled["position"]["base"] = 10000.0
+    spelled["model"]["vocab_size"] = 259  # a default, spelled out
+    spelled["train"]["min_lr_ratio"] = 0.1  # default ratio = default min_lr
+    assert weights_key(spelled) == key
+    assert weights_key(OmegaConf.create(cfg)) == key
+    assert 3e-3 * 0.1 != 3e-4  # float noise ...
+    assert weights_key(make_cfg(min_lr=3e-4)) == key  # ... but lr * ratio and the literal agree
+
+
+def test_key_ignores_eval_time_settings() -> None:
+    cfg = make_cfg()
+    key = weights_key(cfg)
+    eval_time = {
+        **cfg,
+        "scaling": {"name": "yarn", "method": "yarn", "params": {"factor": 4}},
+        "eval": {"lengths": [16, 32]},
+        "experiment": {"name": "x"},
+        "hydra": {"run": {"dir": "/tmp/x"}},
+        "train": {**cfg["train"], "eval_every": 7, "eval_batches": 9, "log_every": 3},
+        "position": {**cfg["position"], "out_of_range": "clamp"},
+    }
+    assert weights_key(eval_time) == key
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "value"),
+    [
+        ("train", "steps", 4),
+        ("train", "lr", 1e-3),
+        ("train", "precision", "bf16"),
+        ("train", "passkey_fraction", 0.25),
+        ("model", "d_model", 32),
+        ("position", "kind", "alibi"),
+        ("position", "base", 500000),
+        ("data", "max_files", 5),
+    ],
+)
+def test_key_changes_with_what_changes_the_weights(section: str, field: str, value: object) -> None:
+    cfg = make_cfg()
+    changed = json.loads(json.dumps(cfg))
+    changed[section][field] = value
+    assert weights_key(changed) != weights_key(cfg)
+
+
+def test_key_changes_with_seed_corpus_and_salt(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_cfg()
+    assert weights_key({**cfg, "seed": 1}) != weights_key(cfg)
+    assert weights_key(cfg, "aaaa") != weights_key(cfg, "bbbb") != weights_key(cfg)
+    config = weights_config(cfg, "aaaa")
+    assert config["corpus_fingerprint"] == "aaaa" and config["code_salt"] == CODE_SALT
+    assert set(config) == {
+        "code_salt",
+        "model",
+        "position",
+        "data",
+        "train",
+        "seed",
+        "corpus_fingerprint",
+    }
+    before = weights_key(cfg)
+    monkeypatch.setattr(cache, "CODE_SALT", CODE_SALT + "-bumped")
+    assert weights_key(cfg) != before
+
+
+# --------------------------------------------------------------------------- get_or_train
+
+
+def test_second_call_loads_without_training(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path
+) -> None:
+    trainer = CountingTrainer()
+    cfg = make_cfg(corpus_dir)
+    first, meta, trained = get_or_train(cfg, corpus, tmp_path, train_fn=trainer, progress=False)
+    assert trained and trainer.calls == 1
+    assert meta["key"] == weights_key(cfg, corpus) and (tmp_path / meta["key"] / "DONE").exists()
+    eval_only = {**cfg, "scaling": {"name": "linear"}, "eval": {"lengths": [32]}}
+    second, meta2, trained2 = get_or_train(eval_only, corpus, tmp_path, train_fn=trainer)
+    assert not trained2 and trainer.calls == 1
+    assert same_weights(first, second) and meta2["key"] == meta["key"]
+    assert meta2["train_stats"] == meta["train_stats"] == {"steps": 3, "val_losses": {"3": 1.5}}
+    assert meta2["weights_config"] == weights_config(cfg, corpus)
+    # Negative control: a weight-changing setting trains again.
+    _, meta3, trained3 = get_or_train(
+        make_cfg(corpus_dir, steps=4), corpus, tmp_path, train_fn=trainer
+    )
+    assert trained3 and trainer.calls == 2 and meta3["key"] != meta["key"]
+
+
+def test_real_training_round_trips_through_the_cache(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path
+) -> None:
+    cfg = make_cfg(corpus_dir, steps=2, eval_batches=0)
+    cfg["position"] = {"kind": "learned", "out_of_range": "error"}
+    model, meta, trained = get_or_train(cfg, corpus, tmp_path, progress=False)
+    assert trained and meta["train_stats"]["steps"] == 2
+    cfg["position"]["out_of_range"] = "clamp"  # eval-time policy: same checkpoint
+    loaded, meta2, trained2 = get_or_train(cfg, corpus, tmp_path, progress=False)
+    assert not trained2 and same_weights(model, loaded)
+    assert loaded.position_cfg.out_of_range == "clamp" and not loaded.training
+    x = torch.randint(0, 256, (1, 16))
+    assert torch.equal(model(x).logits, loaded(x).logits)
+
+
+def test_load_model_by_key_dir_file_and_env(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, meta, _ = get_or_train(
+        make_cfg(corpus_dir), corpus, tmp_path, train_fn=CountingTrainer()
+    )
+    key = meta["key"]
+    for ref in (key, tmp_path / key, str(tmp_path / key / "model.pt")):
+        loaded, got = load_model(ref, cache_root=tmp_path)
+        assert same_weights(model, loaded) and got["key"] == key and got["train_length"] == 16
+    monkeypatch.setenv("LENBENCH_CACHE", str(tmp_path))
+    assert load_model(key)[1]["key"] == key
+    with pytest.raises(CheckpointError, match="0123456789abcdef.*was not found"):
+        load_model("0123456789abcdef", cache_root=tmp_path / "elsewhere")
+
+
+def test_save_checkpoint_refuses_wrong_key_or_architecture(tmp_path: Path) -> None:
+    cfg = make_cfg()
+    config = weights_config(cfg, "fp")
+    model = make_model(cfg)
+    with pytest.raises(CheckpointError, match="is not the key"):
+        save_checkpoint(model, "0" * 16, config, tmp_path)
+    other = make_model(make_cfg(length=8))
+    with pytest.raises(CheckpointError, match="does not match its weights config"):
+        save_checkpoint(other, key_of(config), config, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing written
+    path = save_checkpoint(model, key_of(config), config, tmp_path)
+    assert sorted(p.name for p in path.iterdir()) == ["DONE", "model.pt"]  # no temp files left
+
+
+# --------------------------------------------------------------------------- tampering
+
+
+def _stored(tmp_path: Path, corpus: Corpus, corpus_dir: Path) -> Path:
+    _, meta, _ = get_or_train(make_cfg(corpus_dir), corpus, tmp_path, train_fn=CountingTrainer())
+    return Path(meta["path"])
+
+
+def test_edited_done_marker_is_refused(tmp_path: Path, corpus: Corpus, corpus_dir: Path) -> None:
+    directory = _stored(tmp_path, corpus, corpus_dir)
+    done = json.loads((directory / "DONE").read_text())
+    done["weights_config"]["train"]["steps"] = 999
+    (directory / "DONE").write_text(json.dumps(done))
+    trainer = CountingTrainer()
+    with pytest.raises(CheckpointError, match=f"checkpoint {directory} is inconsistent"):
+        get_or_train(make_cfg(corpus_dir), corpus, tmp_path, train_fn=trainer)
+    assert trainer.calls == 0  # refused, not silently retrained
+
+
+def test_edited_model_weights_config_is_refused(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path
+) -> None:
+    directory = _stored(tmp_path, corpus, corpus_dir)
+    load_model(directory)  # negative control: the untouched checkpoint loads
+    payload = torch.load(directory / "model.pt", weights_only=True)
+    payload["weights_config"]["train"]["steps"] = 999
+    torch.save(payload, directory / "model.pt")
+    with pytest.raises(
+        CheckpointError, match=r"model\.pt is inconsistent: its stored weights config hashes to"
+    ):
+        load_model(directory)
+    # Consistently re-keyed (key and DONE edited too): still not what this config asks for.
+    payload["key"] = key_of(payload["weights_config"])
+    torch.save(payload, directory / "model.pt")
+    (directory / "DONE").write_text(
+        json.dumps({"key": payload["key"], "weights_config": payload["weights_config"]})
+    )
+    with pytest.raises(CheckpointError, match="inconsistent"):
+        get_or_train(make_cfg(corpus_dir), corpus, tmp_path, train_fn=CountingTrainer())
+
+
+def test_request_mismatch_is_refused(tmp_path: Path, corpus: Corpus, corpus_dir: Path) -> None:
+    directory = _stored(tmp_path, corpus, corpus_dir)
+    other = weights_config(make_cfg(corpus_dir, steps=5), corpus)
+    with pytest.raises(CheckpointError, match="does not hold the requested weights config"):
+        load_model(directory, expected_config=other)
+
+
+# --------------------------------------------------------------------------- processes
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time, hashlib
+    import torch
+    torch.set_num_threads(1)
+    from bench.cache import get_or_train
+    from bench.data import load_corpus
+    from bench.train import make_model
+
+    cache_root, corpus_dir, markers, seed, mode = sys.argv[1:6]
+    seed = int(seed)
+
+    def train_fn(cfg, corpus, **kwargs):
+        open(os.path.join(markers, f"train-{os.getpid()}"), "w").close()
+        if mode == "hang":
+            time.sleep(120)
+        time.sleep(1.5)  # long enough that a concurrent caller surely finds the lock held
+        torch.manual_seed(int(cfg["seed"]))
+        return make_model(cfg), {"steps": 3}
+
+    cfg = {
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},
+        "position": {"kind": "rope", "base": 10000},
+        "data": {"name": "text", "paths": [corpus_dir]},
+        "train": {"length": 16, "steps": 3, "batch_size": 2},
+        "seed": seed,
+    }
+    corpus = load_corpus(cfg["data"])
+    open(os.path.join(markers, f"ready-{os.getpid()}"), "w").close()
+    while not os.path.exists(os.path.join(markers, "go")):
+        time.sleep(0.02)
+    model, meta, trained = get_or_train(cfg, corpus, cache_root, train_fn=train_fn, progress=False)
+    digest = hashlib.sha256(b"".join(
+        t.numpy().tobytes() for _, t in sorted(model.state_dict().items()))).hexdigest()
+    print(meta["key"], digest, int(trained))
+    """
+)
+
+
+def _start(tmp_path: Path, corpus_dir: Path, seed: int, mode: str = "normal") -> subprocess.Popen:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    args = [str(tmp_path / "cache"), str(corpus_dir), str(tmp_path / "markers"), str(seed), mode]
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(markers: Path, prefix: str, count: int, procs: list, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(markers.glob(f"{prefix}*"))) < count:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited early: {proc.communicate()[1][-2000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {count} {prefix} markers"
+        time.sleep(0.05)
+
+
+def _run_pair(tmp_path: Path, corpus_dir: Path, seeds: tuple[int, int]) -> list[list[str]]:
+    (tmp_path / "markers").mkdir()
+    procs = [_start(tmp_path, corpus_dir, seed) for seed in seeds]
+    _wait_for(tmp_path / "markers", "ready-", 2, procs)
+    (tmp_path / "markers" / "go").touch()  # release both at once
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        outputs.append(out.split())
+    return outputs
+
+
+def test_two_processes_same_key_train_once(tmp_path: Path, corpus_dir: Path) -> None:
+    (a_key, a_hash, a_trained), (b_key, b_hash, b_trained) = _run_pair(tmp_path, corpus_dir, (0, 0))
+    assert len(list((tmp_path / "markers").glob("train-*"))) == 1  # exactly one trained
+    assert a_key == b_key and a_hash == b_hash and sorted([a_trained, b_trained]) == ["0", "1"]
+
+
+def test_two_processes_different_keys_both_train(tmp_path: Path, corpus_dir: Path) -> None:
+    # Negative control for the test above: the markers do count concurrent trainings.
+    (a_key, a_hash, a_trained), (b_key, b_hash, b_trained) = _run_pair(tmp_path, corpus_dir, (0, 1))
+    assert len(list((tmp_path / "markers").glob("train-*"))) == 2
+    assert a_key != b_key and a_hash != b_hash and a_trained == b_trained == "1"
+
+
+def test_killed_training_leaves_nothing_and_rerun_trains_once(
+    tmp_path: Path, corpus_dir: Path
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "go").touch()
+    proc = _start(tmp_path, corpus_dir, 0, mode="hang")
+    _wait_for(markers, "train-", 1, [proc])
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    corpus = load_corpus({"name": "text", "paths": [str(corpus_dir)]})
+    cfg = make_cfg(corpus_dir)
+    key = weights_key(cfg, corpus)
+    directory = tmp_path / "cache" / key
+    assert not (directory / "DONE").exists() and not (directory / "model.pt").exists()
+    # What a writer killed between its writes could leave: a temp file and a DONE-less model.pt.
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / ".tmp-model.pt.abc123").write_bytes(b"partial")
+    (directory / "model.pt").write_bytes(b"not a checkpoint")
+    trainer = CountingTrainer()
+    _, meta, trained = get_or_train(cfg, corpus, tmp_path / "cache", train_fn=trainer)
+    assert (
+        trained and trainer.calls == 1 and meta["key"] == key
+    )  # the dead lock holder blocks nothing
+    assert sorted(p.name for p in directory.iterdir()) == ["DONE", "model.pt"]
+    _, _, trained_again = get_or_train(cfg, corpus, tmp_path / "cache", train_fn=trainer)
+    assert not trained_again and trainer.calls == 1  # a finished checkpoint is not retrained
+
+
+def test_incomplete_checkpoint_is_reported_by_load_model(tmp_path: Path) -> None:
+    directory = tmp_path / ("a" * 16)
+    directory.mkdir()
+    (directory / "model.pt").write_bytes(b"half")
+    with pytest.raises(CheckpointError, match=f"checkpoint {directory} is incomplete"):
+        load_model("a" * 16, cache_root=tmp_path)

@@ -1,0 +1,726 @@
+"""lm-eval adapter: the lenbench model class, the local tasks, the CLI wrapper, the hf cross-run.
+
+Everything runs offline (isolated HF_HOME, HF_*_OFFLINE) on tiny models. Non-vacuous by
+construction: a hand-built "oracle" model answers some passkeys right and some wrong, so harness
+accuracy must equal the native teacher-forced verdicts at a value strictly between 0 and 1; NLL
+checks compare against forward passes computed here, including a scaled (YaRN, factor auto) model
+whose numbers differ from the raw one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bench.harness as harness
+from bench.harness import (
+    TASKS_DIR,
+    LenbenchLM,
+    harness_rows,
+    parse_scaling,
+    passkey_docs,
+    passkey_process_results,
+    perplexity_docs,
+    run_harness,
+)
+from bench.passkey import passkey_grid
+from bench.passkey_eval import passkey_verdicts
+from bench.tokenizer import ByteTokenizer
+from models.positions import PositionConfig
+from models.transformer import DecoderLM, LMOutput, ModelConfig, ScalingConfig
+
+REPO = Path(__file__).resolve().parents[1]
+TOK = ByteTokenizer()
+QUESTION = "What is the pass key? The pass key is"
+
+
+# --------------------------------------------------------------------------- fixtures and models
+
+
+@pytest.fixture(autouse=True)
+def offline(tmp_path_factory, monkeypatch):
+    """No network, a throwaway HF_HOME, and no `pip list` subprocess in every simple_evaluate."""
+    import datasets
+    import lm_eval.evaluator
+
+    hf_home = tmp_path_factory.getbasetemp() / "hf_home"
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(lm_eval.evaluator, "add_env_info", lambda results: None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a busy 2-core machine: one thread avoids OpenMP wake-up stalls (~10x faster)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(kind: str = "rope", seed: int = 0, train_length: int = 64) -> DecoderLM:
+    torch.manual_seed(seed)
+    model = DecoderLM(
+        ModelConfig(n_layers=1, d_model=32, n_heads=2), PositionConfig(kind=kind), train_length
+    )
+    with torch.no_grad():  # sharper attention, so that positions (and scaling) matter
+        model.blocks[0].attn.q_proj.weight.mul_(8.0)
+        model.blocks[0].attn.kv_proj.weight.mul_(8.0)
+    return model.eval()
+
+
+class PasskeyOracle(DecoderLM):
+    """Reads the needle from its input and answers, except for keys divisible by 3 (last digit +1).
+
+    After the question it emits " <answer>. Remember it.\\n" then EOS; anywhere else "x". The
+    "KV cache" is simply the token history. Only the last ``TAIL`` positions get a prediction
+    (enough for the answer span of teacher forcing and for generation).
+    """
+
+    TAIL = 8
+
+    def __init__(self) -> None:
+        super().__init__(
+            ModelConfig(n_layers=1, d_model=8, n_heads=1), PositionConfig(kind="nope"), 64
+        )
+
+    @staticmethod
+    def answer(key: int) -> str:
+        text = f" {key}"
+        return text if key % 3 else text[:-1] + str((int(text[-1]) + 1) % 10)
+
+    @classmethod
+    def next_token(cls, text: str) -> int:
+        needle = re.search(r"The pass key is (\d+)\. Remember", text)
+        asked = text.rfind(QUESTION)
+        if needle is None or asked < 0:
+            return ord("x")
+        script = cls.answer(int(needle.group(1))) + ". Remember it.\n"
+        produced = text[asked + len(QUESTION) :]
+        if script.startswith(produced):
+            return ord(script[len(produced)]) if len(produced) < len(script) else TOK.EOS
+        return ord("x")
+
+    def forward(
+        self, input_ids, position_ids=None, attention_mask=None, past=None, use_cache=False, **_
+    ):
+        history = input_ids if past is None else torch.cat([past, input_ids], dim=1)
+        n, length = input_ids.shape
+        logits = torch.zeros(n, length, TOK.vocab_size)
+        logits[..., ord("x")] = 1.0
+        for row in range(n):
+            ids = [t for t in history[row].tolist()]
+            for j in range(max(0, length - self.TAIL), length):
+                upto = history.shape[1] - length + j + 1
+                text = bytes(t for t in ids[:upto] if t < 256).decode("latin-1")
+                logits[row, j, self.next_token(text)] += 5.0
+        return LMOutput(logits, history if use_cache else None)
+
+
+def request(kind: str, *args, doc: dict | None = None):
+    from lm_eval.api.instance import Instance
+
+    return Instance(request_type=kind, doc=doc or {}, arguments=tuple(args), idx=0)
+
+
+def direct_logprob(
+    model, context_ids: list[int], continuation_ids: list[int]
+) -> tuple[float, bool]:
+    """log p(continuation | context) by one forward pass over context + continuation."""
+    ids = torch.tensor([context_ids + continuation_ids])
+    with torch.no_grad():
+        logits = model(ids[:, :-1]).logits[0].double()
+    logprobs = logits.log_softmax(-1)[len(context_ids) - 1 :]
+    targets = torch.tensor(continuation_ids)
+    return float(logprobs.gather(1, targets[:, None]).sum()), bool(
+        (logprobs.argmax(-1) == targets).all()
+    )
+
+
+def native_bits_per_byte(model, texts: list[str], prefix: int = TOK.EOS) -> float:
+    """Sum NLL of every byte (the first given the prefix token) / ln 2 / bytes, one forward per text."""
+    total_nll, total_bytes = 0.0, 0
+    for text in texts:
+        ids = list(text.encode("utf-8"))
+        inputs = torch.tensor([[prefix] + ids[:-1]])
+        with torch.no_grad():
+            logits = model(inputs).logits[0]
+        total_nll += float(F.cross_entropy(logits.double(), torch.tensor(ids), reduction="sum"))
+        total_bytes += len(ids)
+    return total_nll / math.log(2) / total_bytes
+
+
+@pytest.fixture(scope="module")
+def text_corpus(tmp_path_factory) -> dict:
+    """A lenbench `text` data config whose every file is in the test split."""
+    root = tmp_path_factory.mktemp("corpus")
+    line = "def área(x):\n    return x * 3  # café au lait\n"
+    for i in range(4):
+        (root / f"doc{i}.txt").write_text(f"# file {i}\n" + line * (30 + 5 * i), encoding="utf-8")
+    (root / "short.txt").write_text("too short\n", encoding="utf-8")
+    return {"name": "text", "paths": [str(root)], "split_fractions": [0.0, 0.0, 1.0]}
+
+
+def samples_by_doc(results: dict, task: str) -> list[dict]:
+    return sorted(results["samples"][task], key=lambda s: s["doc_id"])
+
+
+# --------------------------------------------------------------------------- registration and args
+
+
+def test_registration_keeps_lm_eval_builtin_models():
+    from lm_eval.api.registry import get_model
+
+    assert get_model("lenbench") is LenbenchLM
+    # registering first must not hide lm-eval's lazily registered models
+    assert get_model("hf").__name__ == "HFLM"
+
+
+def test_parse_scaling_string_friendly_arguments():
+    assert parse_scaling(None) is None and parse_scaling("none") is None
+    # a conf/scaling preset: the same meaning as lenbench's `scaling=yarn`
+    yarn = parse_scaling("yarn", beta_fast="16")
+    assert yarn.method == "yarn" and yarn.name == "yarn" and not yarn.logn
+    assert yarn.params["factor"] == "auto" and yarn.params["beta_fast"] == 16.0
+    assert parse_scaling("yarn", factor=4).params["factor"] == 4
+    both = parse_scaling("linear", factor=4, logn="true")
+    assert both.logn and both.name == "linear+logn" and both.params == {"factor": 4}
+    assert parse_scaling("logn") == ScalingConfig(name="logn", method="default", logn=True)
+    longrope = parse_scaling("longrope", short_factor="1:1.5", long_factor="ramp", factor=4)
+    assert (
+        longrope.params["short_factor"] == [1.0, 1.5] and longrope.params["long_factor"] == "ramp"
+    )
+    mapping = parse_scaling({"name": "y4", "method": "yarn", "params": {"factor": 4}})
+    assert mapping == ScalingConfig(name="y4", method="yarn", params={"factor": 4})
+    from omegaconf import OmegaConf  # a Hydra job hands over its cfg.scaling as a DictConfig
+
+    hydra_cfg = OmegaConf.create(
+        {"name": "lr", "method": "longrope", "params": {"short_factor": [1, 2]}}
+    )
+    assert parse_scaling(hydra_cfg).params == {"short_factor": [1, 2]}
+    with pytest.raises(ValueError, match="unknown; allowed: .*yarn"):
+        parse_scaling("yarnn", factor=4)
+    with pytest.raises(ValueError, match=r"\['alpha'\] are unknown for scaling method 'yarn'"):
+        parse_scaling("yarn", factor=4, alpha=2)
+    with pytest.raises(ValueError, match="unknown for scaling none"):
+        parse_scaling(None, factor=4)
+
+
+def test_model_arguments_validate_early_and_device_falls_back():
+    model = tiny_model()
+    lm = LenbenchLM.create_from_arg_obj(
+        {"pretrained": model, "scaling": "yarn", "factor": "auto"},
+        {"batch_size": "auto", "device": None},
+    )
+    assert lm.batch_rows == harness.DEFAULT_MAX_BATCH_SIZE and lm.max_length is None
+    assert lm.get_model_info()["scaling"]["method"] == "yarn"
+    with pytest.raises(ValueError, match="does not apply to position family 'alibi'"):
+        LenbenchLM(pretrained=tiny_model("alibi"), scaling="yarn", factor=2)
+    with pytest.raises(ValueError, match="prefix_token 'cls' is unknown"):
+        LenbenchLM(pretrained=model, prefix_token="cls")
+    with pytest.raises(ValueError, match="batch_size 'zero' is invalid"):
+        LenbenchLM(pretrained=model, batch_size="zero")
+    if not torch.cuda.is_available():
+        assert LenbenchLM(pretrained=model, device="cuda:0").device.type == "cpu"
+
+
+# --------------------------------------------------------------------------- LM methods
+
+
+def test_loglikelihood_equals_direct_forward_and_is_greedy():
+    model = tiny_model()
+    lm = LenbenchLM(pretrained=model, batch_size=2)
+    context, continuation = "def área(x):\n    return", " x * 3"
+    ctx_ids, cont_ids = list(context.encode()), list(continuation.encode())
+    requests = [
+        request("loglikelihood", context, continuation),
+        request("loglikelihood", "", continuation),  # empty context: the EOS prefix token
+        request("loglikelihood", context[:-3], continuation),  # another length, same call
+        request("loglikelihood", context, ""),
+    ]
+    results = lm.loglikelihood(requests)
+    expected = direct_logprob(model, ctx_ids, cont_ids)
+    assert results[0][0] == pytest.approx(expected[0], rel=1e-5) and results[0][1] == expected[1]
+    assert results[1][0] == pytest.approx(direct_logprob(model, [TOK.EOS], cont_ids)[0], rel=1e-5)
+    assert results[2][0] == pytest.approx(
+        direct_logprob(model, ctx_ids[:-3], cont_ids)[0], rel=1e-5
+    )
+    assert results[0][0] != pytest.approx(results[2][0])  # negative control: context matters
+    assert results[3] == (0.0, True)
+
+    # is_greedy against a model whose greedy continuation is known
+    oracle = LenbenchLM(pretrained=PasskeyOracle())
+    prompt = "The pass key is 4711. Remember it. 4711 is the pass key.\n" + QUESTION
+    greedy = oracle.loglikelihood(
+        [request("loglikelihood", prompt, " 4711"), request("loglikelihood", prompt, " 4712")]
+    )
+    assert greedy[0][1] and not greedy[1][1]
+    assert greedy[0][0] > greedy[1][0]
+
+
+def test_no_silent_truncation_beyond_max_length():
+    lm = LenbenchLM(pretrained=tiny_model(), max_length=16)
+    assert lm.loglikelihood([request("loglikelihood", "a" * 10, "b" * 7)])  # 16 input tokens: fits
+    with pytest.raises(ValueError, match="17 tokens exceeds max_length 16"):
+        lm.loglikelihood([request("loglikelihood", "a" * 10, "b" * 8)])
+    with pytest.raises(ValueError, match="exceeds max_length 16"):
+        lm.generate_until(
+            [request("generate_until", "a" * 17, {"until": ["\n"], "max_gen_toks": 2})]
+        )
+
+
+def test_loglikelihood_rolling_one_pass_and_windows():
+    model = tiny_model()
+    text = "x = [i * i for i in range(10)]  # squares of the first ten\n"[:48]
+    assert len(text.encode()) == 48
+    ids = list(text.encode())
+    whole = LenbenchLM(pretrained=model).loglikelihood_rolling(
+        [request("loglikelihood_rolling", text)]
+    )[0]
+    assert -whole / math.log(2) / 48 == pytest.approx(native_bits_per_byte(model, [text]), rel=1e-5)
+    bos = LenbenchLM(pretrained=model, prefix_token="bos").loglikelihood_rolling(
+        [request("loglikelihood_rolling", text)]
+    )
+    assert bos[0] == pytest.approx(
+        -native_bits_per_byte(model, [text], TOK.BOS) * math.log(2) * 48, rel=1e-5
+    )
+
+    # max_length 16: three disjoint windows, inputs s[16k : 16k+16] of s = [EOS] + ids
+    seen = []
+    hook = model.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    try:
+        windowed = LenbenchLM(pretrained=model, max_length=16).loglikelihood_rolling(
+            [request("loglikelihood_rolling", text)]
+        )[0]
+    finally:
+        hook.remove()
+    s = [TOK.EOS] + ids
+    expected = sum(
+        direct_logprob(model, s[16 * k : 16 * k + 1], s[16 * k + 1 : 16 * k + 17])[0]
+        for k in range(3)
+    )
+    assert windowed == pytest.approx(expected, rel=1e-5)
+    assert max(seen) == 16
+    assert windowed != pytest.approx(whole, rel=1e-4)  # negative control: windows lose context
+
+
+def test_generate_until_stops_and_cuts():
+    oracle = PasskeyOracle()
+    lm = LenbenchLM(pretrained=oracle, batch_size=4)
+    prompt = "The pass key is 4711. Remember it. 4711 is the pass key.\n" + QUESTION
+    wrong = "The pass key is 57. Remember it.\n" + QUESTION  # 57 % 3 == 0: the oracle says 58
+    cases = [
+        (prompt, {"until": ["."], "max_gen_toks": 30}, " 4711"),
+        (prompt, {"until": ["\n"], "max_gen_toks": 30}, " 4711. Remember it."),
+        (prompt, {"until": ["Rem", "."], "max_gen_toks": 30}, " 4711"),  # the earliest stop wins
+        (prompt, {"until": [], "max_gen_toks": 3}, " 47"),
+        (prompt, {"until": "zzz", "max_gen_toks": 50}, " 4711. Remember it.\n"),  # stops at EOS
+        (wrong, {"until": ["."], "max_gen_toks": 30}, " 58"),
+    ]
+    out = lm.generate_until([request("generate_until", c, g) for c, g, _ in cases])
+    assert out == [want for _, _, want in cases]
+    with pytest.raises(ValueError, match="decodes greedily only"):
+        lm.generate_until(
+            [request("generate_until", prompt, {"do_sample": True, "temperature": 1.0})]
+        )
+
+
+def test_generate_until_equals_kv_cache_greedy_decoding():
+    model = tiny_model(seed=3)
+    lm = LenbenchLM(pretrained=model, batch_size=8)
+    prompts = [
+        "def f(x):\n    return",
+        "class A:\n    pass\n",
+        "import os\nimport",
+        "import re\nimport",  # same length as the previous one: one batch of two rows
+        "def g(y):\n    yield",
+    ]
+    out = lm.generate_until(
+        [request("generate_until", p, {"until": [], "max_gen_toks": 12}) for p in prompts]
+    )
+    for p, text in zip(prompts, out, strict=True):
+        with torch.no_grad():
+            ids = model.generate_greedy(torch.tensor([list(p.encode())]), 12)[0].tolist()
+        if TOK.EOS in ids:
+            ids = ids[: ids.index(TOK.EOS)]
+        assert text == TOK.decode(ids)
+
+
+# --------------------------------------------------------------------------- task data
+
+
+def test_passkey_docs_match_the_native_grid():
+    docs = passkey_docs(length=300, depths=3, trials=2, seed=5, version=1.0, data={"ignored": True})
+    examples = passkey_grid([300], [0.0, 0.5, 1.0], 2, 5)
+    assert len(docs) == len(examples) == 6
+    for doc, ex in zip(docs, examples, strict=True):
+        assert (
+            list(doc["prompt"].encode()) == ex.prompt_ids
+            and list(doc["answer"].encode()) == ex.answer_ids
+        )
+        assert doc["key"] == ex.key and doc["depth"] == ex.depth and doc["eval_length"] == 300
+    assert passkey_process_results(docs[0], [docs[0]["answer"] + "9"]) == {
+        "acc": 1,
+        "acc_parsed": 0,
+    }
+    assert passkey_process_results(docs[0], [docs[0]["answer"].strip()]) == {
+        "acc": 0,
+        "acc_parsed": 1,
+    }
+    with pytest.raises(ValueError, match="filler 'corpus' is not supported"):
+        passkey_docs(length=300, filler="corpus")
+    with pytest.raises(ValueError, match="passkey depths"):
+        passkey_docs(length=300, depths=[1.5])
+
+
+def test_perplexity_docs_exact_bytes(tmp_path):
+    (tmp_path / "a.txt").write_bytes(
+        b"a" * 299 + "é".encode() + b"b" * 100
+    )  # byte 300 splits the é
+    (tmp_path / "b.txt").write_bytes("ü".encode() * 200)
+    (tmp_path / "c.txt").write_bytes(b"short")
+    data = {"name": "text", "paths": [str(tmp_path)], "split_fractions": [0, 0, 1]}
+    docs = perplexity_docs(length=300, data=data, version=1.0)
+    assert [d["id"] for d in docs] == ["b.txt"]  # a.txt: invalid UTF-8 cut; c.txt: too short
+    assert len(docs[0]["text"].encode()) == 300 and docs[0]["eval_length"] == 300
+    assert (
+        len(perplexity_docs(length=301, data=data)) == 1
+    )  # a.txt's first 301 bytes are valid; b's are not
+    assert len(perplexity_docs(length=200, data=data, max_docs=1)) == 1
+    with pytest.raises(ValueError, match="no document with 5000 bytes"):
+        perplexity_docs(length=5000, data=data)
+
+
+def test_task_files_are_indexed():
+    names = set(harness.task_names())
+    for length in (256, 512, 1024, 2048, 4096, 8192, 16384):
+        assert {f"lenbench_passkey_{length}", f"lenbench_ppl_{length}"} <= names
+    assert {"lenbench_passkey", "lenbench_ppl"} <= names
+    assert not any(n.startswith("_") for n in names)  # the templates are not tasks
+
+
+# --------------------------------------------------------------------------- end to end vs native
+
+
+def test_harness_passkey_accuracy_equals_native_verdicts():
+    oracle = PasskeyOracle()
+    limit = 24
+    results = run_harness(
+        oracle, "lenbench_passkey_256", limit=limit, batch_size=8, log_samples=True
+    )
+    examples = passkey_grid([256], [round(d / 9, 6) for d in range(10)], 10, 0)[:limit]
+    native = passkey_verdicts(oracle, examples, batch_size=8)
+    samples = samples_by_doc(results, "lenbench_passkey_256")
+    assert [s["doc"]["key"] for s in samples] == [e.key for e in examples]
+    assert [s["arguments"][0][0] for s in samples] == [
+        bytes(e.prompt_ids).decode() for e in examples
+    ]
+    assert [bool(s["acc"]) for s in samples] == native
+    acc = results["results"]["lenbench_passkey_256"]["acc,none"]
+    assert acc == pytest.approx(sum(native) / limit)
+    assert 0.0 < acc < 1.0  # non-vacuous: the oracle fails keys divisible by 3
+    rows = {r["metric"]: r for r in harness_rows(results)}
+    assert rows["harness/lenbench_passkey_256/acc"] == {
+        "metric": "harness/lenbench_passkey_256/acc",
+        "value": acc,
+        "n": limit,
+        "eval_length": 256,
+    }
+
+
+def test_harness_bits_per_byte_equals_native_nll(text_corpus):
+    model = tiny_model(seed=1)
+    tasks = ["lenbench_ppl_256", "lenbench_ppl_512", "lenbench_passkey_256"]
+    results = run_harness(model, tasks, limit=3, batch_size=2, metadata={"data": text_corpus})
+    for length in (256, 512):
+        texts = [d["text"] for d in perplexity_docs(length=length, data=text_corpus)][:3]
+        assert len(texts) == 3 and all(len(t.encode()) == length for t in texts)
+        got = results["results"][f"lenbench_ppl_{length}"]
+        bpb = native_bits_per_byte(model, texts)
+        assert got["bits_per_byte,none"] == pytest.approx(bpb, rel=1e-5)
+        assert got["byte_perplexity,none"] == pytest.approx(2.0**bpb, rel=1e-5)
+    examples = passkey_grid([256], [round(d / 9, 6) for d in range(10)], 10, 0)[:3]
+    native = passkey_verdicts(model, examples, batch_size=2)
+    assert results["results"]["lenbench_passkey_256"]["acc,none"] == pytest.approx(sum(native) / 3)
+
+    # YaRN with factor auto: resolved against each task's length (512 / 64 = 8), as natively
+    scaled = run_harness(
+        model,
+        "lenbench_ppl_512",
+        scaling={"method": "yarn", "params": {"factor": "auto"}},
+        limit=3,
+        batch_size=2,
+        metadata={"data": text_corpus},
+    )
+    assert model.scaling == ScalingConfig()  # run_harness restores a model instance's scaling
+    texts = [d["text"] for d in perplexity_docs(length=512, data=text_corpus)][:3]
+    model.set_scaling(ScalingConfig(name="yarn", method="yarn", params={"factor": "auto"}), 512)
+    assert model.scaling.params["factor"] == 8.0
+    scaled_native = native_bits_per_byte(model, texts)
+    model.set_scaling(None)
+    scaled_bpb = scaled["results"]["lenbench_ppl_512"]["bits_per_byte,none"]
+    assert scaled_bpb == pytest.approx(scaled_native, rel=1e-5)
+    assert scaled_bpb != pytest.approx(
+        results["results"]["lenbench_ppl_512"]["bits_per_byte,none"], rel=1e-3
+    )
+    rows = {r["metric"]: r for r in harness_rows(scaled)}
+    assert rows["harness/lenbench_ppl_512/bits_per_byte"]["eval_length"] == 512
+    assert rows["harness/lenbench_ppl_512/bits_per_byte"]["n"] == 3
+
+
+def test_harness_rows_groups_filters_and_stderr():
+    results = {
+        "results": {
+            "lenbench_passkey": {
+                "alias": "lenbench_passkey",
+                "acc,none": 0.5,
+                "acc_stderr,none": "N/A",
+            },
+            "lenbench_passkey_256": {"alias": " - 256", "acc,none": 0.25, "acc_stderr,none": 0.1},
+            "lenbench_passkey_512": {"alias": " - 512", "acc,none": 0.75, "acc_stderr,none": "N/A"},
+            "gsm8k": {"alias": "gsm8k", "exact_match,strict-match": 0.1, "sample_len": 7},
+        },
+        "group_subtasks": {"lenbench_passkey": ["lenbench_passkey_256", "lenbench_passkey_512"]},
+        "n-samples": {
+            "lenbench_passkey_256": {"original": 100, "effective": 4},
+            "lenbench_passkey_512": {"original": 100, "effective": 4},
+            "gsm8k": {"original": 1319, "effective": 7},
+        },
+        "configs": {"lenbench_passkey_512": {"metadata": {"length": 512}}},
+    }
+    rows = {r["metric"]: r for r in harness_rows(results)}
+    assert set(rows) == {
+        "harness/lenbench_passkey/acc",
+        "harness/lenbench_passkey_256/acc",
+        "harness/lenbench_passkey_512/acc",
+        "harness/gsm8k/exact_match/strict-match",
+    }
+    assert (
+        rows["harness/lenbench_passkey/acc"]["n"] == 8
+        and rows["harness/lenbench_passkey/acc"]["eval_length"] is None
+    )
+    assert rows["harness/lenbench_passkey_256/acc"]["ci_lo"] == pytest.approx(0.25 - 0.196)
+    assert (
+        rows["harness/lenbench_passkey_512/acc"]["eval_length"] == 512
+        and "ci_lo" not in rows["harness/lenbench_passkey_512/acc"]
+    )
+    assert rows["harness/gsm8k/exact_match/strict-match"] == {
+        "metric": "harness/gsm8k/exact_match/strict-match",
+        "value": 0.1,
+        "n": 7,
+        "eval_length": None,
+    }
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_include_path_is_added_only_when_missing():
+    ours = ["--include_path", str(TASKS_DIR)]
+    assert harness._with_include_path(["--model", "lenbench"]) == ["--model", "lenbench", *ours]
+    assert harness._with_include_path(["run", "--tasks", "x"]) == ["run", "--tasks", "x", *ours]
+    assert harness._with_include_path(["ls", "tasks"]) == ["ls", "tasks", *ours]
+    assert harness._with_include_path(["--include_path", "/mine", "--tasks", "x"]) == [
+        "--include_path",
+        "/mine",
+        "--tasks",
+        "x",
+    ]
+    assert harness._with_include_path(["--include_path=/mine"]) == ["--include_path=/mine"]
+    assert harness._with_include_path([]) == [] and harness._with_include_path(["-h"]) == ["-h"]
+
+
+def save_tiny_checkpoint(model: DecoderLM, cache_root: Path) -> str:
+    """Store ``model`` in a checkpoint cache through bench.cache; return its key."""
+    from dataclasses import asdict
+
+    from bench.cache import NON_WEIGHT_POSITION_KEYS, key_of, save_checkpoint
+
+    position = asdict(model.position_cfg)
+    config = {
+        "model": asdict(model.model_cfg),
+        "position": {k: v for k, v in position.items() if k not in NON_WEIGHT_POSITION_KEYS},
+        "train": {"length": model.train_length},
+        "note": "bench.harness test checkpoint",
+    }
+    key = key_of(config)
+    save_checkpoint(model, key, config, cache_root)
+    return key
+
+
+def test_model_loads_checkpoint_by_key_or_path(tmp_path):
+    model = tiny_model(seed=2)
+    key = save_tiny_checkpoint(model, tmp_path / "ckpt")
+    by_key = LenbenchLM.create_from_arg_string(
+        f"pretrained={key},cache_root={tmp_path / 'ckpt'},scaling=linear,factor=2",
+        {"batch_size": 1, "device": "cpu"},
+    )
+    by_path = LenbenchLM(pretrained=str(tmp_path / "ckpt" / key / "model.pt"))
+    assert by_key.get_model_info()["lenbench_key"] == key == by_path.meta["key"]
+    assert by_key.model.scaling.params == {"factor": 2}
+    for loaded in (by_key.model, by_path.model):
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(loaded.state_dict()[name], tensor)
+    with pytest.raises(ValueError, match=r"\['fcator'\] are unknown for scaling method 'linear'"):
+        LenbenchLM.create_from_arg_string(
+            f"pretrained={key},cache_root={tmp_path},fcator=2,scaling=linear"
+        )
+    with pytest.raises(ValueError, match="was not found"):
+        LenbenchLM(pretrained=str(tmp_path / "missing"))
+
+
+def test_cli_wrapper_runs_lenbench_model_offline(tmp_path, text_corpus):
+    import json
+
+    model = tiny_model(seed=2)
+    key = save_tiny_checkpoint(model, tmp_path / "ckpt")
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+    }
+    args = [
+        "--model", "lenbench",
+        "--model_args", f"pretrained={key},cache_root={tmp_path / 'ckpt'},scaling=linear,factor=2",
+        "--tasks", "lenbench_passkey_256,lenbench_ppl_512",
+        "--metadata", json.dumps({"data": text_corpus}),
+        "--limit", "2", "--batch_size", "2", "--device", "cpu",
+        "--output_path", str(tmp_path / "out"),
+    ]  # fmt: skip
+    code = "import sys; from bench.harness import main; sys.exit(main())"  # = lenbench-harness
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any(
+        "lenbench_passkey_256" in line and "acc" in line for line in proc.stdout.splitlines()
+    )
+    (written,) = (tmp_path / "out").rglob("results*.json")
+    results = json.loads(written.read_text())
+    rows = {r["metric"]: r for r in harness_rows(results)}
+    assert rows["harness/lenbench_passkey_256/acc"]["n"] == 2
+    # the number crossed the whole CLI path intact: linear factor 2 applied, as computed here
+    texts = [d["text"] for d in perplexity_docs(length=512, data=text_corpus)][:2]
+    model.set_scaling(ScalingConfig(name="linear", method="linear", params={"factor": 2}))
+    expected = native_bits_per_byte(model, texts)
+    model.set_scaling(None)
+    assert rows["harness/lenbench_ppl_512/bits_per_byte"]["value"] == pytest.approx(
+        expected, rel=1e-5
+    )
+    raw = native_bits_per_byte(model, texts)  # negative control: the unscaled model differs
+    assert abs(rows["harness/lenbench_ppl_512/bits_per_byte"]["value"] - raw) > 20 * 1e-5 * raw
+
+
+# --------------------------------------------------------------------------- lm-eval's own hf model
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table (the ByteLevel alphabet)."""
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return dict(zip(range(256), chars, strict=True))
+
+
+def save_tiny_hf_model(directory: Path) -> None:
+    """A randomly initialised 1-layer Llama with a byte-level (no merges) tokenizer, all local."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {char: b for b, char in bytes_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<eos>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<eos>", bos_token="<eos>", pad_token="<eos>"
+    )
+    fast.save_pretrained(directory)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=257,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=256,
+        eos_token_id=256,
+        pad_token_id=256,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+
+
+def test_tasks_run_on_lm_eval_hf_model(tmp_path, text_corpus):
+    pytest.importorskip("transformers")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    save_tiny_hf_model(tmp_path / "tiny-llama")
+    manager = TaskManager(
+        include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": text_corpus}
+    )
+    results = lm_eval.simple_evaluate(
+        model="hf",
+        model_args={"pretrained": str(tmp_path / "tiny-llama"), "dtype": "float32"},
+        tasks=["lenbench_passkey_256", "lenbench_ppl_256"],
+        limit=2,
+        batch_size=2,
+        device="cpu",
+        bootstrap_iters=0,
+        task_manager=manager,
+        log_samples=True,
+    )
+    samples = samples_by_doc(results, "lenbench_passkey_256")
+    examples = passkey_grid([256], [round(d / 9, 6) for d in range(10)], 10, 0)[:2]
+    assert [s["arguments"][0][0] for s in samples] == [
+        bytes(e.prompt_ids).decode() for e in examples
+    ]
+    assert results["results"]["lenbench_passkey_256"]["acc,none"] in (0.0, 0.5, 1.0)
+
+    # bits per byte recomputed with the HF model itself: prefix token (its BOS) + the text's bytes
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tiny-llama")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny-llama", dtype=torch.float32).eval()
+    texts = [d["text"] for d in perplexity_docs(length=256, data=text_corpus)][:2]
+    nll, n_bytes = 0.0, 0
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert len(ids) == len(text.encode())  # the tokenizer really is byte-level
+        with torch.no_grad():
+            logits = hf(torch.tensor([[256] + ids[:-1]])).logits[0]
+        nll += float(F.cross_entropy(logits.double(), torch.tensor(ids), reduction="sum"))
+        n_bytes += len(text.encode())
+    got = results["results"]["lenbench_ppl_256"]["bits_per_byte,none"]
+    assert got == pytest.approx(nll / math.log(2) / n_bytes, rel=1e-4)
+    assert 6.0 < got < 10.0  # a random byte model: about log2(257) bits per byte

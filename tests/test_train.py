@@ -1,0 +1,305 @@
+"""Training loop: learning, determinism, divergence detection, schedule, optimizer groups, config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench.train as train_mod
+from bench.data import Corpus, load_corpus
+from bench.train import (
+    TRAIN_DEFAULTS,
+    TrainingDiverged,
+    lr_at,
+    make_model,
+    normalize_train_config,
+    param_groups,
+    train_model,
+)
+
+LENGTH = 32
+
+
+def write_text_corpus(root: Path, n_files: int = 40) -> Path:
+    """Small deterministic text files cut from a few stdlib modules (learnable, not random)."""
+    import json as json_module
+    import textwrap
+
+    source = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (textwrap, json_module))
+    root.mkdir(parents=True, exist_ok=True)
+    chunk = 1200
+    for i in range(n_files):
+        start = (i * chunk) % max(1, len(source) - chunk)
+        (root / f"doc{i:03d}.txt").write_text(source[start : start + chunk], encoding="utf-8")
+    return root
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on a busy 2-core box: one intra-op thread is ~20x faster than two (measured)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_text_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_root: Path) -> Corpus:
+    data = load_corpus({"name": "text", "paths": [str(corpus_root)]})
+    assert data.stats()["validation_docs"] > 0 and data.stats()["train_docs"] > 10
+    return data
+
+
+def tiny_cfg(**train: object) -> dict:
+    return {
+        "model": {"n_layers": 1, "d_model": 32, "n_heads": 2},
+        "position": {"kind": "rope"},
+        "data": {"name": "text", "paths": ["unused-in-train"]},
+        "train": {
+            "length": LENGTH,
+            "steps": 30,
+            "batch_size": 8,
+            "lr": 1e-2,
+            "warmup_steps": 3,
+            "eval_every": 15,
+            "eval_batches": 2,
+            "log_every": 1,
+            **train,
+        },
+        "seed": 0,
+    }
+
+
+def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_loss_decreases_and_stats(corpus: Corpus) -> None:
+    model, stats = train_model(tiny_cfg(), corpus, progress=False)
+    losses = [stats["train_losses"][s] for s in sorted(stats["train_losses"])]
+    assert len(losses) == 30 and all(math.isfinite(x) for x in losses)
+    assert losses[0] == pytest.approx(math.log(259), abs=0.3)  # uniform over the vocabulary at init
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.0
+    assert set(stats["val_losses"]) == {15, 30}
+    assert stats["val_losses"][30] < stats["val_losses"][15] + 0.1
+    assert stats["final_val_loss"] == stats["val_losses"][30]
+    assert stats["final_train_loss"] == pytest.approx(
+        losses[-1]
+    )  # log_every=1: last window = last step
+    assert stats["steps"] == 30 and stats["tokens"] == 30 * 8 * LENGTH
+    assert stats["tokens_per_s"] > 0 and stats["wall_time_s"] >= stats["train_time_s"] > 0
+    assert stats["n_params"] == model.num_parameters()
+    assert not model.training and model.train_length == LENGTH
+
+    # Negative control: with lr = 0 nothing is learned, so the check above is not vacuous.
+    _, frozen = train_model(tiny_cfg(lr=0.0, steps=6, eval_batches=0), corpus, progress=False)
+    first, last = frozen["train_losses"][1], frozen["train_losses"][6]
+    assert abs(last - first) < 0.2 and frozen["val_losses"] == {}
+
+
+def test_same_seed_same_weights_other_seed_differs(corpus: Corpus) -> None:
+    cfg = tiny_cfg(steps=5, eval_batches=0, passkey_fraction=0.0)
+    a, stats_a = train_model(cfg, corpus, progress=False)
+    b, stats_b = train_model(cfg, corpus, progress=False)
+    sa, sb = state_of(a), state_of(b)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert stats_a["train_losses"] == stats_b["train_losses"]
+    c, _ = train_model({**cfg, "seed": 1}, corpus, progress=False)
+    sc = state_of(c)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # negative control
+
+
+def test_nan_loss_raises_training_diverged_naming_the_step(
+    corpus: Corpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = train_mod.lm_loss
+    calls = {"n": 0}
+
+    def poisoned(logits, targets, mask):
+        calls["n"] += 1
+        loss = real(logits, targets, mask)
+        return loss * float("nan") if calls["n"] == 4 else loss
+
+    monkeypatch.setattr(train_mod, "lm_loss", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"step 4 of 10: the loss is nan") as info:
+        train_model(tiny_cfg(steps=10, log_every=5, eval_batches=0), corpus, progress=False)
+    assert isinstance(info.value, ValueError)  # the job runner catches ValueError subclasses
+    assert info.value.step == 4 and math.isnan(info.value.loss)
+    # the check runs at the log interval, yet names the first bad update, not step 5
+    assert calls["n"] == 5
+
+
+def test_huge_learning_rate_diverges_for_real(corpus: Corpus) -> None:
+    cfg = tiny_cfg(lr=1e6, warmup_steps=0, grad_clip=0.0, steps=8, log_every=8, eval_batches=0)
+    with pytest.raises(TrainingDiverged, match=r"training diverged at step \d+ of 8"):
+        train_model(cfg, corpus, progress=False)
+
+
+def test_bf16_autocast_trains_with_float32_weights(corpus: Corpus) -> None:
+    model, stats = train_model(
+        tiny_cfg(precision="bf16", steps=3, eval_batches=1), corpus, progress=False
+    )
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert math.isfinite(stats["final_train_loss"]) and math.isfinite(stats["final_val_loss"])
+    assert stats["precision"] == "bf16"
+
+
+def test_passkey_rows_and_answer_loss_train(corpus: Corpus) -> None:
+    cfg = tiny_cfg(length=256, batch_size=2, steps=2, passkey_fraction=0.5, passkey_loss="answer")
+    cfg["train"]["eval_batches"] = 0
+    _, stats = train_model(cfg, corpus, progress=False)
+    assert math.isfinite(stats["final_train_loss"])
+
+
+def test_lr_schedule_warmup_cosine_and_min_lr_forms() -> None:
+    spec = normalize_train_config({"lr": 1.0, "min_lr_ratio": 0.1, "warmup_steps": 4, "steps": 14})
+    lrs = [lr_at(s, spec) for s in range(14)]
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))  # monotone decay
+    assert lrs[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 5 / 9)))
+    same = normalize_train_config({"lr": 1.0, "min_lr": 0.1, "warmup_steps": 4, "steps": 14})
+    assert same == spec
+    assert lr_at(0, normalize_train_config({"lr": 2.0, "warmup_steps": 0, "steps": 1})) == 2.0
+
+
+def test_weight_decay_only_on_projection_matrices() -> None:
+    cfg = tiny_cfg()
+    cfg["position"] = {"kind": "learned"}
+    model = make_model(cfg)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    kept = {names[id(p)] for p in no_decay["params"]}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert "tok_emb.weight" in kept and "pos_table" in kept  # the tied head is the embedding
+    assert any("norm" in n for n in kept) and not any("norm" in n for n in decayed)
+    assert decayed and all(n.endswith("proj.weight") or ".mlp." in n for n in decayed)
+    assert len(decayed) + len(kept) == len(list(model.parameters()))
+
+
+def test_untied_head_is_decayed() -> None:
+    cfg = tiny_cfg()
+    cfg["model"]["tie_embeddings"] = False
+    model = make_model(cfg)
+    decay, _ = param_groups(model, 0.1)
+    assert any(p is model.lm_head.weight for p in decay["params"])
+    assert not any(p is model.tok_emb.weight for p in decay["params"])
+
+
+@pytest.mark.parametrize(
+    ("section", "patch", "message"),
+    [
+        (
+            "train",
+            {"precision": "fp16"},
+            r"train.precision 'fp16' is unknown; allowed values are fp32, bf16",
+        ),
+        ("train", {"stepz": 3}, r"unknown keys \['stepz'\]"),
+        ("train", {"steps": 0}, r"train.steps 0 is invalid"),
+        ("train", {"betas": [0.9]}, r"train.betas"),
+        ("train", {"passkey_filler": "lorem"}, r"passkey_filler 'lorem' is unknown"),
+        ("model", {"widht": 3}, r"model config has unknown keys \['widht'\]"),
+    ],
+)
+def test_bad_config_is_one_clear_value_error(
+    corpus: Corpus, section: str, patch: dict, message: str
+) -> None:
+    cfg = tiny_cfg()
+    cfg[section] = {**cfg[section], **patch}
+    with pytest.raises(ValueError, match=message):
+        train_model(cfg, corpus, progress=False)
+
+
+def test_defaults_and_name_label_are_accepted() -> None:
+    spec = normalize_train_config({"name": "quick"})
+    assert spec["steps"] == TRAIN_DEFAULTS["steps"] and "min_lr_ratio" not in spec
+    assert spec["min_lr"] == pytest.approx(TRAIN_DEFAULTS["lr"] * TRAIN_DEFAULTS["min_lr_ratio"])
+    assert normalize_train_config({"steps": 10.0})["steps"] == 10  # YAML float spelling
+
+
+def test_omegaconf_config_is_accepted(corpus: Corpus) -> None:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(tiny_cfg(steps=2, eval_batches=0))
+    model, stats = train_model(cfg, corpus, progress=False)
+    assert stats["steps"] == 2 and model.model_cfg.d_model == 32
+
+
+DDP_JOB = """
+import hashlib, json, os, sys
+import torch
+torch.set_num_threads(1)
+from bench.cache import get_or_train
+from bench.data import load_corpus
+cfg = json.loads(sys.argv[1])
+corpus = load_corpus(cfg["data"])
+model, meta, trained = get_or_train(cfg, corpus, sys.argv[2], progress=False)
+digest = hashlib.sha256(b"".join(
+    t.numpy().tobytes() for _, t in sorted(model.state_dict().items()))).hexdigest()
+stats = meta["train_stats"]
+with open(os.path.join(sys.argv[3], f"rank{os.environ.get('RANK', '0')}.json"), "w") as f:
+    json.dump({"world": stats["num_processes"], "trained": trained, "digest": digest,
+               "loss": stats["final_train_loss"], "val": stats["final_val_loss"]}, f)
+"""
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_matches_one_process(
+    tmp_path: Path, corpus: Corpus, corpus_root: Path
+) -> None:
+    """torchrun x2 (gloo): both ranks train one global batch together; rank 0 writes the cache."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bench.cache import weights_key
+
+    cfg = tiny_cfg(steps=6, log_every=3, eval_every=3, eval_batches=2)
+    cfg["data"] = {"name": "text", "paths": [str(corpus_root)]}
+    script = tmp_path / "job.py"
+    script.write_text(DDP_JOB)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+    ]
+    run = subprocess.run(
+        [*command, str(script), json.dumps(cfg), str(tmp_path / "cache"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2] and all(r["trained"] for r in ranks)
+    assert ranks[0]["digest"] == ranks[1]["digest"]  # DDP kept the replicas identical
+    assert list((tmp_path / "cache").glob("*/DONE")) == [
+        tmp_path / "cache" / weights_key(cfg, corpus) / "DONE"
+    ]
+    # Same global batch and schedule as one process: the same losses up to reduction order.
+    _, single = train_model(cfg, corpus, progress=False)
+    assert single["num_processes"] == 1
+    assert ranks[0]["loss"] == pytest.approx(single["final_train_loss"], abs=1e-4)
+    assert ranks[0]["val"] == pytest.approx(single["final_val_loss"], abs=1e-4)
+    assert ranks[0]["loss"] < math.log(259) - 0.5  # and it did learn (not vacuous)
