@@ -99,6 +99,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     else:
         raise ValueError(f"rope layout {layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}.")
+    if x_pass.shape[-1] == 0:  # full rotation: skip a copy of q and k
+        return rotated.to(x.dtype)
     return torch.cat((rotated.to(x.dtype), x_pass), dim=-1)
 
 

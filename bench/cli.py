@@ -1,0 +1,305 @@
+"""The ``lenbench`` command: a Hydra app over the packaged ``conf/`` tree.
+
+Usage (see ``conf/config.yaml`` and ``conf/experiment/*.yaml``)::
+
+    lenbench                                   # no overrides: the quickstart experiment (a sweep)
+    lenbench +experiment=smoke                 # any experiment; experiments declare their sweep
+    lenbench position=alibi scaling=none       # one job of the default config
+    lenbench -m position=rope,alibi scaling=none,linear     # your own sweep
+    lenbench -m hydra/launcher=joblib +experiment=scaling_study
+    lenbench --config-dir ~/my_conf scaling=my_method       # your own config groups/options
+    lenbench --cfg job / --cfg hydra / --info  # show the composed config without running
+
+Errors: a bad override or config stops with one line ``lenbench: error: <sentence>`` and exit
+status 2 before anything trains. In a sweep, a failing job does not stop the sweep: it records
+its failure (``lenbench_job.json`` in its output dir, one log line) and the sweep goes on; at the
+end :class:`ReportCallback` prints a summary (done / reused / not applicable / failed, with each
+failure's sentence), writes the report, and ``lenbench`` exits with status 1 if any job failed.
+Set ``HYDRA_FULL_ERROR=1`` for full tracebacks instead of one-line errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from bench.job import configure_threads, run_job
+
+log = logging.getLogger("lenbench")
+
+CONFIG_MODULE = "conf"
+CONFIG_NAME = "config"
+DEFAULT_EXPERIMENT = "quickstart"
+STATUS_FILE = "lenbench_job.json"
+ERROR_PREFIX = "lenbench: error: "
+FAILED_STATUSES = ("invalid", "failed")
+
+# Set by ReportCallback.on_multirun_end / on_run_end in the launching process; read by main().
+_OUTCOME: dict[str, Any] = {}
+
+
+class LenbenchError(Exception):
+    """An expected, user-facing error: printed as one line, exit status 2."""
+
+
+# --------------------------------------------------------------------------- the task
+
+
+def _write_status(summary: dict[str, Any]) -> None:
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # pragma: no cover - not inside a Hydra job
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{STATUS_FILE}.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    tmp.replace(out / STATUS_FILE)
+
+
+def task(cfg: DictConfig) -> dict[str, Any]:
+    """One Hydra job: :func:`bench.job.run_job` plus status reporting.
+
+    Single run: an invalid config, a scaling that does not apply, or a failed training is
+    recorded for main(), which prints it as one line and exits non-zero. Multirun: the job logs one line, records its status
+    and returns, so the sweep continues; unexpected exceptions are logged with their traceback
+    and recorded as failures too (one buggy cell must not cost a 40-job sweep).
+    """
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    configure_threads(cfg)
+    try:
+        summary = run_job(cfg)
+    except Exception as exc:
+        if not multirun:
+            raise
+        log.error("%sunexpected %s: %s", ERROR_PREFIX, type(exc).__name__, exc)
+        log.error("%s", traceback.format_exc())
+        summary = {"status": "failed", "message": f"unexpected {type(exc).__name__}: {exc}"}
+    summary.setdefault("job", HydraConfig.get().job.override_dirname)
+    _write_status(summary)
+    status, message = summary["status"], summary.get("message", "")
+    if not multirun and status in ("not_applicable", *FAILED_STATUSES):
+        # Reported by main() as one line after Hydra returns (raising here would make Hydra
+        # print "Error executing job with overrides ..." first).
+        if status == "not_applicable":
+            message = message.removesuffix(" skipped.").rstrip("; ") + "."
+        _OUTCOME.update(error=message, exit=1 if status == "failed" else 2)
+    elif status == "not_applicable":
+        log.info("lenbench: %s", message)
+    elif status in FAILED_STATUSES:
+        log.error("%s%s", ERROR_PREFIX, message)
+    else:
+        log.info("lenbench: %s", message)
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
+def _hydra_app(cfg: DictConfig) -> dict[str, Any]:
+    return task(cfg)
+
+
+# --------------------------------------------------------------------------- sweep end: summary + report
+
+
+def _read_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(sweep_dir.glob(f"*/{STATUS_FILE}")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            out.append({"status": "failed", "message": f"unreadable job status {path}"})
+    return out
+
+
+def summarize(statuses: Sequence[dict[str, Any]]) -> tuple[str, list[str]]:
+    """(one summary line, one line per failed job)."""
+    counts = {s: 0 for s in ("done", "cached", "not_applicable", "invalid", "failed")}
+    trained = 0
+    failures = []
+    for st in statuses:
+        status = st.get("status", "failed")
+        counts[status] = counts.get(status, 0) + 1
+        trained += bool(st.get("trained"))
+        if status in FAILED_STATUSES:
+            label = f"{st.get('position')}/{st.get('scaling')}"
+            failures.append(f"  {label} [{st.get('job', '')}]: {st.get('message', '')}")
+    line = (
+        f"lenbench: {len(statuses)} jobs: {counts['done']} evaluated ({trained} trained a model), "
+        f"{counts['cached']} already had results, {counts['not_applicable']} not applicable "
+        f"(skipped), {counts['invalid'] + counts['failed']} failed."
+    )
+    return line, failures
+
+
+class ReportCallback(Callback):
+    """At the end of a run or sweep: print the job summary, then write and print the report.
+
+    The report covers every result of the experiment (``<paths.results>/<experiment_name>``),
+    so a resumed or extended sweep reports everything measured so far.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
+        self._sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._sweep_dir = Path(str(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = self._sweep_dir or Path(str(config.hydra.sweep.dir))
+        statuses = _read_statuses(sweep_dir)
+        line, failures = summarize(statuses)
+        print(line, flush=True)
+        for failure in failures:
+            print(failure, flush=True)
+        _OUTCOME.update(failed=len(failures), statuses=statuses, sweep_dir=str(sweep_dir))
+        self._report(config)
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        out = Path(str(config.hydra.runtime.output_dir)) / STATUS_FILE
+        statuses = _read_statuses_file(out)
+        _OUTCOME.update(statuses=statuses)
+        if statuses and statuses[0].get("status") in ("done", "cached"):
+            self._report(config)
+
+    def _report(self, config: DictConfig) -> None:
+        if not self.enabled:
+            return
+        from bench.report import generate_report
+
+        base = Path(str(config.hydra.runtime.cwd))
+        name = str(config.experiment_name)
+        results = _absolute(config.paths.results, base) / name
+        if not results.is_dir() or not any(results.glob("*.parquet")):
+            print(f"lenbench: no results under {results}; no report written.", flush=True)
+            return
+        reports = _absolute(config.paths.reports, base) / name
+        try:
+            path = generate_report([results], reports)
+        except ValueError as exc:
+            print(f"{ERROR_PREFIX}report not written: {exc}", flush=True)
+            return
+        _OUTCOME.update(report=str(path))
+        print(f"lenbench: report written to {path}", flush=True)
+
+
+def _read_statuses_file(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(path.read_text())]
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def _absolute(value: Any, base: Path) -> Path:
+    path = Path(os.path.expandvars(os.path.expanduser(str(value))))
+    return path if path.is_absolute() else base / path
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def with_default_experiment(argv: Sequence[str]) -> list[str]:
+    """``argv`` plus ``+experiment=quickstart`` when it holds no override and no --config-name.
+
+    Flags such as --cfg, --info, -m or --config-dir keep the default, so ``lenbench --cfg hydra``
+    shows the quickstart sweep; any ``key=value`` override means "the default config".
+    """
+    from hydra._internal.utils import get_args_parser
+
+    argv = list(argv)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = get_args_parser().parse_args(argv)
+    except SystemExit:  # a bad flag: Hydra reports it itself
+        return argv
+    if (
+        args.overrides
+        or args.config_name is not None
+        or args.help
+        or args.hydra_help
+        or args.shell_completion
+        or args.experimental_rerun is not None
+    ):
+        return argv
+    return [*argv, f"+experiment={DEFAULT_EXPERIMENT}"]
+
+
+def one_line(exc: BaseException) -> str:
+    """A Hydra/OmegaConf/ValueError error as one sentence."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(exc, MissingConfigException) and exc.options and exc.missing_cfg_file:
+        group, _, option = str(exc.missing_cfg_file).rpartition("/")
+        if group:
+            return (
+                f"{group} {option!r} is unknown; allowed: {', '.join(sorted(exc.options))} "
+                f"(or add {group}/{option}.yaml to a --config-dir)."
+            )
+    parts = [str(exc)]
+    cause = exc.__cause__
+    if cause is not None and str(cause) and str(cause) not in parts[0]:
+        parts.append(str(cause).splitlines()[0])
+    segments = [line.strip() for part in parts for line in part.splitlines() if line.strip()]
+    text = ""
+    for segment in segments:
+        if text and text[-1] not in ".;:!?":
+            text += "."
+        text = f"{text} {segment}" if text else segment
+    if text and text[-1] not in ".;:!?":
+        text += "."
+    return text or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point of ``lenbench``; returns the exit status."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    argv = with_default_experiment(sys.argv[1:] if argv is None else argv)
+    saved_full_error = os.environ.get("HYDRA_FULL_ERROR")
+    user_full_error = saved_full_error == "1"
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0] if saved_argv else "lenbench", *argv]
+    # Hydra prints errors itself (multi-line) unless HYDRA_FULL_ERROR is set; set it so that
+    # they reach us and are reported as one line (unless the user asked for full tracebacks).
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    _OUTCOME.clear()
+    try:
+        with warnings.catch_warnings():
+            # Our hydra/launcher/*.yaml spell out the plugins' full configs; Hydra 1.3 still
+            # merges them with the plugins' schemas of the same name and warns about it.
+            warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema")
+            _hydra_app()
+    except (LenbenchError, HydraException, OmegaConfBaseException, ValueError) as exc:
+        if user_full_error:
+            raise
+        print(f"{ERROR_PREFIX}{one_line(exc)}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        sys.argv = saved_argv
+        if saved_full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved_full_error
+    if "error" in _OUTCOME:
+        print(f"{ERROR_PREFIX}{_OUTCOME['error']}", file=sys.stderr, flush=True)
+        return int(_OUTCOME.get("exit", 2))
+    return 1 if _OUTCOME.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

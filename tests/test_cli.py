@@ -1,0 +1,326 @@
+"""The ``lenbench`` CLI and config tree: composition, one-line errors, user config dirs, launchers.
+
+Everything runs in-process through ``bench.cli.main`` (no subprocess start-up), with Hydra's
+output dirs in a tmp cwd. Training is replaced by a function that fails the test if reached,
+except where a test runs a real (tiny) job on purpose.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+import bench.cache as cache_module
+from bench.cli import ERROR_PREFIX, main, with_default_experiment
+from bench.job import NotApplicable, validate_job
+
+pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = {
+    "model": ["tiny", "small", "base"],
+    "position": ["rope", "sinusoidal", "learned", "alibi", "nope"],
+    "scaling": ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"],
+    "data": ["pycorpus", "text", "hf"],
+    "train": ["quick", "standard"],
+    "eval": ["standard", "quick"],
+    "experiment": ["quickstart", "smoke", "train_short_test_long", "scaling_study", "base_study"],
+    "hydra/launcher": ["basic", "joblib", "submitit_local", "submitit_slurm"],
+}
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Make any attempt to train (or load) a checkpoint fail the test."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("training must not start")
+
+    monkeypatch.setattr(cache_module, "get_or_train", forbidden)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def compose_cfg(overrides, hydra=False):
+    with initialize_config_module("conf", version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def sweep_cells(cfg):
+    """The cartesian product of an experiment's hydra.sweeper.params as override lists."""
+    params = cfg.hydra.sweeper.params or {}
+    keys = list(params)
+    values = [str(params[k]).split(",") for k in keys]
+    return [
+        [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
+        for combo in itertools.product(*values)
+    ]
+
+
+# ----------------------------------------------------------------------------- the config tree
+
+
+def test_every_group_option_exists_and_nothing_else():
+    for group, options in GROUPS.items():
+        found = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+        assert found == sorted(options), group
+
+
+@pytest.mark.parametrize(
+    "group,option",
+    [
+        (g, o)
+        for g, opts in GROUPS.items()
+        if g not in ("experiment", "hydra/launcher")
+        for o in opts
+    ],
+)
+def test_every_option_composes_and_validates(group, option):
+    overrides = [f"{group}={option}"]
+    if option == "text":
+        overrides.append(f"data.paths=[{CONF / 'config.yaml'}]")
+    cfg = compose_cfg(overrides)
+    spec = validate_job(cfg)  # raises on any inconsistency
+    if group == "scaling":
+        assert spec.scaling.name == option
+        assert spec.scaling.logn == (option == "logn")
+
+
+def test_scaling_files_follow_the_format():
+    from models.scaling import SCALING_METHODS
+
+    for path in (CONF / "scaling").glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        assert set(data) == {"name", "method", "params", "logn"}, path.name
+        assert data["name"] == path.stem
+        assert data["method"] in SCALING_METHODS
+    longrope = yaml.safe_load((CONF / "scaling" / "longrope.yaml").read_text())
+    assert longrope["params"]["long_factor"] == "ramp" and longrope["params"]["short_factor"] == 1.0
+    assert yaml.safe_load((CONF / "scaling" / "logn.yaml").read_text())["method"] == "default"
+
+
+EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's sweep
+    "smoke": (3, 1),
+    "quickstart": (20, 20),
+    "train_short_test_long": (5, 0),
+    "scaling_study": (8, 0),
+    "base_study": (6, 0),
+}
+
+
+@pytest.mark.parametrize("experiment", GROUPS["experiment"])
+def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment):
+    cfg = compose_cfg([f"+experiment={experiment}"], hydra=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.experiment_name == experiment
+    header = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()[:12]
+    assert any("runtime" in line.lower() for line in header), "runtime comment at the top"
+    # Compose once per cell without its scaling (composing is slow), then swap the scaling file in.
+    composed = {}
+    valid = skipped = 0
+    for cell in sweep_cells(cfg):
+        rest = tuple(c for c in cell if not c.startswith("scaling="))
+        if rest not in composed:
+            composed[rest] = compose_cfg([f"+experiment={experiment}", *rest])
+        job = composed[rest].copy()
+        for c in cell:
+            if c.startswith("scaling="):
+                job.scaling = OmegaConf.load(CONF / "scaling" / f"{c.split('=')[1]}.yaml")
+        try:
+            validate_job(job)
+            valid += 1
+        except NotApplicable:
+            skipped += 1
+    assert (valid, skipped) == EXPECTED_CELLS[experiment]
+
+
+def test_quickstart_rope_learns_passkey_at_its_training_length_settings():
+    """The quickstart must train rope with a passkey mix on windows long enough for the template."""
+    from bench.passkey import min_passkey_length
+
+    cfg = compose_cfg(["+experiment=quickstart"])
+    assert cfg.train.passkey_fraction > 0
+    assert cfg.train.length + 1 >= min_passkey_length()
+    assert cfg.model.n_layers >= 2  # retrieval needs an induction circuit
+
+
+# ----------------------------------------------------------------------------- no-argument run
+
+
+def test_no_argument_lenbench_is_the_quickstart_sweep(in_tmp, capsys):
+    assert with_default_experiment([]) == ["+experiment=quickstart"]
+    assert with_default_experiment(["--cfg", "hydra"]) == [
+        "--cfg",
+        "hydra",
+        "+experiment=quickstart",
+    ]
+    assert with_default_experiment(["seed=1"]) == ["seed=1"]  # an override: the default config
+    assert main(["--cfg", "hydra"]) == 0
+    shown = OmegaConf.create(capsys.readouterr().out)
+    assert shown.hydra.mode == "MULTIRUN"
+    assert str(shown.hydra.sweeper.params.position) == "sinusoidal,learned,rope,alibi,nope"
+    assert shown.hydra.callbacks.report._target_ == "bench.cli.ReportCallback"
+    assert not list(in_tmp.iterdir())  # --cfg ran nothing
+    # negative control: with an override the default config is a single run
+    assert main(["--cfg", "hydra", "seed=1"]) == 0
+    assert OmegaConf.create(capsys.readouterr().out).hydra.mode is None
+
+
+# ----------------------------------------------------------------------------- one-line errors
+
+BAD_OVERRIDES = [
+    (
+        ["position=foo"],
+        "position 'foo' is unknown; allowed: alibi, learned, nope, rope, sinusoidal",
+    ),
+    (["model.d_model=60"], "RoPE needs an even rotary dimension, but head_dim 15"),
+    (
+        ["position=learned", "position.out_of_range=error"],
+        "eval length 512 is beyond the learned position table (256 rows)",
+    ),
+    (["scaling=linear", "scaling.params.factor=-2"], "linear: factor must be >= 1, got -2"),
+    (["data=text"], "data.paths is required for name=text"),
+    (["data=text", "data.paths=[/no/such/dir/*.txt]"], "matches no file"),
+    (
+        ["position=alibi", "scaling=yarn"],
+        "scaling yarn (method yarn) does not apply to position alibi",
+    ),
+    (["position=learned", "scaling=ntk"], "does not apply to position learned"),
+    (["scaling.method=warp"], "scaling method 'warp' is unknown"),
+    (
+        ["train.passkey_fraction=0.2", "train.length=128"],
+        "train.length 128 is too short for passkey",
+    ),
+    (["position.bogus=1"], "Could not override 'position.bogus'"),
+    (["train.steps=0"], "train.steps 0 is invalid"),
+]
+
+
+@pytest.mark.parametrize("overrides,sentence", BAD_OVERRIDES, ids=lambda v: str(v)[:40])
+def test_bad_override_stops_with_one_clear_line_before_training(
+    overrides, sentence, in_tmp, no_training, capsys
+):
+    code = main([*overrides, f"paths.cache={in_tmp / 'cache'}"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(lines) == 1, err
+    assert lines[0].startswith(ERROR_PREFIX) and sentence in lines[0]
+    assert not (in_tmp / "cache").exists() and not (in_tmp / "results").exists()
+
+
+def test_valid_single_run_is_not_an_error(in_tmp, monkeypatch, capsys):
+    """Negative control for the error tests: the same path with a valid config trains and writes."""
+    calls = []
+    original = cache_module.get_or_train
+
+    def counting(cfg, corpus, cache_root=None, **kwargs):
+        calls.append(cfg["position"]["kind"])
+        return original(cfg, corpus, cache_root, progress=False, **kwargs)
+
+    monkeypatch.setattr(cache_module, "get_or_train", counting)
+    code = main(
+        [
+            "+experiment=smoke",
+            "hydra.mode=RUN",
+            "position=alibi",
+            f"paths.cache={in_tmp / 'cache'}",
+            "hydra.callbacks.report.enabled=false",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert calls == ["alibi"]
+    assert len(list((in_tmp / "results" / "smoke").glob("*.parquet"))) == 1
+
+
+# ----------------------------------------------------------------------------- user config dirs
+
+
+def write_user_scaling(directory: Path) -> Path:
+    (directory / "scaling").mkdir(parents=True)
+    (directory / "scaling" / "pi2.yaml").write_text(
+        "# position interpolation with a fixed factor 2\n"
+        "name: pi2\nmethod: linear\nparams: {factor: 2.0}\nlogn: true\n"
+    )
+    return directory
+
+
+def test_user_config_dir_adds_a_scaling_method_end_to_end(in_tmp, monkeypatch, capsys):
+    user = write_user_scaling(in_tmp / "my_conf")
+    original = cache_module.get_or_train
+    monkeypatch.setattr(
+        cache_module,
+        "get_or_train",
+        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
+    )
+    common = [
+        "+experiment=smoke",
+        "hydra.mode=RUN",
+        "scaling=pi2",
+        f"paths.cache={in_tmp / 'cache'}",
+        "hydra.callbacks.report.enabled=false",
+    ]
+    # negative control: unknown without the user's dir
+    assert main(common) == 2
+    assert "scaling 'pi2' is unknown" in capsys.readouterr().err
+    assert main(["--config-dir", str(user), *common]) == 0
+    import pandas as pd
+
+    (result,) = (in_tmp / "results" / "smoke").glob("*.parquet")
+    df = pd.read_parquet(result)
+    assert set(df["scaling"]) == {"pi2"}
+    assert json.loads(df["scaling_params"].iloc[0]) == {
+        "logn": True,
+        "method": "linear",
+        "params": {"factor": 2},
+    }
+
+
+def test_hydra_searchpath_also_finds_user_configs(in_tmp, capsys):
+    user = write_user_scaling(in_tmp / "my_conf")
+    assert main(["--cfg", "job", f"hydra.searchpath=[file://{user}]", "scaling=pi2"]) == 0
+    assert OmegaConf.create(capsys.readouterr().out).scaling.name == "pi2"
+
+
+def test_local_default_overrides_are_picked_up(in_tmp, capsys):
+    user = in_tmp / "my_conf"
+    (user / "local").mkdir(parents=True)
+    (user / "local" / "default.yaml").write_text("# @package _global_\nseed: 7\n")
+    assert main(["--config-dir", str(user), "--cfg", "job", "position=rope"]) == 0
+    assert OmegaConf.create(capsys.readouterr().out).seed == 7
+    assert main(["--cfg", "job", "position=rope"]) == 0  # absent: silently ignored
+    assert OmegaConf.create(capsys.readouterr().out).seed == 0
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+@pytest.mark.parametrize(
+    "launcher,target,check",
+    [
+        ("basic", "BasicLauncher", {}),
+        ("joblib", "JoblibLauncher", {"n_jobs": 2}),
+        ("submitit_local", "LocalLauncher", {"timeout_min": 60}),
+        ("submitit_slurm", "SlurmLauncher", {"gpus_per_node": 1, "partition": None}),
+    ],
+)
+def test_launchers_compose_with_an_experiment(launcher, target, check, in_tmp, capsys):
+    code = main([f"hydra/launcher={launcher}", "+experiment=smoke", "--cfg", "hydra"])
+    assert code == 0
+    text = capsys.readouterr().out
+    shown = OmegaConf.create(text)
+    assert shown.hydra.launcher._target_.endswith(target)
+    for key, value in check.items():
+        assert shown.hydra.launcher[key] == value
+    if launcher == "submitit_slurm":
+        assert "name: lenbench-${experiment_name}" in text

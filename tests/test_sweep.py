@@ -1,0 +1,233 @@
+"""End-to-end sweeps through the ``lenbench`` CLI (in-process, CPU, seconds).
+
+The smoke experiment sweeps position rope,alibi x scaling none,linear: rope/none trains, rope/linear
+must reuse rope's checkpoint, alibi/none trains, alibi/linear is not applicable and is skipped.
+Results, cache, reports and Hydra's multirun dirs all live in a tmp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import bench.cache as cache_module
+import bench.job as job_module
+from bench.cli import STATUS_FILE, main
+from bench.results import REQUIRED_COLUMNS, load_results
+from bench.train import TrainingDiverged, train_model
+
+pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
+
+
+class TrainCounter:
+    """Wraps bench.cache.get_or_train so that every real training is counted (and can fail)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_for: str | None = None):
+        self.calls: list[str] = []
+        self.fail_for = fail_for
+        original = cache_module.get_or_train
+
+        def train_fn(cfg, corpus, **kwargs):
+            kind = cfg["position"]["kind"]
+            self.calls.append(kind)
+            if kind == self.fail_for:
+                raise TrainingDiverged(
+                    "training diverged at step 3 of 8: the loss is nan", 3, float("nan")
+                )
+            return train_model(cfg, corpus, **kwargs)
+
+        def counting_get_or_train(cfg, corpus, cache_root=None, **kwargs):
+            kwargs["train_fn"] = train_fn
+            kwargs["progress"] = False
+            return original(cfg, corpus, cache_root, **kwargs)
+
+        monkeypatch.setattr(cache_module, "get_or_train", counting_get_or_train)
+
+
+def smoke_args(root: Path, *extra: str) -> list[str]:
+    return [
+        "+experiment=smoke",
+        f"paths.results={root / 'results'}",
+        f"paths.reports={root / 'reports'}",
+        f"paths.cache={root / 'cache'}",
+        *extra,
+    ]
+
+
+def run_sweep(root: Path, monkeypatch: pytest.MonkeyPatch, *extra: str, fail_for=None):
+    """Run the smoke sweep in ``root``; return (exit code, train calls, statuses by cell)."""
+    monkeypatch.chdir(root)
+    counter = TrainCounter(monkeypatch, fail_for)
+    sweep_dir = root / "multirun" / f"sweep{len(list(root.glob('multirun/*')))}"
+    code = main(smoke_args(root, *extra, f"hydra.sweep.dir={sweep_dir}"))
+    statuses = {}
+    for path in sweep_dir.glob(f"*/{STATUS_FILE}"):
+        st = json.loads(path.read_text())
+        statuses[(st["position"], st["scaling"])] = st
+    return code, counter.calls, statuses
+
+
+def result_files(root: Path) -> dict[str, float]:
+    return {p.name: p.stat().st_mtime_ns for p in (root / "results" / "smoke").glob("*.parquet")}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One smoke sweep shared by the tests below (they only read it or work on copies)."""
+    root = tmp_path_factory.mktemp("smoke")
+    with pytest.MonkeyPatch.context() as mp:
+        code, calls, statuses = run_sweep(root, mp)
+    return root, code, calls, statuses
+
+
+def test_smoke_sweep_trains_each_checkpoint_once_and_writes_results(smoke, capsys):
+    root, code, calls, statuses = smoke
+    assert code == 0
+    # rope/linear and rope/none share one checkpoint: two trainings (rope, alibi), not three.
+    assert sorted(calls) == ["alibi", "rope"]
+    assert set(statuses) == {
+        ("rope", "none"),
+        ("rope", "linear"),
+        ("alibi", "none"),
+        ("alibi", "linear"),
+    }
+    assert statuses[("rope", "none")]["status"] == "done" and statuses[("rope", "none")]["trained"]
+    assert statuses[("rope", "linear")]["status"] == "done"
+    assert statuses[("rope", "linear")]["trained"] is False
+    assert statuses[("alibi", "linear")]["status"] == "not_applicable"
+    assert "does not apply to position alibi" in statuses[("alibi", "linear")]["message"]
+    # changing the scaling changes the run, not the model
+    assert statuses[("rope", "none")]["model_id"] == statuses[("rope", "linear")]["model_id"]
+    assert statuses[("rope", "none")]["run_id"] != statuses[("rope", "linear")]["run_id"]
+    assert statuses[("rope", "none")]["model_id"] != statuses[("alibi", "none")]["model_id"]
+    assert len(list((root / "cache").glob("*/DONE"))) == 2
+
+    files = sorted((root / "results" / "smoke").glob("*.parquet"))
+    assert len(files) == 3
+    for f in files:
+        df = pd.read_parquet(f)
+        assert set(REQUIRED_COLUMNS) <= set(df.columns)
+        assert df["run_id"].nunique() == 1 and f.stem == df["run_id"].iloc[0]
+        assert (df["experiment"] == "smoke").all() and (df["train_length"] == 64).all()
+        assert df["code_version"].iloc[0].startswith("0.1.0+")
+        assert set(df["metric"]) >= {"nll"}
+    df = load_results(root / "results" / "smoke")
+    assert set(zip(df["position"], df["scaling"], strict=True)) == {
+        ("rope", "none"),
+        ("rope", "linear"),
+        ("alibi", "none"),
+    }
+    linear = df[df["scaling"] == "linear"]["scaling_params"].iloc[0]
+    assert json.loads(linear) == {"logn": False, "method": "linear", "params": {"factor": "auto"}}
+    assert (root / "reports" / "smoke" / "report.md").is_file()
+
+
+def test_rerun_of_finished_sweep_trains_nothing_and_adds_no_rows(smoke, monkeypatch, capsys):
+    root, *_ = smoke
+    files_before = result_files(root)
+    rows_before = len(load_results(root / "results" / "smoke", dedup=False))
+    code, calls, statuses = run_sweep(root, monkeypatch)
+    assert code == 0
+    assert calls == []  # (this run also writes the report again: its path is printed)
+    assert sorted(st["status"] for st in statuses.values()) == [
+        "cached",
+        "cached",
+        "cached",
+        "not_applicable",
+    ]
+    assert result_files(root) == files_before  # not even rewritten
+    assert len(load_results(root / "results" / "smoke", dedup=False)) == rows_before
+    out = capsys.readouterr().out
+    assert "3 already had results" in out and "report written to" in out
+
+
+def test_killed_sweep_resumes_without_retraining_finished_checkpoints(smoke, tmp_path, monkeypatch):
+    """State of a sweep killed while training alibi: rope done, alibi checkpoint and rows missing."""
+    root, *_ = smoke
+    for name in ("results", "cache"):
+        shutil.copytree(root / name, tmp_path / name)
+    alibi_id = next(
+        st["model_id"]
+        for st in smoke[3].values()
+        if st["position"] == "alibi" and st.get("model_id")
+    )
+    (tmp_path / "cache" / alibi_id / "DONE").unlink()  # the kill hit before the checkpoint was done
+    alibi_rows = [
+        p
+        for p in (tmp_path / "results" / "smoke").glob("*.parquet")
+        if "alibi" in set(pd.read_parquet(p)["position"])
+    ]
+    assert len(alibi_rows) == 1
+    alibi_rows[0].unlink()
+    rope_files = result_files(tmp_path)
+
+    code, calls, statuses = run_sweep(tmp_path, monkeypatch, "hydra.callbacks.report.enabled=false")
+    assert code == 0
+    assert calls == ["alibi"]  # rope's checkpoint is reused, only the unfinished one trains
+    assert statuses[("rope", "none")]["status"] == "cached"
+    assert statuses[("rope", "linear")]["status"] == "cached"
+    assert statuses[("alibi", "none")]["status"] == "done"
+    after = result_files(tmp_path)
+    assert {k: v for k, v in after.items() if k in rope_files} == rope_files
+    fresh = load_results(tmp_path / "results" / "smoke", dedup=False)
+    original = load_results(root / "results" / "smoke", dedup=False)
+    assert len(fresh) == len(original)
+    assert sorted(fresh["run_id"].unique()) == sorted(original["run_id"].unique())
+
+
+def test_failing_jobs_are_recorded_and_the_sweep_continues(tmp_path, monkeypatch, capsys):
+    # rope's training diverges; passkey_fraction 0.5 needs train.length >= 252 (smoke: 64), so
+    # those cells are invalid and must fail before training; alibi at 0.0 must still run.
+    code, calls, statuses = run_sweep(
+        tmp_path,
+        monkeypatch,
+        "scaling=none",
+        "train.passkey_fraction=0.0,0.5",
+        "hydra.callbacks.report.enabled=false",
+        fail_for="rope",
+    )
+    assert code == 1  # the sweep reports the failures in its exit status ...
+    by_status = {}
+    for path in (tmp_path / "multirun").glob(f"*/*/{STATUS_FILE}"):
+        st = json.loads(path.read_text())
+        by_status.setdefault(st["status"], []).append(st)
+    assert sorted(by_status) == ["done", "failed", "invalid"]
+    (failed,) = by_status["failed"]
+    assert failed["position"] == "rope" and "training diverged" in failed["message"]
+    assert len(by_status["invalid"]) == 2
+    assert all(
+        "train.length 64 is too short for passkey training examples" in st["message"]
+        for st in by_status["invalid"]
+    )
+    (done,) = by_status["done"]  # ... but went on after them
+    assert done["position"] == "alibi"
+    assert sorted(calls) == ["alibi", "rope"]  # the invalid cells never reached training
+    df = load_results(tmp_path / "results" / "smoke")
+    assert set(df["position"]) == {"alibi"}  # nothing written for the failed job
+    assert len(list((tmp_path / "cache").glob("*/DONE"))) == 1  # only alibi's checkpoint
+    out = capsys.readouterr().out
+    assert "3 failed" in out and "rope/none" in out and "training diverged" in out
+    assert "lenbench: error: train.length 64 is too short" in out  # the job's own log line
+
+
+def test_run_job_validates_before_touching_the_cache(monkeypatch, tmp_path):
+    """run_job on a bad config returns 'invalid' without loading data or training."""
+    from hydra import compose, initialize_config_module
+
+    def boom(*args, **kwargs):
+        raise AssertionError("must not be reached")
+
+    monkeypatch.setattr(cache_module, "get_or_train", boom)
+    monkeypatch.setattr("bench.data.load_corpus", boom)
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=["position=rope", "model.n_heads=3", f"paths.cache={tmp_path}"],
+        )
+    summary = job_module.run_job(cfg)
+    assert summary["status"] == "invalid"
+    assert "not divisible by n_heads 3" in summary["message"]
