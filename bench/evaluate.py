@@ -140,9 +140,16 @@ DEFAULT_EVAL_CONFIG: dict[str, Any] = {
         "positions_per_doc": 256,
         "ridge": 0.001,
     },
+    # lm-evaluation-harness tasks run by the job runner after the native metrics (bench.harness).
+    "harness": {
+        "tasks": [],
+        "limit": None,
+    },
 }
-#: Metric sections in the order they run at each length.
-METRIC_SECTIONS = tuple(k for k, v in DEFAULT_EVAL_CONFIG.items() if isinstance(v, dict))
+#: Metric sections in the order they run at each length (harness tasks run separately).
+METRIC_SECTIONS = tuple(
+    k for k, v in DEFAULT_EVAL_CONFIG.items() if isinstance(v, dict) and k != "harness"
+)
 _DEFAULT_MULTIPLES = ("1x", "2x", "4x", "8x", "16x")
 
 

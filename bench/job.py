@@ -445,6 +445,19 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
         )
     except ValueError as exc:
         return _summary("invalid", str(exc), trained=trained, **base)
+    harness = spec.eval_cfg["harness"]
+    if harness["tasks"]:
+        from bench.harness import harness_rows, run_harness
+
+        results = run_harness(
+            model,
+            list(harness["tasks"]),
+            scaling=spec.scaling,
+            limit=harness["limit"],
+            device=spec.device,
+            metadata={"data": raw["data"]},
+        )
+        rows += [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
     if not rows:
         return _summary(
             "failed",

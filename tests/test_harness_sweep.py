@@ -1,0 +1,39 @@
+"""A sweep job with ``eval.harness.tasks`` merges lm-eval's numbers into its result table."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cli import main
+from bench.results import load_results
+
+pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
+
+
+def test_harness_tasks_in_a_sweep_job_land_in_the_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            "+experiment=smoke",
+            "hydra.sweeper.params.position=rope",
+            "hydra.sweeper.params.scaling=none",
+            "eval.harness.tasks=[lenbench_ppl_256]",
+            "eval.harness.limit=1",
+            f"paths.results={tmp_path / 'results'}",
+            f"paths.reports={tmp_path / 'reports'}",
+            f"paths.cache={tmp_path / 'cache'}",
+            f"hydra.sweep.dir={tmp_path / 'multirun'}",
+        ]
+    )
+    assert code == 0
+    rows = load_results([tmp_path / "results"])
+    harness = rows[rows.metric.str.startswith("harness/")]
+    assert set(harness.metric) >= {"harness/lenbench_ppl_256/bits_per_byte"}
+    assert (harness.eval_length == 256).all() and (harness.n == 1).all()
+    # the native metrics are still there: the harness adds rows, it replaces nothing
+    assert "nll" in set(rows.metric)
+    bits = harness[harness.metric == "harness/lenbench_ppl_256/bits_per_byte"].value.iloc[0]
+    assert 0 < bits < 9  # a byte model: at most log2(259) bits per byte untrained
