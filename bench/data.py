@@ -73,6 +73,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bench.config import plain
 from bench.passkey import (
     PASSKEY_FILLERS,
     PasskeyExample,
@@ -262,20 +263,6 @@ def corpus_fingerprint(entries: Sequence[tuple[str, int]]) -> str:
 # --------------------------------------------------------------------------- config
 
 
-def _plain(obj: Any) -> Any:
-    """Plain dict/list/scalars from a DictConfig or nested mappings/sequences."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(obj, resolve=True, throw_on_missing=False)
-    except ImportError:  # omegaconf is a Hydra dependency; plain dicts work without it
-        pass
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
 
 
 def _optional_positive_int(cfg: Mapping[str, Any], key: str) -> int | None:
@@ -298,7 +285,7 @@ def normalize_data_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     Unknown keys are rejected (a typo such as ``max_file`` must not be ignored).
     """
-    raw = _plain(cfg)
+    raw = plain(cfg)
     if not isinstance(raw, dict):
         raise ValueError(f"data config {cfg!r} is invalid; it must be a mapping with a 'name' key.")
     kind = raw.get("name")

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from bench.config import plain
 from bench.data import Document
 from bench.passkey import PASSKEY_FILLERS
 from bench.passkey_eval import passkey_context_row, passkey_rows
@@ -194,20 +195,6 @@ def _grid(value: Any, train_length: int, what: str) -> list[int] | None:
     return sorted({parse_length(v, train_length, what) for v in value})
 
 
-def _plain(cfg: Any) -> Any:
-    """A plain dict/list copy of a Mapping or an OmegaConf DictConfig."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(cfg, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf comes with hydra
-        pass
-    if isinstance(cfg, Mapping):
-        return {str(k): _plain(v) for k, v in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return [_plain(v) for v in cfg]
-    return cfg
 
 
 def _merge(defaults: dict, given: Mapping, where: str) -> dict:
@@ -250,7 +237,7 @@ def resolve_eval_config(eval_cfg: Mapping | None, train_length: int) -> dict[str
     the eval lengths it runs at), and grids (deltas, distances, contexts, buckets) are sorted int
     lists or None for "auto".
     """
-    given = _plain(eval_cfg) if eval_cfg is not None else {}
+    given = plain(eval_cfg) if eval_cfg is not None else {}
     if not isinstance(given, Mapping):
         raise ValueError(f"eval config must be a mapping, got {eval_cfg!r}.")
     cfg = _merge(DEFAULT_EVAL_CONFIG, given, "")

@@ -94,6 +94,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 from tqdm.auto import tqdm
 
+from bench.config import plain
 from bench.passkey import ANSWER_TEMPLATE, parse_passkey, passkey_grid
 from bench.tokenizer import ByteTokenizer
 from models.scaling import SCALING_METHODS
@@ -263,20 +264,6 @@ def perplexity_dataset(**metadata: Any) -> dict:
 # --------------------------------------------------------------------------- scaling arguments
 
 
-def _plain(obj: Any) -> Any:
-    """Plain dicts/lists from Mappings, sequences and OmegaConf containers (Hydra configs)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(obj, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf comes with hydra
-        pass
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
 
 
 def _method_param_names(method: str) -> set[str]:
@@ -347,7 +334,7 @@ def parse_scaling(
             )
         return scaling
     if isinstance(scaling, Mapping):
-        scaling = _plain(scaling)
+        scaling = plain(scaling)
         unknown = sorted(set(scaling) - {"name", "method", "params", "logn"})
         if unknown:
             raise ValueError(
@@ -873,7 +860,7 @@ def run_harness(
     task_manager = TaskManager(
         include_path=str(TASKS_DIR),
         include_defaults=not set(names) <= ours,
-        metadata=_plain(metadata or {}),
+        metadata=plain(metadata or {}),
     )
     try:
         results = lm_eval.simple_evaluate(

@@ -91,6 +91,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from bench.config import plain
 from bench.data import Corpus, TrainingStream, validation_batches
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
@@ -149,20 +150,6 @@ class TrainingDiverged(ValueError):
 # --------------------------------------------------------------------------- config
 
 
-def plain(obj: Any) -> Any:
-    """Plain dicts/lists/scalars from a DictConfig or nested mappings and sequences."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(obj, resolve=True, throw_on_missing=True)
-    except ImportError:  # pragma: no cover - omegaconf comes with hydra
-        pass
-    if isinstance(obj, Mapping):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    return obj
 
 
 def _section(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
