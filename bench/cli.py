@@ -53,10 +53,6 @@ FAILED_STATUSES = ("invalid", "failed")
 _OUTCOME: dict[str, Any] = {}
 
 
-class LenbenchError(Exception):
-    """An expected, user-facing error: printed as one line, exit status 2."""
-
-
 # --------------------------------------------------------------------------- the task
 
 
@@ -75,9 +71,10 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     """One Hydra job: :func:`bench.job.run_job` plus status reporting.
 
     Single run: an invalid config, a scaling that does not apply, or a failed training is
-    recorded for main(), which prints it as one line and exits non-zero. Multirun: the job logs one line, records its status
-    and returns, so the sweep continues; unexpected exceptions are logged with their traceback
-    and recorded as failures too (one buggy cell must not cost a 40-job sweep).
+    recorded for main(), which prints it as one line and exits non-zero. Multirun: the job logs
+    one line, records its status and returns, so the sweep continues; unexpected exceptions are
+    logged with their traceback and recorded as failures too (one buggy cell must not cost a
+    40-job sweep).
     """
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     configure_threads(cfg)
@@ -284,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # merges them with the plugins' schemas of the same name and warns about it.
             warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema")
             _hydra_app()
-    except (LenbenchError, HydraException, OmegaConfBaseException, ValueError) as exc:
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
         if user_full_error:
             raise
         print(f"{ERROR_PREFIX}{one_line(exc)}", file=sys.stderr, flush=True)

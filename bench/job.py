@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from bench.config import plain
 from bench.results import canonical_json, write_results
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS
@@ -92,20 +93,6 @@ class JobSpec:
 # --------------------------------------------------------------------------- helpers
 
 
-def plain(cfg: Any) -> Any:
-    """A plain dict/list copy of a DictConfig/ListConfig or nested mappings (resolved)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(cfg, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    except ImportError:  # pragma: no cover - omegaconf comes with hydra
-        pass
-    if isinstance(cfg, Mapping):
-        return {str(k): plain(v) for k, v in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return [plain(v) for v in cfg]
-    return cfg
 
 
 def _section(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
