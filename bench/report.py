@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullLocator
 
-from bench.results import PASSKEY_THRESHOLD, load_results
+from bench.results import METRICS, PASSKEY_THRESHOLD, load_results
 
 POSITION_ORDER = ["rope", "sinusoidal", "learned", "alibi", "nope"]
 SCALING_ORDER = ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"]
@@ -47,16 +47,6 @@ SERIES_KEYS = [
     "train_length",
 ]
 LABEL_KEYS = ["series", "position_label", "scaling_label"]
-KNOWN_METRICS = {
-    "nll",
-    "passkey_acc",
-    "passkey_context",
-    "shift_dnll",
-    "order_dnll",
-    "attn_entropy",
-    "context_nll",
-    "position_probe_r2",
-}
 _LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))]
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 _TRAIN_MARKER = {"color": "0.45", "linestyle": "-", "linewidth": 3.0, "alpha": 0.35}
@@ -1296,7 +1286,7 @@ def _r2_plot(rep: _Report, style: _Style, t: pd.DataFrame) -> None:
 
 
 def _other_section(rep: _Report, df: pd.DataFrame) -> str:
-    rows = df[~df["metric"].isin(KNOWN_METRICS)]
+    rows = df[~df["metric"].isin(METRICS)]
     if rows.empty:
         return ""
     keys = [
