@@ -93,8 +93,6 @@ class JobSpec:
 # --------------------------------------------------------------------------- helpers
 
 
-
-
 def _section(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
     value = cfg.get(key)
     if not isinstance(value, Mapping):
@@ -345,9 +343,9 @@ def configure_threads(cfg: Mapping[str, Any]) -> None:
             if HydraConfig.initialized():
                 launcher = HydraConfig.get().launcher
                 if "joblib" in str(launcher.get("_target_", "")).lower():
+                    cpus = os.cpu_count() or 1
                     n_jobs = int(launcher.get("n_jobs", 1) or 1)
-                    n_jobs = os.cpu_count() or 1 if n_jobs < 1 else n_jobs
-                    threads = max(1, (os.cpu_count() or 1) // n_jobs)
+                    threads = max(1, cpus // (cpus if n_jobs < 1 else n_jobs))
         except (ImportError, ValueError):  # pragma: no cover
             threads = None
     if threads is not None:
@@ -394,6 +392,14 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
         corpus = load_corpus(raw["data"])  # cached per process; the key needs its fingerprint
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
+    if not corpus.split("test"):
+        return _summary(
+            "invalid",
+            f"the test split of corpus {corpus.name} ({corpus.fingerprint}) is empty, so there is "
+            "nothing to evaluate on; give data.split_fractions a larger test share or raise "
+            "data.max_files / data.max_bytes.",
+            **base,
+        )
     model_id = weights_key(raw, corpus)
     run_id = make_run_id(model_id, spec)
     out_path = spec.results_dir / f"{run_id}.parquet"

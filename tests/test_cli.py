@@ -324,3 +324,66 @@ def test_launchers_compose_with_an_experiment(launcher, target, check, in_tmp, c
         assert shown.hydra.launcher[key] == value
     if launcher == "submitit_slurm":
         assert "name: lenbench-${experiment_name}" in text
+
+
+# ----------------------------------------------------------------------------- packaging
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_config_tree_and_the_app_runs_from_it(tmp_path):
+    """A plain `pip install .` must work: every conf/**/*.yaml is in the wheel and Hydra finds it."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    repo = CONF.parent
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("bench", "models", "conf"):
+        shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        if (repo / name).exists():
+            shutil.copy(repo / name, src / name)
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = wheels.glob("lenbench-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {p.relative_to(repo).as_posix() for p in CONF.rglob("*.yaml")}
+    assert expected and expected <= names
+    assert "conf/__init__.py" in names
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    probe = (
+        "import sys, conf; from bench.cli import main; "
+        "print('CONF', conf.__file__); "
+        "sys.exit(main(['--cfg', 'hydra']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=run_dir,
+        env={**__import__("os").environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"CONF {site / 'conf' / '__init__.py'}" in out  # the wheel's copy, not the checkout
+    assert "mode: MULTIRUN" in out and "sinusoidal,learned,rope,alibi,nope" in out

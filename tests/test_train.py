@@ -195,6 +195,35 @@ def test_untied_head_is_decayed() -> None:
     assert not any(p is model.tok_emb.weight for p in decay["params"])
 
 
+def test_weight_decay_scope_all_decays_every_parameter_once() -> None:
+    cfg = tiny_cfg()
+    cfg["position"] = {"kind": "learned"}
+    model = make_model(cfg)
+    decay, no_decay = param_groups(model, 0.1, "all")
+    assert not no_decay["params"]
+    assert {id(p) for p in decay["params"]} == {id(p) for p in model.parameters()}
+    assert len(decay["params"]) == len(list(model.parameters()))  # tied head counted once
+    # negative control: the default scope leaves the embedding out
+    matrices, _ = param_groups(model, 0.1)
+    assert not any(p is model.tok_emb.weight for p in matrices["params"])
+    with pytest.raises(ValueError, match="'embeddings'.*matrices, all"):
+        param_groups(model, 0.1, "embeddings")
+
+
+def test_weight_decay_scope_reaches_the_optimizer(corpus: Corpus, monkeypatch) -> None:
+    """train_model must pass the configured scope on (a dropped key would silently use matrices)."""
+    seen = []
+    real = train_mod.param_groups
+
+    def spy(model, weight_decay, scope="matrices"):
+        seen.append(scope)
+        return real(model, weight_decay, scope)
+
+    monkeypatch.setattr(train_mod, "param_groups", spy)
+    train_model(tiny_cfg(steps=1, eval_batches=0, weight_decay_scope="all"), corpus, progress=False)
+    assert seen == ["all"]
+
+
 @pytest.mark.parametrize(
     ("section", "patch", "message"),
     [
@@ -207,6 +236,11 @@ def test_untied_head_is_decayed() -> None:
         ("train", {"steps": 0}, r"train.steps 0 is invalid"),
         ("train", {"betas": [0.9]}, r"train.betas"),
         ("train", {"passkey_filler": "lorem"}, r"passkey_filler 'lorem' is unknown"),
+        (
+            "train",
+            {"weight_decay_scope": "norms"},
+            r"train.weight_decay_scope 'norms' is unknown; allowed values are matrices, all",
+        ),
         ("model", {"widht": 3}, r"model config has unknown keys \['widht'\]"),
     ],
 )
