@@ -231,3 +231,36 @@ def test_run_job_validates_before_touching_the_cache(monkeypatch, tmp_path):
     summary = job_module.run_job(cfg)
     assert summary["status"] == "invalid"
     assert "not divisible by n_heads 3" in summary["message"]
+
+
+def test_run_job_with_an_empty_test_split_is_invalid_before_training(monkeypatch, tmp_path):
+    """A corpus with nothing in its test split would train a model and then evaluate nothing."""
+    from hydra import compose, initialize_config_module
+
+    def boom(*args, **kwargs):
+        raise AssertionError("must not be reached")
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(6):
+        (docs / f"doc{i}.txt").write_text(f"document {i} " * 200)
+    monkeypatch.setattr(cache_module, "get_or_train", boom)
+    overrides = [
+        "position=rope",
+        "data=text",
+        f"data.paths=[{docs}]",
+        "data.split_fractions={train: 0.9, validation: 0.1, test: 0.0}",
+        f"paths.cache={tmp_path / 'cache'}",
+        f"paths.results={tmp_path / 'results'}",
+    ]
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    summary = job_module.run_job(cfg)
+    assert summary["status"] == "invalid"
+    assert "test split of corpus" in summary["message"] and "is empty" in summary["message"]
+    # negative control: with a test share the same corpus gets past this check (to training)
+    overrides[3] = "data.split_fractions={train: 0.0, validation: 0.0, test: 1.0}"
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with pytest.raises(AssertionError, match="must not be reached"):
+        job_module.run_job(cfg)
