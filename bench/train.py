@@ -59,8 +59,9 @@ Choices (why):
   logged training loss. tokens/s counts training tokens over training time (validation
   excluded).
 * bf16 on CPU: autocast is emulated on CPUs without AVX512-BF16/AMX and was measured ~3-8x
-  slower than fp32 on this project's AVX2 laptop, so ``conf/train/quick.yaml`` uses fp32;
-  ``standard`` (GPU) uses bf16.
+  slower than fp32 on this project's AVX2 laptop and 12-25x slower on an AVX2 AMD EPYC
+  (``benchmarks/bench_train.py``, widths 128/256), so ``conf/train/quick.yaml`` uses fp32,
+  ``standard`` (GPU) uses bf16, and training bf16 on such a CPU warns once.
 * Precision is not set through ``Accelerator(mixed_precision=...)``: accelerate's state is a
   process-wide singleton that refuses a second, different ``mixed_precision``, which a
   one-process Hydra sweep over ``train.precision`` needs. We create ``Accelerator(
@@ -91,6 +92,7 @@ import warnings
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -157,8 +159,6 @@ class TrainingDiverged(ValueError):
 
 
 # --------------------------------------------------------------------------- config
-
-
 
 
 def _section(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -358,6 +358,27 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def cpu_has_native_bf16() -> bool | None:
+    """True/False from the CPU flags (AVX512-BF16 or AMX-BF16) where Linux shows them, else None."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), None)
+    if flags is None:
+        return None
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def _warn_if_emulated_bf16(device: torch.device, precision: str) -> None:
+    if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
+        warnings.warn(
+            "train.precision bf16 on this CPU (no AVX512-BF16/AMX-BF16) runs emulated, measured "
+            "12-25x slower than fp32; use train.precision=fp32 here.",
+            stacklevel=3,
+        )
+
+
 def use_cpu_backend() -> bool:
     """accelerate's ``cpu`` flag: True when ``ACCELERATE_USE_CPU`` is set, or when several
     processes were launched (``WORLD_SIZE`` > 1) on a machine without CUDA.
@@ -454,6 +475,7 @@ def train_model(
     model_cfg = model_config(_section(cfg, "model"))
     position_cfg = position_config(_section(cfg, "position"))
     accelerator = _make_accelerator(accelerator, spec["precision"])
+    _warn_if_emulated_bf16(accelerator.device, spec["precision"])
     world, rank = accelerator.num_processes, accelerator.process_index
     steps, batch_size, length = spec["steps"], spec["batch_size"], spec["length"]
     if batch_size % world:

@@ -143,6 +143,7 @@ def test_huge_learning_rate_diverges_for_real(corpus: Corpus) -> None:
         train_model(cfg, corpus, progress=False)
 
 
+@pytest.mark.filterwarnings("ignore:.*runs emulated")
 def test_bf16_autocast_trains_with_float32_weights(corpus: Corpus) -> None:
     model, stats = train_model(
         tiny_cfg(precision="bf16", steps=3, eval_batches=1), corpus, progress=False
@@ -150,6 +151,46 @@ def test_bf16_autocast_trains_with_float32_weights(corpus: Corpus) -> None:
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert math.isfinite(stats["final_train_loss"]) and math.isfinite(stats["final_val_loss"])
     assert stats["precision"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("native", "precision", "warns"),
+    [(False, "bf16", True), (True, "bf16", False), (None, "bf16", False), (False, "fp32", False)],
+)
+def test_emulated_bf16_on_cpu_warns_once(corpus, monkeypatch, native, precision, warns) -> None:
+    import warnings
+
+    monkeypatch.setattr(train_mod, "cpu_has_native_bf16", lambda: native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_model(tiny_cfg(precision=precision, steps=1, eval_batches=0), corpus, progress=False)
+    emulated = [w for w in caught if "runs emulated" in str(w.message)]
+    assert len(emulated) == (1 if warns else 0)
+
+
+def test_cpu_bf16_flags_are_read_from_cpuinfo(monkeypatch, tmp_path) -> None:
+    real_read_text = Path.read_text
+
+    def fake_cpuinfo(flags: str | None):
+        text = "processor\t: 0\n" + (f"flags\t\t: {flags}\n" if flags is not None else "")
+        monkeypatch.setattr(
+            Path,
+            "read_text",
+            lambda self, *a, **k: (
+                text if str(self) == "/proc/cpuinfo" else real_read_text(self, *a, **k)
+            ),
+        )
+
+    fake_cpuinfo("fpu avx2 fma")
+    assert train_mod.cpu_has_native_bf16() is False
+    fake_cpuinfo("fpu avx512f avx512_bf16")
+    assert train_mod.cpu_has_native_bf16() is True
+    fake_cpuinfo("fpu amx_bf16 amx_tile")
+    assert train_mod.cpu_has_native_bf16() is True
+    fake_cpuinfo("fpu avx512_bf16x")  # a flag that merely starts with the name does not count
+    assert train_mod.cpu_has_native_bf16() is False
+    fake_cpuinfo(None)
+    assert train_mod.cpu_has_native_bf16() is None
 
 
 def test_passkey_rows_and_answer_loss_train(corpus: Corpus) -> None:
