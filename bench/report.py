@@ -520,19 +520,22 @@ def _line_panels(
             ax.axvline(m, **_TRAIN_MARKER, label=marker_label.format(m=m))
         if hline is not None:
             ax.axhline(hline, color="0.55", linewidth=1.0, linestyle=":", label=hline_label)
-        if xscale == "log2":
+        xs = sub["x"].to_numpy(dtype=float)
+        xs = xs[np.isfinite(xs)]
+        panel_xscale = xscale
+        if xscale == "log2" and len(xs) and xs.min() <= 0:
+            panel_xscale = "symlog2"  # a log axis cannot show x = 0 (e.g. no context); keep it
+        if panel_xscale == "log2":
             ax.set_xscale("log", base=2)
-            _int_ticks(ax, sub["x"].to_numpy(dtype=float))
-        elif xscale == "symlog2":
+            _int_ticks(ax, xs)
+        elif panel_xscale == "symlog2":
             ax.set_xscale("symlog", base=2, linthresh=1.0)
-            _int_ticks(ax, sub["x"].to_numpy(dtype=float))
+            _int_ticks(ax, xs)
         if ylog:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}"))
             ax.yaxis.set_minor_locator(NullLocator())
-        xs = sub["x"].to_numpy(dtype=float)
-        xs = xs[np.isfinite(xs)]
-        if xscale in ("log2", "symlog2") and len(xs) and xs.min() >= 0:
+        if panel_xscale in ("log2", "symlog2") and len(xs) and xs.min() >= 0:
             lo_x = min([xs.min(), *[m for m in marks if m >= 0]])
             hi_x = max([xs.max(), *marks])
             ax.set_xlim(lo_x / 1.4 if lo_x > 0 else -0.3, hi_x * 1.4)

@@ -6,6 +6,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -192,13 +193,13 @@ def synthetic_rows(
                                 "bucket_hi": hi,
                             }
                         )
-                for c in [16, 32, 64, 128, 256, 512]:
+                for c in [0, 16, 32, 64, 128, 256, 512]:  # 0 = no context, as the probe writes
                     rows.append(
                         {
                             **base,
                             "eval_length": 1024,
                             "metric": "context_nll",
-                            "value": 2.2 - 0.1 * math.log2(c) + _degrade(pos, scal, c + 64),
+                            "value": 2.2 - 0.1 * math.log2(max(c, 1)) + _degrade(pos, scal, c + 64),
                             "n": 64,
                             "axis": "context",
                             "axis_value": c,
@@ -245,8 +246,17 @@ def full_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     stale = stale[stale["bucket_lo"].isna()].assign(written_at=STALE_TIME)
     stale["value"] += 5.0
     write_results(stale, results / "zzz_stale_rope-yarn.parquet")
-    report = generate_report([results], root / "out")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = generate_report([results], root / "out")
+    (root / "warnings.txt").write_text("\n".join(str(w.message) for w in caught))
     return results, report
+
+
+def test_plots_warn_about_nothing(full_report: tuple[Path, Path]) -> None:
+    """E.g. a log x-axis with a point at 0 (context_nll's no-context point) must become symlog."""
+    text = (full_report[1].parent.parent / "warnings.txt").read_text()
+    assert "non-positive" not in text, text
 
 
 def test_all_plots_written_nonempty(full_report: tuple[Path, Path]) -> None:
