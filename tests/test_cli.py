@@ -154,6 +154,41 @@ def test_quickstart_rope_learns_passkey_at_its_training_length_settings():
     assert cfg.model.n_layers >= 2  # retrieval needs an induction circuit
 
 
+@pytest.mark.slow
+def test_quickstart_rope_reaches_90_percent_passkey_at_its_training_length(in_tmp):
+    """The quickstart's promise, for real: its rope cell (1200 steps, ~2 min on 2 cores) trained
+    and evaluated by the CLI retrieves the passkey at L in >= 90% of the examples.
+
+    Measured while tuning: the same run with train.weight_decay_scope=matrices stays at 0.00,
+    so this fails if the preset loses what makes retrieval form (not run here: another 2 min).
+    """
+    import pandas as pd
+
+    code = main(
+        [
+            "+experiment=quickstart",
+            "position=rope",
+            "scaling=none",
+            f"paths.cache={in_tmp / 'cache'}",
+            f"paths.results={in_tmp / 'results'}",
+            f"paths.reports={in_tmp / 'reports'}",
+            f"hydra.sweep.dir={in_tmp / 'multirun'}",
+        ]
+    )
+    assert code == 0
+    (result,) = (in_tmp / "results" / "quickstart").glob("*.parquet")
+    rows = pd.read_parquet(result)
+    train_length = int(rows["train_length"].iloc[0])
+    at_l = rows[
+        (rows["metric"] == "passkey_acc")
+        & (rows["eval_length"] == train_length)
+        & (rows["axis"] == "depth")
+    ]
+    assert len(at_l) == 5 and at_l["n"].sum() == 20  # 5 depths x 4 trials
+    accuracy = float((at_l["value"] * at_l["n"]).sum() / at_l["n"].sum())
+    assert accuracy >= 0.9, f"rope passkey accuracy at L = {train_length}: {accuracy:.2f}"
+
+
 # ----------------------------------------------------------------------------- no-argument run
 
 
