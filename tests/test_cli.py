@@ -422,3 +422,47 @@ def test_wheel_ships_the_config_tree_and_the_app_runs_from_it(tmp_path):
     ).stdout
     assert f"CONF {site / 'conf' / '__init__.py'}" in out  # the wheel's copy, not the checkout
     assert "mode: MULTIRUN" in out and "sinusoidal,learned,rope,alibi,nope" in out
+
+
+# ----------------------------------------------------------------------------- accelerate launch
+
+
+@pytest.mark.slow
+def test_accelerate_launch_runs_one_job(tmp_path):
+    """`accelerate launch -m bench.cli ...` (the documented pattern for one job) trains, evaluates
+    and writes its results and checkpoint like a plain run."""
+    import shutil
+    import subprocess
+    import sys
+
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    assert accelerate, "the accelerate CLI is installed with the project"
+    command = [
+        accelerate,
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "bench.cli",
+        "position=rope",
+        "model=tiny",
+        "train.steps=4",
+        "train.eval_batches=0",
+        "eval=quick",
+        "eval.lengths=[1x]",
+        f"paths.cache={tmp_path / 'cache'}",
+        f"paths.results={tmp_path / 'results'}",
+        f"paths.reports={tmp_path / 'reports'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list((tmp_path / "results").glob("*/*.parquet"))) == 1
+    assert len(list((tmp_path / "cache").glob("*/DONE"))) == 1
