@@ -390,7 +390,8 @@ class DecoderLM(nn.Module):
         k_valid = valid if past is None else torch.cat((past.valid, valid), dim=1)
 
         x = self.tok_emb(input_ids)  # [N, L, D]
-        x = x + self._absolute_positions(position_ids, scaling_len).to(x.dtype)
+        if self.position_cfg.kind in ("sinusoidal", "learned"):
+            x = x + self._absolute_positions(position_ids, scaling_len).to(x.dtype)
         cos = sin = None
         if self.position_cfg.kind == "rope":
             cos, sin = self._table(scaling_len)(position_ids)  # [N, L, r/2], once for all layers
@@ -429,7 +430,7 @@ class DecoderLM(nn.Module):
         return LMOutput(logits, cache, hidden_states, entropies)
 
     def _absolute_positions(self, position_ids: torch.Tensor, scaling_len: int) -> torch.Tensor:
-        """What the input-side families add to the embeddings ([N, L, D], zeros for the others)."""
+        """What the input-side families (sinusoidal, learned) add to the embeddings [N, L, D]."""
         kind = self.position_cfg.kind
         if kind == "sinusoidal":
             inv_freq, _ = self._frequencies(self.scaling, scaling_len)
@@ -444,7 +445,7 @@ class DecoderLM(nn.Module):
                 stretched_rows = max(rows, scaling_len)
             positions = position_ids.float() * ((rows - 1) / max(stretched_rows - 1, 1))
             return learned_lookup(self.pos_table, positions, self.position_cfg.out_of_range)
-        return torch.zeros((), device=position_ids.device)
+        raise ValueError(f"position family {kind!r} adds nothing to the embeddings.")
 
     @torch.no_grad()
     def generate_greedy(
