@@ -80,7 +80,7 @@ import math
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -262,8 +262,6 @@ def perplexity_dataset(**metadata: Any) -> dict:
 
 
 # --------------------------------------------------------------------------- scaling arguments
-
-
 
 
 def _method_param_names(method: str) -> set[str]:
@@ -618,36 +616,44 @@ class LenbenchLM(LM):
             n_input = len(context) + len(continuation) - 1
             self._check_length(n_input, "context + continuation")
             groups[(n_input, scaling_len)].append(i)
-        bar = tqdm(
-            total=sum(len(v) for v in groups.values()),
-            desc=desc,
-            disable=len(items) < 2,
-            leave=False,
-        )
-        for (n_input, scaling_len), indices in sorted(groups.items(), reverse=True):
-            self._use_scaling_length(scaling_len)
-            step = self._rows_per_batch(n_input)
-            for start in range(0, len(indices), step):
-                chunk = indices[start : start + step]
-                whole = torch.tensor([items[i][0] + items[i][1] for i in chunk], dtype=torch.long)
-                with self._autocast():
-                    logits = self.model(whole[:, :-1].to(self._device)).logits  # [B, n_input, V]
-                span = max(len(items[i][1]) for i in chunk)
-                logprobs = torch.log_softmax(
-                    logits[:, n_input - span :].float(), dim=-1
-                ).cpu()  # [B, span, V]
-                targets = whole[:, -span:]  # [B, span]
-                picked = logprobs.gather(-1, targets[..., None])[..., 0].double()  # [B, span]
-                greedy = logprobs.argmax(dim=-1) == targets  # [B, span]
-                for row, i in enumerate(chunk):
-                    c = len(items[i][1])
-                    results[i] = (
-                        float(picked[row, span - c :].sum()),
-                        bool(greedy[row, span - c :].all()),
-                    )
-                bar.update(len(chunk))
-        bar.close()
+        for n_input, chunk in self._batches(groups, desc, disable=len(items) < 2):
+            whole = torch.tensor([items[i][0] + items[i][1] for i in chunk], dtype=torch.long)
+            with self._autocast():
+                logits = self.model(whole[:, :-1].to(self._device)).logits  # [B, n_input, V]
+            span = max(len(items[i][1]) for i in chunk)
+            logprobs = torch.log_softmax(
+                logits[:, n_input - span :].float(), dim=-1
+            ).cpu()  # [B, span, V]
+            targets = whole[:, -span:]  # [B, span]
+            picked = logprobs.gather(-1, targets[..., None])[..., 0].double()  # [B, span]
+            greedy = logprobs.argmax(dim=-1) == targets  # [B, span]
+            for row, i in enumerate(chunk):
+                c = len(items[i][1])
+                results[i] = (
+                    float(picked[row, span - c :].sum()),
+                    bool(greedy[row, span - c :].all()),
+                )
         return results  # type: ignore[return-value]
+
+    def _batches(
+        self, groups: Mapping[tuple[int, int], list[int]], desc: str, disable: bool
+    ) -> Iterator[tuple[int, list[int]]]:
+        """(input length, request indices) batches of the groups {(input length, scaling length):
+        indices}, longest first, with the model's scaling switched to each group's scaling length
+        and a progress bar that counts a batch once the caller is done with it."""
+        bar = tqdm(
+            total=sum(len(v) for v in groups.values()), desc=desc, disable=disable, leave=False
+        )
+        try:
+            for (length, scaling_len), indices in sorted(groups.items(), reverse=True):
+                self._use_scaling_length(scaling_len)
+                step = self._rows_per_batch(length)
+                for start in range(0, len(indices), step):
+                    chunk = indices[start : start + step]
+                    yield length, chunk
+                    bar.update(len(chunk))
+        finally:
+            bar.close()
 
     # -- requests ----------------------------------------------------------------------
 
@@ -745,23 +751,12 @@ class LenbenchLM(LM):
             prepared.append((ids, until, max_gen))
             groups[(len(ids), self._scaling_length(req.doc, len(ids)))].append(i)
         outputs: list[str | None] = [None] * len(requests)
-        bar = tqdm(
-            total=len(requests),
-            desc="generate_until",
-            disable=disable_tqdm or len(requests) < 2,
-            leave=False,
-        )
-        for (length, scaling_len), indices in sorted(groups.items(), reverse=True):
-            self._use_scaling_length(scaling_len)
-            step = self._rows_per_batch(length)
-            for start in range(0, len(indices), step):
-                chunk = indices[start : start + step]
-                texts = self._generate([prepared[i] for i in chunk])
-                for i, text in zip(chunk, texts, strict=True):
-                    outputs[i] = text
-                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
-                bar.update(len(chunk))
-        bar.close()
+        disable = disable_tqdm or len(requests) < 2
+        for _length, chunk in self._batches(groups, "generate_until", disable):
+            texts = self._generate([prepared[i] for i in chunk])
+            for i, text in zip(chunk, texts, strict=True):
+                outputs[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return outputs  # type: ignore[return-value]
 
     @torch.no_grad()
