@@ -96,6 +96,7 @@ from tqdm.auto import tqdm
 
 from bench.config import plain
 from bench.passkey import ANSWER_TEMPLATE, parse_passkey, passkey_grid
+from bench.probes import PRECISIONS
 from bench.tokenizer import ByteTokenizer
 from models.scaling import SCALING_METHODS
 from models.transformer import ScalingConfig
@@ -121,7 +122,6 @@ logger = logging.getLogger(__name__)
 
 MODEL_NAME = "lenbench"
 TASKS_DIR = Path(__file__).resolve().parent / "harness_tasks"
-PRECISIONS = ("fp32", "bf16")
 PREFIX_TOKENS = ("eos", "bos")
 DEFAULT_MAX_GEN_TOKS = 256
 DEFAULT_MAX_BATCH_SIZE = 64

@@ -100,7 +100,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from bench.config import plain
-from bench.data import Corpus, TrainingStream, validation_batches
+from bench.data import PASSKEY_LOSSES, Corpus, TrainingStream, validation_batches
+from bench.passkey import PASSKEY_FILLERS
+from bench.probes import PRECISIONS
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
@@ -120,9 +122,6 @@ __all__ = [
     "train_model",
 ]
 
-PRECISIONS = ("fp32", "bf16")
-PASSKEY_FILLERS = ("standard", "corpus")
-PASSKEY_LOSSES = ("all", "answer")
 WEIGHT_DECAY_SCOPES = ("matrices", "all")
 TRAIN_DEFAULTS: dict[str, Any] = {
     "length": 256,
