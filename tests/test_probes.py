@@ -31,13 +31,7 @@ TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4)
 TRAIN = 32
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and much faster on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(kind="rope", seed=0, model_cfg=TINY, **position_kwargs):

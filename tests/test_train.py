@@ -37,13 +37,7 @@ def write_text_corpus(root: Path, n_files: int = 40) -> Path:
     return root
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a busy 2-core box: one intra-op thread is ~20x faster than two (measured)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
