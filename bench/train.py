@@ -215,6 +215,15 @@ def _float(spec: dict[str, Any], key: str, lo: float, hi: float = math.inf) -> f
     return float(value)
 
 
+def _choice(spec: dict[str, Any], key: str, allowed: tuple[str, ...]) -> str:
+    value = spec[key]
+    if value not in allowed:
+        raise ValueError(
+            f"train.{key} {value!r} is unknown; allowed values are {', '.join(allowed)}."
+        )
+    return value
+
+
 def normalize_train_config(raw: Mapping[str, Any] | None) -> dict[str, Any]:
     """The ``train`` section with defaults filled in, types checked and ``min_lr`` resolved.
 
@@ -239,12 +248,7 @@ def normalize_train_config(raw: Mapping[str, Any] | None) -> dict[str, Any]:
         out["min_lr"] = out["lr"] * _float(spec, "min_lr_ratio", 0.0, 1.0)
     out["warmup_steps"] = _int(spec, "warmup_steps", 0)
     out["weight_decay"] = _float(spec, "weight_decay", 0.0)
-    if spec["weight_decay_scope"] not in WEIGHT_DECAY_SCOPES:
-        raise ValueError(
-            f"train.weight_decay_scope {spec['weight_decay_scope']!r} is unknown; allowed values "
-            f"are {', '.join(WEIGHT_DECAY_SCOPES)}."
-        )
-    out["weight_decay_scope"] = spec["weight_decay_scope"]
+    out["weight_decay_scope"] = _choice(spec, "weight_decay_scope", WEIGHT_DECAY_SCOPES)
     betas = spec["betas"]
     if (
         not isinstance(betas, (list, tuple))
@@ -254,24 +258,10 @@ def normalize_train_config(raw: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ValueError(f"train.betas {betas!r} is invalid; give two numbers in [0, 1).")
     out["betas"] = [float(b) for b in betas]
     out["grad_clip"] = _float(spec, "grad_clip", 0.0)
-    if spec["precision"] not in PRECISIONS:
-        raise ValueError(
-            f"train.precision {spec['precision']!r} is unknown; allowed values are {', '.join(PRECISIONS)}."
-        )
-    out["precision"] = spec["precision"]
+    out["precision"] = _choice(spec, "precision", PRECISIONS)
     out["passkey_fraction"] = _float(spec, "passkey_fraction", 0.0, 1.0)
-    if spec["passkey_filler"] not in PASSKEY_FILLERS:
-        raise ValueError(
-            f"train.passkey_filler {spec['passkey_filler']!r} is unknown; allowed values are "
-            f"{', '.join(PASSKEY_FILLERS)}."
-        )
-    out["passkey_filler"] = spec["passkey_filler"]
-    if spec["passkey_loss"] not in PASSKEY_LOSSES:
-        raise ValueError(
-            f"train.passkey_loss {spec['passkey_loss']!r} is unknown; allowed values are "
-            f"{', '.join(PASSKEY_LOSSES)}."
-        )
-    out["passkey_loss"] = spec["passkey_loss"]
+    out["passkey_filler"] = _choice(spec, "passkey_filler", PASSKEY_FILLERS)
+    out["passkey_loss"] = _choice(spec, "passkey_loss", PASSKEY_LOSSES)
     out["eval_every"] = _int(spec, "eval_every", 0)
     out["eval_batches"] = _int(spec, "eval_batches", 0)
     out["log_every"] = _int(spec, "log_every", 1)
