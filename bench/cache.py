@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from bench.data import Corpus, normalize_data_config
+from bench.corpora import Corpus, normalize_data_config
 from bench.train import (
     NON_WEIGHT_TRAIN_KEYS,
     _section,

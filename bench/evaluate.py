@@ -41,7 +41,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bench.config import plain
-from bench.data import Document
+from bench.corpora import Document
 from bench.passkey import PASSKEY_FILLERS
 from bench.passkey_eval import passkey_context_row, passkey_rows
 from bench.probes import (

@@ -231,7 +231,7 @@ def perplexity_docs(
     UTF-8 text, are skipped; the rest are picked evenly over the corpus order as the native
     evaluation does (``bench.probes.select_documents``). Fields: ``id``, ``text``, ``eval_length``.
     """
-    from bench.data import load_corpus
+    from bench.corpora import load_corpus
     from bench.probes import select_documents
 
     length = _positive_int(length, "perplexity length")

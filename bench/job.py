@@ -8,7 +8,7 @@
    model's own checks run), eval lengths against a learned position table with the ``error``
    policy, the passkey training mix against the training length, the device, and the data config
    (missing paths). Every problem is a ``ValueError`` with one sentence.
-2. The corpus is loaded (``bench.data.load_corpus``, cached per process) and the job's identity
+2. The corpus is loaded (``bench.corpora.load_corpus``, cached per process) and the job's identity
    computed: ``model_id`` = the checkpoint cache key (``bench.cache.weights_key(cfg, corpus)``:
    only what changes the weights, incl. the corpus fingerprint) and ``run_id`` = a hash of
    model_id + scaling + resolved eval config + experiment + seed. If
@@ -246,7 +246,7 @@ def validate_job(cfg: Mapping[str, Any]) -> JobSpec:
     Raises :class:`NotApplicable` (a ValueError) when the scaling method does not apply to the
     position family. Cheap: no corpus is read and nothing is trained.
     """
-    from bench.data import normalize_data_config
+    from bench.corpora import normalize_data_config
     from bench.evaluate import resolve_eval_config
     from bench.passkey import min_passkey_length
     from bench.train import normalize_train_config
@@ -384,7 +384,7 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return _summary("invalid", str(exc), **base)
 
     from bench.cache import get_or_train, weights_key
-    from bench.data import load_corpus
+    from bench.corpora import load_corpus
     from bench.evaluate import evaluate_model
     from bench.train import TrainingDiverged
 

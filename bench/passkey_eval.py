@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.data import Document
+from bench.corpora import Document
 from bench.passkey import PasskeyExample, min_passkey_length, passkey_grid
 from bench.probes import EvalContext
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from bench.data import Document
+from bench.corpora import Document
 
 __all__ = [
     "EvalContext",

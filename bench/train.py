@@ -20,7 +20,7 @@ Train config keys (``conf/train/*.yaml``; every key is optional, defaults in ``T
     grad_clip: 1.0         global gradient-norm clip; 0 disables
     precision: fp32        fp32 | bf16 (bf16 = autocast; weights, optimizer state, softmax and
                            the loss stay float32)
-    passkey_fraction: 0.0  fraction of training rows that are passkey examples (bench.data)
+    passkey_fraction: 0.0  fraction of training rows that are passkey examples (bench.batches)
     passkey_filler: standard   standard | corpus (filler of those rows)
     passkey_loss: all      all | answer (train passkey rows on every token or only the answer)
     eval_every: 100        validation every this many updates (and always after the last);
@@ -48,7 +48,7 @@ Choices (why):
   decaying the embedding alone gave 0.03). Decay on the token table seems to be what lets the
   copy circuit form early in such a small model.
 * Determinism: ``torch.manual_seed(seed)`` before the model is built fixes the initialisation
-  and dropout; the batches come from ``bench.data.TrainingStream(seed=seed)``, where batch k is
+  and dropout; the batches come from ``bench.corpora.TrainingStream(seed=seed)``, where batch k is
   a pure function of (seed, k). Same config and seed on the same machine -> identical weights.
 * Under DDP every process builds the same global batch and takes rows ``rank::world``, so the
   global batch (and, up to float reduction order, the weights) does not depend on the number
@@ -99,8 +99,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from bench.batches import PASSKEY_LOSSES, TrainingStream, validation_batches
 from bench.config import plain
-from bench.data import PASSKEY_LOSSES, Corpus, TrainingStream, validation_batches
+from bench.corpora import Corpus
 from bench.passkey import PASSKEY_FILLERS
 from bench.probes import PRECISIONS
 from models.positions import PositionConfig

@@ -84,7 +84,7 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
     import numpy as np
     import torch
 
-    from bench.data import Document
+    from bench.corpora import Document
     from bench.evaluate import evaluate_model
     from models.positions import PositionConfig
     from models.transformer import DecoderLM, ModelConfig

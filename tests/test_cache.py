@@ -26,7 +26,7 @@ from bench.cache import (
     weights_config,
     weights_key,
 )
-from bench.data import Corpus, load_corpus
+from bench.corpora import Corpus, load_corpus
 from bench.train import make_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -284,7 +284,7 @@ WORKER = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from bench.cache import get_or_train
-    from bench.data import load_corpus
+    from bench.corpora import load_corpus
     from bench.train import make_model
 
     cache_root, corpus_dir, markers, seed, mode = sys.argv[1:6]

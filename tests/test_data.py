@@ -10,18 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from bench.data import (
+from bench.batches import TrainingStream, concat_documents, validation_batches
+from bench.corpora import (
     SPLITS,
     Corpus,
-    TrainingStream,
     assign_split,
     clear_corpus_cache,
-    concat_documents,
     corpus_fingerprint,
     load_corpus,
     normalize_data_config,
     stdlib_root,
-    validation_batches,
 )
 from bench.passkey import STANDARD_FILLER, TASK_DESCRIPTION
 from bench.tokenizer import ByteTokenizer

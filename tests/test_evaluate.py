@@ -13,7 +13,7 @@ import torch
 import yaml
 from torch import nn
 
-from bench.data import Document
+from bench.corpora import Document
 from bench.evaluate import (
     DEFAULT_EVAL_CONFIG,
     METRIC_SECTIONS,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.data import Document
+from bench.corpora import Document
 from bench.probes import (
     EvalContext,
     attn_entropy_rows,

@@ -222,7 +222,7 @@ def test_run_job_validates_before_touching_the_cache(monkeypatch, tmp_path):
         raise AssertionError("must not be reached")
 
     monkeypatch.setattr(cache_module, "get_or_train", boom)
-    monkeypatch.setattr("bench.data.load_corpus", boom)
+    monkeypatch.setattr("bench.corpora.load_corpus", boom)
     with initialize_config_module("conf", version_base="1.3"):
         cfg = compose(
             "config",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bench.train as train_mod
-from bench.data import Corpus, load_corpus
+from bench.corpora import Corpus, load_corpus
 from bench.train import (
     TRAIN_DEFAULTS,
     TrainingDiverged,
@@ -308,7 +308,7 @@ import hashlib, json, os, sys
 import torch
 torch.set_num_threads(1)
 from bench.cache import get_or_train
-from bench.data import load_corpus
+from bench.corpora import load_corpus
 cfg = json.loads(sys.argv[1])
 corpus = load_corpus(cfg["data"])
 model, meta, trained = get_or_train(cfg, corpus, sys.argv[2], progress=False)

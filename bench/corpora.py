@@ -1,4 +1,4 @@
-"""Corpora, train/validation/test splits, fingerprints and training batches.
+"""Corpora: documents, train/validation/test splits and fingerprints.
 
 Three corpus kinds, chosen by ``cfg["name"]`` in :func:`load_corpus` (the Hydra
 ``data`` group). Defaults, as they would appear in ``conf/data/*.yaml``::
@@ -58,54 +58,39 @@ import hashlib
 import json
 import math
 import os
-import random
 import sys
 import sysconfig
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from bench.config import plain
-from bench.passkey import (
-    PASSKEY_FILLERS,
-    PasskeyExample,
-    make_passkey_example,
-    min_passkey_length,
-    random_key,
-)
 from bench.tokenizer import ByteTokenizer, bytes_to_tokens
 
 __all__ = [
     "CORPUS_KINDS",
     "DEFAULT_SPLIT_FRACTIONS",
-    "PASSKEY_LOSSES",
     "SPLITS",
     "Corpus",
     "Document",
-    "TrainingBatch",
-    "TrainingStream",
     "assign_split",
     "clear_corpus_cache",
-    "concat_documents",
     "corpus_fingerprint",
     "load_corpus",
     "normalize_data_config",
     "stdlib_root",
-    "validation_batches",
 ]
 
 SPLITS = ("train", "validation", "test")
 DEFAULT_SPLIT_FRACTIONS = {"train": 0.90, "validation": 0.05, "test": 0.05}
 CORPUS_KINDS = ("pycorpus", "text", "hf")
-PASSKEY_LOSSES = ("all", "answer")
 EOS = ByteTokenizer.EOS
 
 _TEST_DIRS = frozenset({"test", "tests", "idle_test"})
@@ -608,178 +593,3 @@ def load_corpus(cfg: Mapping[str, Any]) -> Corpus:
         cached = _build_corpus(kind, source, docs, spec["split_fractions"])
         _cache_put(key, cached)
     return cached
-
-
-# --------------------------------------------------------------------------- batches
-
-
-def concat_documents(docs: Sequence[Document]) -> np.ndarray:
-    """All documents back to back, each followed by EOS (int16).
-
-    The EOS teaches the model where one text ends, so windows that straddle two
-    documents are not read as one continuous text.
-    """
-    if not docs:
-        raise ValueError(
-            "no documents to concatenate; the split is empty (check split_fractions and caps)."
-        )
-    parts: list[np.ndarray] = []
-    eos = np.array([EOS], dtype=np.int16)
-    for doc in docs:
-        parts.append(np.asarray(doc.tokens, dtype=np.int16))
-        parts.append(eos)
-    return np.concatenate(parts)
-
-
-def _step_seed(seed: int, step: int) -> int:
-    """A 63-bit seed per (seed, step) so that any step can be regenerated alone (resume)."""
-    digest = hashlib.sha256(f"lenbench-train:{int(seed)}:{int(step)}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-class TrainingBatch(NamedTuple):
-    tokens: torch.Tensor  # LongTensor [B, seq_len + 1]; inputs = [:, :-1], targets = [:, 1:]
-    loss_mask: torch.Tensor  # BoolTensor [B, seq_len], aligned with targets
-    passkey_rows: torch.Tensor  # LongTensor [n_passkey] of row indices holding passkey examples
-
-
-class TrainingStream:
-    """Deterministic, endless training batches from random windows of the concatenated docs.
-
-    Iterating yields ``(tokens, loss_mask)``: tokens LongTensor [B, seq_len+1],
-    loss_mask BoolTensor [B, seq_len] aligned with ``tokens[:, 1:]``. Batch ``k``
-    depends only on (seed, k), so :meth:`batch` can regenerate any step and
-    ``start_step`` resumes a run exactly.
-
-    ``passkey_fraction`` of the rows (exactly, over the run: step k holds
-    ``floor(f*B*(k+1)) - floor(f*B*k)`` rows, at random row positions) are passkey
-    examples of exactly seq_len+1 tokens with a random key and depth.
-    ``passkey_filler="corpus"`` fills them with a random window of the training
-    text instead of the standard sentences. ``passkey_loss="answer"`` restricts the
-    loss of passkey rows to the answer tokens; "all" (default) trains on every token.
-    """
-
-    def __init__(
-        self,
-        docs: Sequence[Document],
-        seq_len: int,
-        batch_size: int,
-        seed: int,
-        passkey_fraction: float = 0.0,
-        passkey_filler: str = "standard",
-        passkey_loss: str = "all",
-        start_step: int = 0,
-        tokenizer: ByteTokenizer | None = None,
-    ) -> None:
-        if int(seq_len) < 1 or int(batch_size) < 1:
-            raise ValueError(
-                f"seq_len {seq_len!r} and batch_size {batch_size!r} are invalid; both must be integers >= 1."
-            )
-        if not 0.0 <= float(passkey_fraction) <= 1.0:
-            raise ValueError(
-                f"passkey_fraction {passkey_fraction!r} is invalid; allowed values are in [0, 1]."
-            )
-        if passkey_filler not in PASSKEY_FILLERS:
-            raise ValueError(
-                f"passkey_filler {passkey_filler!r} is unknown; allowed fillers are {', '.join(PASSKEY_FILLERS)}."
-            )
-        if passkey_loss not in PASSKEY_LOSSES:
-            raise ValueError(
-                f"passkey_loss {passkey_loss!r} is unknown; allowed values are {', '.join(PASSKEY_LOSSES)}."
-            )
-        self.seq_len = int(seq_len)
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
-        # Exact rational so that e.g. 0.3 * 10 rows is 3, not 2.9999 floored to 2.
-        self.passkey_fraction = Fraction(float(passkey_fraction)).limit_denominator(10**6)
-        self.passkey_filler = passkey_filler
-        self.passkey_loss = passkey_loss
-        self.start_step = int(start_step)
-        self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
-        if self.passkey_fraction > 0 and self.seq_len + 1 < min_passkey_length():
-            # Checked against the longest key now, rather than failing at a random later step.
-            raise ValueError(
-                f"seq_len {self.seq_len} is too short for passkey training examples; "
-                f"seq_len + 1 must be at least {min_passkey_length()} (or set passkey_fraction=0)."
-            )
-        self._stream = torch.from_numpy(concat_documents(docs))
-        if self._stream.numel() < self.seq_len + 1:
-            raise ValueError(
-                f"the training documents hold {self._stream.numel()} tokens, fewer than one window of "
-                f"seq_len + 1 = {self.seq_len + 1}; use more documents or a shorter seq_len."
-            )
-        self._offsets = torch.arange(self.seq_len + 1)
-
-    def passkey_rows_at(self, step: int) -> int:
-        """Number of passkey rows in batch ``step`` (cumulative rounding keeps the run total exact)."""
-        per_step = self.passkey_fraction * self.batch_size
-        return math.floor(per_step * (step + 1)) - math.floor(per_step * step)
-
-    def batch(self, step: int) -> TrainingBatch:
-        """Batch number ``step`` (0-based), a pure function of (seed, step)."""
-        step_seed = _step_seed(self.seed, step)
-        gen = torch.Generator().manual_seed(step_seed)
-        # Passkey keys/depths use the stdlib rng, as the passkey API does.
-        rng = random.Random(step_seed)
-        n_windows = self._stream.numel() - self.seq_len
-        starts = torch.randint(0, n_windows, (self.batch_size,), generator=gen)
-        tokens = self._stream[starts[:, None] + self._offsets].long()
-        loss_mask = torch.ones(self.batch_size, self.seq_len, dtype=torch.bool)
-
-        n_passkey = self.passkey_rows_at(step)
-        rows = torch.randperm(self.batch_size, generator=gen)[:n_passkey].sort().values
-        for row in rows.tolist():
-            example = self._passkey_example(rng)
-            tokens[row] = torch.tensor(example.input_ids, dtype=torch.long)
-            if self.passkey_loss == "answer":
-                loss_mask[row] = False
-                # target j predicts token j+1: the first answer token is predicted at len(prompt)-1.
-                loss_mask[row, len(example.prompt_ids) - 1 :] = True
-        return TrainingBatch(tokens, loss_mask, rows)
-
-    def _passkey_example(self, rng: random.Random) -> PasskeyExample:
-        total = self.seq_len + 1
-        key, depth = random_key(rng), rng.random()
-        source = None
-        if self.passkey_filler == "corpus":
-            # Slice a window here; passing the whole stream would copy it for every row.
-            start = rng.randrange(self._stream.numel() - total + 1)
-            source = self._stream[start : start + total].numpy()
-        return make_passkey_example(
-            total, depth, key, self.tokenizer, filler=self.passkey_filler, filler_source=source
-        )
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        step = self.start_step
-        while True:
-            batch = self.batch(step)
-            yield batch.tokens, batch.loss_mask
-            step += 1
-
-
-def validation_batches(
-    docs: Sequence[Document], seq_len: int, n_batches: int, batch_size: int
-) -> list[torch.Tensor]:
-    """Fixed windows for validation: ``n_batches`` LongTensors [batch_size, seq_len+1].
-
-    Window starts are spread evenly over the concatenated documents (no randomness),
-    so every call and every model sees exactly the same tokens; windows do not
-    overlap whenever the split holds at least n_batches*batch_size*(seq_len+1) tokens.
-    """
-    if int(seq_len) < 1 or int(n_batches) < 1 or int(batch_size) < 1:
-        raise ValueError(
-            f"seq_len {seq_len!r}, n_batches {n_batches!r} and batch_size {batch_size!r} are invalid; "
-            "all must be integers >= 1."
-        )
-    stream = torch.from_numpy(concat_documents(docs))
-    width = int(seq_len) + 1
-    if stream.numel() < width:
-        raise ValueError(
-            f"the validation documents hold {stream.numel()} tokens, fewer than one window of "
-            f"seq_len + 1 = {width}; use more documents or a shorter seq_len."
-        )
-    n = int(n_batches) * int(batch_size)
-    last = stream.numel() - width
-    starts = torch.tensor([(i * last) // max(n - 1, 1) for i in range(n)], dtype=torch.long)
-    windows = stream[starts[:, None] + torch.arange(width)].long()
-    return list(windows.split(int(batch_size)))
