@@ -47,6 +47,7 @@ import torch
 
 from bench.config import plain
 from bench.results import canonical_json, write_results
+from bench.runtime import resolve_device
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS
 from models.transformer import METHODS_FOR_FAMILY, DecoderLM, ModelConfig, ScalingConfig
@@ -157,28 +158,6 @@ def _code_salt() -> str:
         if salt:
             return str(salt)
     return ""
-
-
-def resolve_device(requested: Any) -> str:
-    """``auto`` -> cuda if available else cpu; an unavailable device is a config error."""
-    name = "auto" if requested is None else str(requested)
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(
-            f"device {name!r} is unknown; allowed: auto, cpu, cuda, cuda:<index>, mps."
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {name!r} is not available on this machine; use device=cpu or auto."
-        )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(
-            f"device {name!r} is not available on this machine; use device=cpu or auto."
-        )
-    return name
 
 
 # --------------------------------------------------------------------------- validation

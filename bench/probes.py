@@ -51,8 +51,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16")
-
+from bench.runtime import PRECISIONS  # noqa: E402  (re-exported for callers)
 
 # --------------------------------------------------------------------------- context
 

@@ -90,7 +90,6 @@ import os
 import time
 import warnings
 from collections.abc import Mapping
-from contextlib import nullcontext
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -103,7 +102,7 @@ from bench.batches import PASSKEY_LOSSES, TrainingStream, validation_batches
 from bench.config import plain
 from bench.corpora import Corpus
 from bench.passkey import PASSKEY_FILLERS
-from bench.probes import PRECISIONS
+from bench.runtime import PRECISIONS, autocast
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
@@ -342,12 +341,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | No
     return (per_token * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-def _autocast(device: torch.device, precision: str):
-    if precision != "bf16":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
 def cpu_has_native_bf16() -> bool | None:
     """True/False from the CPU flags (AVX512-BF16 or AMX-BF16) where Linux shows them, else None."""
     try:
@@ -426,7 +419,7 @@ class _Validator:
         model.eval()
         for window in self.batches:
             window = window.to(device)
-            with _autocast(device, precision):
+            with autocast(device, precision):
                 logits = model(window[:, :-1]).logits
             losses = F.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).float(),
@@ -546,7 +539,7 @@ def train_model(
         lr = lr_at(step, spec)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        with _autocast(device, spec["precision"]):
+        with autocast(device, spec["precision"]):
             logits = model(tokens[:, :-1]).logits
         loss = lm_loss(logits, tokens[:, 1:], mask)
         accelerator.backward(loss)
