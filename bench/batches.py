@@ -35,6 +35,7 @@ __all__ = [
 
 PASSKEY_LOSSES = ("all", "answer")
 
+
 def concat_documents(docs: Sequence[Document]) -> np.ndarray:
     """All documents back to back, each followed by EOS (int16).
 

@@ -1,16 +1,8 @@
 """Content-addressed checkpoint cache: train a configuration once, reuse it everywhere.
 
-A checkpoint's key is ``sha256(canonical JSON of weights_config(cfg))[:16]``, where the weights
-config holds only what changes the weights: the normalized ``model``, ``position``, ``data``
-and ``train`` sections, ``seed``, the corpus fingerprint and ``CODE_SALT``. Eval-time settings
-(``scaling``, ``eval``, ``experiment``, ``hydra``, launchers) never enter it, nor do the train
-keys that only change what is logged (``bench.train.NON_WEIGHT_TRAIN_KEYS``) or the learned
-table's ``position.out_of_range`` policy (used only when reading past the table).
-
-Canonical JSON: sorted keys, compact separators, defaults filled in (``{}`` and the spelled-out
-defaults give one key), integral floats written as integers (``256.0`` == ``256``) and other
-floats rounded to 12 significant digits (so ``lr * min_lr_ratio`` and the literal ``min_lr``
-agree), tuples as lists, booleans as booleans.
+A checkpoint's key is ``sha256(canonical JSON of weights_config(job, corpus))[:16]``: only what
+changes the weights (model, position, data and train fields not marked ``weights: False`` in
+``bench.schema``, seed, corpus fingerprint, ``CODE_SALT``). Eval-time settings never enter it.
 
 Layout under the cache root (default: env ``LENBENCH_CACHE`` or ``~/.cache/lenbench/checkpoints``)::
 
@@ -19,26 +11,18 @@ Layout under the cache root (default: env ``LENBENCH_CACHE`` or ``~/.cache/lenbe
     <root>/<key>/DONE        {"key": ..., "weights_config": ...} (JSON), written last
     <root>/<key>.lock        filelock: held while a process trains or writes this key
 
-Protocol (``get_or_train``): if DONE exists, load. Otherwise take the lock, look again (another
-process may have finished meanwhile), delete leftovers of interrupted writers, train, write
-model.pt through a temporary file in the same directory + ``os.replace``, then DONE the same
-way. A process killed at any point leaves either no DONE (the next run retrains and overwrites)
-or a complete checkpoint; the OS releases its lock when it dies. Loading verifies that the stored
-weights config hashes to the key, matches DONE and the stored model/position configs, and (in
-``get_or_train``) equals the requested one; a mismatch is a :class:`CheckpointError` naming the
-path. The lock is ``filelock.FileLock`` (fcntl/flock); on network filesystems without working
-flock, put the cache on a local or lock-capable filesystem.
-
-Under ``accelerate launch`` with several processes all ranks call ``get_or_train``; rank 0 takes
-the lock and decides train-or-load for everyone (broadcast), all ranks train together, rank 0
-writes the checkpoint, then all ranks continue.
+Protocol (``get_or_train``): if DONE exists, load. Otherwise take the lock, look again, delete
+leftovers of interrupted writers, train, write model.pt and then DONE, each through a temporary
+file + ``os.replace``. A killed process leaves either no DONE (the next run retrains) or a complete
+checkpoint; the OS releases its lock. Loading verifies that the stored weights config hashes to
+the key and matches DONE, the stored model and the request (``CheckpointError`` otherwise). Under
+``accelerate launch`` rank 0 takes the lock and decides train-or-load for every rank.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import tempfile
@@ -49,24 +33,16 @@ from typing import Any
 
 import torch
 
-from bench.corpora import Corpus, normalize_data_config
-from bench.train import (
-    NON_WEIGHT_TRAIN_KEYS,
-    _section,
-    model_config,
-    normalize_train_config,
-    position_config,
-    seed_of,
-    train_model,
-    use_cpu_backend,
-)
+from bench.corpora import Corpus
+from bench.results import canonical_json
+from bench.schema import JobConfig, PositionSchema, weight_fields, weights_dict
+from bench.train import train_model, use_cpu_backend
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
 __all__ = [
     "CODE_SALT",
     "CheckpointError",
-    "canonical_json",
     "checkpoint_dir",
     "default_cache_root",
     "get_or_train",
@@ -84,8 +60,6 @@ MODEL_FILE = "model.pt"
 DONE_FILE = "DONE"
 KEY_CHARS = 16
 ENV_CACHE = "LENBENCH_CACHE"
-# position fields that never change the weights (the learned table's policy past its end)
-NON_WEIGHT_POSITION_KEYS = ("out_of_range",)
 _KEY_PATTERN = re.compile(rf"[0-9a-f]{{{KEY_CHARS}}}")
 _TMP_PREFIX = ".tmp-"
 
@@ -97,36 +71,9 @@ class CheckpointError(ValueError):
 # --------------------------------------------------------------------------- keys
 
 
-def _canonical(obj: Any) -> Any:
-    if obj is None or isinstance(obj, bool):
-        return obj
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        if not math.isfinite(obj):
-            return repr(obj)
-        if obj.is_integer() and abs(obj) < 2**53:
-            return int(obj)
-        return float(f"{obj:.12g}")
-    if isinstance(obj, str):
-        return obj
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, Mapping):
-        return {str(k): _canonical(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_canonical(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return _canonical(obj.item())
-    raise ValueError(
-        f"cannot put {obj!r} (type {type(obj).__name__}) in a checkpoint key; allowed are None, "
-        "bool, int, float, str, paths, mappings and sequences of those."
-    )
-
-
-def canonical_json(obj: Any) -> str:
-    """Sorted-key, compact JSON with integral floats as ints and floats to 12 significant digits."""
-    return json.dumps(_canonical(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def _normalized(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as its canonical JSON reads back (``256.0`` -> ``256``, floats to 12 digits)."""
+    return json.loads(canonical_json(config))
 
 
 def key_of(config: Mapping[str, Any]) -> str:
@@ -134,31 +81,29 @@ def key_of(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:KEY_CHARS]
 
 
-def weights_config(cfg: Mapping[str, Any], corpus: Corpus | str | None = None) -> dict[str, Any]:
+def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[str, Any]:
     """What determines the trained weights, normalized: model, position, data, train, seed, salt.
 
     ``corpus`` (a Corpus or its fingerprint) adds ``corpus_fingerprint``, so a changed corpus
     (edited text files, another Python's stdlib) never reuses weights trained on the old one.
-    ``get_or_train`` always passes it: the key of a job is ``weights_key(cfg, corpus)``.
+    ``get_or_train`` always passes it: the key of a job is ``weights_key(job, corpus)``.
     """
-    train = normalize_train_config(_section(cfg, "train"))
-    position = asdict(position_config(_section(cfg, "position")))
     out: dict[str, Any] = {
         "code_salt": CODE_SALT,
-        "model": asdict(model_config(_section(cfg, "model"))),
-        "position": {k: v for k, v in position.items() if k not in NON_WEIGHT_POSITION_KEYS},
-        "data": normalize_data_config(_section(cfg, "data") or {"name": "pycorpus"}),
-        "train": {k: v for k, v in train.items() if k not in NON_WEIGHT_TRAIN_KEYS},
-        "seed": seed_of(cfg),
+        "model": weights_dict(job.model),
+        "position": weights_dict(job.position),
+        "data": weights_dict(job.data),
+        "train": weights_dict(job.train),
+        "seed": job.seed,
     }
     if corpus is not None:
         out["corpus_fingerprint"] = corpus if isinstance(corpus, str) else corpus.fingerprint
-    return _canonical(out)
+    return _normalized(out)
 
 
-def weights_key(cfg: Mapping[str, Any], corpus: Corpus | str | None = None) -> str:
-    """sha256 hex[:16] of ``weights_config(cfg, corpus)`` (stable across key order and 256 vs 256.0)."""
-    return key_of(weights_config(cfg, corpus))
+def weights_key(job: JobConfig, corpus: Corpus | str | None = None) -> str:
+    """sha256 hex[:16] of ``weights_config(job, corpus)``."""
+    return key_of(weights_config(job, corpus))
 
 
 # --------------------------------------------------------------------------- paths
@@ -221,7 +166,7 @@ def _check_model_matches(
     where: str,
 ) -> None:
     want_model, want_position, want_length = _model_part(config)
-    position = {k: v for k, v in position_cfg.items() if k not in NON_WEIGHT_POSITION_KEYS}
+    position = {k: v for k, v in position_cfg.items() if k in weight_fields(PositionSchema)}
     if (
         canonical_json(model_cfg) != canonical_json(want_model)
         or canonical_json(position) != canonical_json(want_position)
@@ -248,7 +193,7 @@ def save_checkpoint(
     architecture; both are checked so a bad checkpoint is refused at write time, not at load.
     Callers that may race should hold the key's lock (``get_or_train`` does).
     """
-    config = _canonical(dict(weights_config))
+    config = _normalized(weights_config)
     if key_of(config) != key:
         raise CheckpointError(
             f"key {key!r} is not the key of the given weights config ({key_of(config)!r})."
@@ -395,14 +340,14 @@ def _distributed(accelerator: Any) -> Any:
     return None
 
 
-def _finish(model: DecoderLM, cfg: Mapping[str, Any], device: Any) -> DecoderLM:
+def _finish(model: DecoderLM, job: JobConfig, device: Any) -> DecoderLM:
     # Eval-time position settings of the request (out_of_range) apply to the returned model.
-    model.position_cfg = position_config(_section(cfg, "position"))
+    model.position_cfg = job.position
     return model.to(device).eval()
 
 
 def get_or_train(
-    cfg: Mapping[str, Any],
+    job: JobConfig,
     corpus: Corpus,
     cache_root: str | Path | None = None,
     train_fn: Callable[..., tuple[DecoderLM, dict[str, Any]]] = train_model,
@@ -412,17 +357,17 @@ def get_or_train(
     device: str | torch.device = "cpu",
     lock_timeout: float = -1,
 ) -> tuple[DecoderLM, dict[str, Any], bool]:
-    """The trained model for ``cfg`` on ``corpus``: loaded from the cache, or trained and stored.
+    """The trained model for ``job`` on ``corpus``: loaded from the cache, or trained and stored.
 
     Returns (model in eval mode on ``device``, meta, trained) where meta is ``load_model``'s
     (``key``, ``weights_config``, ``train_length``, ``train_stats``, ``path``, ...) and trained
-    says whether this call trained. ``train_fn(cfg, corpus, progress=..., [accelerator=...])``
+    says whether this call trained. ``train_fn(job, corpus, progress=..., [accelerator=...])``
     is called at most once per key across concurrent processes; others wait on the lock
     (``lock_timeout`` seconds, -1 = forever) and then load.
     """
     from filelock import FileLock
 
-    config = weights_config(cfg, corpus)
+    config = weights_config(job, corpus)
     key = key_of(config)
     root = _root(cache_root)
     directory = root / key
@@ -433,10 +378,10 @@ def get_or_train(
 
     def load() -> tuple[DecoderLM, dict[str, Any], bool]:
         model, meta = load_model(directory, device=device, expected_config=config)
-        return _finish(model, cfg, device), meta, False
+        return _finish(model, job, device), meta, False
 
     def train_and_save(write: bool) -> tuple[DecoderLM, dict[str, Any], bool]:
-        model, stats = train_fn(cfg, corpus, **kwargs)
+        model, stats = train_fn(job, corpus, **kwargs)
         stats = _json_safe(stats)
         if write:
             save_checkpoint(model, key, config, root, stats)
@@ -449,7 +394,7 @@ def get_or_train(
             "position_cfg": asdict(model.position_cfg),
             "path": str(directory),
         }
-        return _finish(model, cfg, device), meta, True
+        return _finish(model, job, device), meta, True
 
     if state is None:
         if (directory / DONE_FILE).exists():

@@ -1,21 +1,10 @@
 """The ``lenbench`` command: a Hydra app over the packaged ``conf/`` tree.
 
-Usage (see ``conf/config.yaml`` and ``conf/experiment/*.yaml``)::
-
-    lenbench                                   # no overrides: the quickstart experiment (a sweep)
-    lenbench +experiment=smoke                 # any experiment; experiments declare their sweep
-    lenbench position=alibi scaling=none       # one job of the default config
-    lenbench -m position=rope,alibi scaling=none,linear     # your own sweep
-    lenbench -m hydra/launcher=joblib +experiment=scaling_study
-    lenbench --config-dir ~/my_conf scaling=my_method       # your own config groups/options
-    lenbench --cfg job / --cfg hydra / --info  # show the composed config without running
-
-Errors: a bad override or config stops with one line ``lenbench: error: <sentence>`` and exit
-status 2 before anything trains. In a sweep, a failing job does not stop the sweep: it records
-its failure (``lenbench_job.json`` in its output dir, one log line) and the sweep goes on; at the
-end :class:`ReportCallback` prints a summary (done / reused / not applicable / failed, with each
-failure's sentence), writes the report, and ``lenbench`` exits with status 1 if any job failed.
-Set ``HYDRA_FULL_ERROR=1`` for full tracebacks instead of one-line errors.
+Every job runs :func:`bench.job.run_job`. A bad override or config stops before anything trains
+with one line ``lenbench: error: <sentence>`` (exit status 2); in a sweep, an error every cell
+shares is reported once before any job starts, and a job that fails is recorded while the sweep
+goes on. :class:`ReportCallback` prints the sweep summary and writes the report.
+``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 """
 
 from __future__ import annotations
@@ -38,7 +27,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bench.job import configure_threads, run_job
+from bench.job import NotApplicable, prepare_job, run_job
 
 log = logging.getLogger("lenbench")
 
@@ -77,7 +66,6 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     40-job sweep).
     """
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    configure_threads(cfg)
     try:
         summary = run_job(cfg)
     except Exception as exc:
@@ -164,7 +152,10 @@ class ReportCallback(Callback):
         for failure in failures:
             print(failure, flush=True)
         _OUTCOME.update(failed=len(failures), statuses=statuses, sweep_dir=str(sweep_dir))
-        self._report(config)
+        if any(st.get("status") in ("done", "cached") for st in statuses):
+            self._report(config)
+        else:
+            print("lenbench: no job of this sweep ran; no report written.", flush=True)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         out = Path(str(config.hydra.runtime.output_dir)) / STATUS_FILE
@@ -235,9 +226,75 @@ def with_default_experiment(argv: Sequence[str]) -> list[str]:
     return [*argv, f"+experiment={DEFAULT_EXPERIMENT}"]
 
 
+def sweep_errors(argv: Sequence[str]) -> list[str]:
+    """Compose and check the cells of a sweep before any job starts (as its launcher would).
+
+    Returns one line per distinct error when no cell can run (every cell is invalid or not
+    applicable); otherwise an empty list, and the jobs report their own errors. Single runs,
+    --cfg/--help and sweepers other than Hydra's basic one are left to Hydra.
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = get_args_parser().parse_args(list(argv))
+    except SystemExit:  # a bad flag: Hydra reports it itself
+        return []
+    if (
+        any((args.cfg, args.info, args.help, args.hydra_help, args.shell_completion))
+        or args.config_path is not None
+        or args.experimental_rerun is not None
+    ):
+        return []
+    search_path = create_automatic_config_search_path(None, None, f"pkg://{CONFIG_MODULE}")
+    if args.config_dir is not None:
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{os.path.abspath(args.config_dir)}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    config_name = args.config_name or CONFIG_NAME
+    hydra_app = Hydra.create_main_hydra2(task_name="lenbench", config_search_path=search_path)
+    try:
+        mode = hydra_app.get_mode(config_name=config_name, overrides=args.overrides)
+        if not (args.multirun or mode == RunMode.MULTIRUN):
+            return []
+        master = hydra_app.compose_config(
+            config_name, args.overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False
+        )
+        if not str(master.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+            return []
+        params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
+        parser = OverridesParser.create(config_loader=hydra_app.config_loader)
+        overrides = parser.parse_overrides([*params, *master.hydra.overrides.task])
+        errors: dict[str, list[str]] = {}
+        for batch in BasicSweeper.split_arguments(overrides, None):
+            for cell in batch:
+                cfg = hydra_app.config_loader.load_sweep_config(master, list(cell))
+                try:
+                    prepare_job(cfg)
+                    return []  # a cell runs: errors that depend on the swept value are its jobs'
+                except NotApplicable:
+                    continue
+                except ValueError as exc:
+                    errors.setdefault(str(exc), list(cell))
+    finally:
+        GlobalHydra.instance().clear()
+    if len(errors) == 1:
+        return list(errors)
+    return [f"{' '.join(cell)}: {message}" for message, cell in errors.items()]
+
+
 def one_line(exc: BaseException) -> str:
     """A Hydra/OmegaConf/ValueError error as one sentence."""
     from hydra.errors import MissingConfigException
+
+    from bench.schema import config_error
 
     if isinstance(exc, MissingConfigException) and exc.options and exc.missing_cfg_file:
         group, _, option = str(exc.missing_cfg_file).rpartition("/")
@@ -246,6 +303,9 @@ def one_line(exc: BaseException) -> str:
                 f"{group} {option!r} is unknown; allowed: {', '.join(sorted(exc.options))} "
                 f"(or add {group}/{option}.yaml to a --config-dir)."
             )
+    sentence = config_error(exc)
+    if sentence is not None:
+        return sentence
     parts = [str(exc)]
     cause = exc.__cause__
     if cause is not None and str(cause) and str(cause) not in parts[0]:
@@ -280,7 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Our hydra/launcher/*.yaml spell out the plugins' full configs; Hydra 1.3 still
             # merges them with the plugins' schemas of the same name and warns about it.
             warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema")
-            _hydra_app()
+            errors = sweep_errors(argv)
+            if not errors:
+                _hydra_app()
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         if user_full_error:
             raise
@@ -292,6 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved_full_error
+    if errors:
+        for error in errors:
+            print(f"{ERROR_PREFIX}{error}", file=sys.stderr, flush=True)
+        return 2
     if "error" in _OUTCOME:
         print(f"{ERROR_PREFIX}{_OUTCOME['error']}", file=sys.stderr, flush=True)
         return int(_OUTCOME.get("exit", 2))

@@ -1,24 +1,8 @@
 """Corpora: documents, train/validation/test splits and fingerprints.
 
-Three corpus kinds, chosen by ``cfg["name"]`` in :func:`load_corpus` (the Hydra
-``data`` group). Defaults, as they would appear in ``conf/data/*.yaml``::
-
-    # pycorpus (default): the running Python's standard library sources
-    {"name": "pycorpus", "include_tests": False,
-     "split_fractions": {"train": 0.90, "validation": 0.05, "test": 0.05},
-     "max_files": None, "max_bytes": None}
-
-    # text: local files, directories or glob patterns (e.g. a downloaded PG-19 folder)
-    {"name": "text", "paths": ["~/data/pg19/**/*.txt"], "suffixes": [".txt"], "root": None,
-     "split_fractions": {"train": 0.90, "validation": 0.05, "test": 0.05},
-     "max_files": None, "max_bytes": None}
-
-    # hf: a Hugging Face dataset through datasets.load_dataset (or load_from_disk)
-    {"name": "hf", "path": "deepmind/pg19", "config_name": None, "data_files": None,
-     "split": None, "splits": {"train": "train", "validation": "validation", "test": "test"},
-     "text_field": "text", "load_from_disk": False, "cache_dir": None, "revision": None,
-     "load_kwargs": {}, "split_fractions": {"train": 0.90, "validation": 0.05, "test": 0.05},
-     "max_files": None, "max_bytes": None}
+Three corpus kinds, chosen by the ``name`` of a ``bench.schema.DataConfig`` (the Hydra ``data``
+group): ``pycorpus`` (the running Python's standard library sources), ``text`` (local files,
+directories or glob patterns) and ``hf`` (a Hugging Face dataset).
 
 Design choices (why):
 
@@ -65,14 +49,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from bench.config import plain
 from bench.tokenizer import ByteTokenizer, bytes_to_tokens
+
+if TYPE_CHECKING:
+    from bench.schema import DataConfig
 
 __all__ = [
     "CORPUS_KINDS",
@@ -84,7 +70,6 @@ __all__ = [
     "clear_corpus_cache",
     "corpus_fingerprint",
     "load_corpus",
-    "normalize_data_config",
     "stdlib_root",
 ]
 
@@ -97,24 +82,6 @@ _TEST_DIRS = frozenset({"test", "tests", "idle_test"})
 _ALWAYS_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 _FINGERPRINT_CHARS = 16
 _CACHE_SIZE = 4
-
-_COMMON_KEYS = {"name": None, "split_fractions": None, "max_files": None, "max_bytes": None}
-_KIND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pycorpus": {"include_tests": False},
-    "text": {"paths": None, "suffixes": [".txt"], "root": None},
-    "hf": {
-        "path": None,
-        "config_name": None,
-        "data_files": None,
-        "split": None,
-        "splits": None,
-        "text_field": "text",
-        "load_from_disk": False,
-        "cache_dir": None,
-        "revision": None,
-        "load_kwargs": {},
-    },
-}
 
 
 # --------------------------------------------------------------------------- documents
@@ -243,79 +210,6 @@ def corpus_fingerprint(entries: Sequence[tuple[str, int]]) -> str:
     """Short SHA-256 hex of the sorted (id, size in bytes) list."""
     payload = json.dumps(sorted([str(i), int(s)] for i, s in entries), separators=(",", ":"))
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:_FINGERPRINT_CHARS]
-
-
-# --------------------------------------------------------------------------- config
-
-
-
-
-def _optional_positive_int(cfg: Mapping[str, Any], key: str) -> int | None:
-    value = cfg.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"data.{key} {value!r} is invalid; allowed values are null or an integer >= 1."
-        )
-    return value
-
-
-def _missing(value: Any) -> bool:
-    return value is None or value == "???" or value == [] or value == ""
-
-
-def normalize_data_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Plain dict with defaults filled in and every key checked.
-
-    Unknown keys are rejected (a typo such as ``max_file`` must not be ignored).
-    """
-    raw = plain(cfg)
-    if not isinstance(raw, dict):
-        raise ValueError(f"data config {cfg!r} is invalid; it must be a mapping with a 'name' key.")
-    kind = raw.get("name")
-    if kind not in CORPUS_KINDS:
-        raise ValueError(
-            f"data.name {kind!r} is unknown; allowed names are {', '.join(CORPUS_KINDS)}."
-        )
-    allowed = {**_COMMON_KEYS, **_KIND_DEFAULTS[kind]}
-    unknown = sorted(set(raw) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"data config for {kind} has unknown keys {unknown}; allowed keys are {sorted(allowed)}."
-        )
-    spec = {**allowed, **raw}
-    spec["split_fractions"] = list(_normalize_fractions(spec["split_fractions"]))
-    spec["max_files"] = _optional_positive_int(spec, "max_files")
-    spec["max_bytes"] = _optional_positive_int(spec, "max_bytes")
-    if kind == "text":
-        if _missing(spec["paths"]):
-            raise ValueError(
-                "data.paths is required for name=text; give files, directories or glob patterns."
-            )
-        if isinstance(spec["paths"], str):
-            spec["paths"] = [spec["paths"]]
-        if isinstance(spec["suffixes"], str):
-            spec["suffixes"] = [spec["suffixes"]]
-    if kind == "hf":
-        if _missing(spec["path"]):
-            raise ValueError(
-                "data.path is required for name=hf; give a dataset name or a local path."
-            )
-        if spec["split"] is not None and spec["splits"] is not None:
-            raise ValueError(
-                "data.split and data.splits are both set for name=hf; set split (one HF split, "
-                "divided by hash) or splits (a train/validation/test -> HF split mapping), not both."
-            )
-        if spec["splits"] is not None:
-            splits = spec["splits"]
-            if not isinstance(splits, dict) or not set(splits) <= set(SPLITS) or not splits:
-                raise ValueError(
-                    f"data.splits {splits!r} is invalid; it must map some of {', '.join(SPLITS)} to HF split names."
-                )
-        elif spec["split"] is None:
-            spec["split"] = "train"
-    return spec
 
 
 # --------------------------------------------------------------------------- file listings
@@ -558,13 +452,17 @@ def _cache_put(key: str, corpus: Corpus) -> None:
         _CACHE.popitem(last=False)
 
 
-def load_corpus(cfg: Mapping[str, Any]) -> Corpus:
-    """The corpus described by a ``data`` config (dict or DictConfig); see the module doc.
+def load_corpus(cfg: DataConfig | Mapping[str, Any]) -> Corpus:
+    """The corpus described by a ``data`` config (plain data, e.g. lm-eval task metadata, is
+    checked by ``DataConfig.from_mapping``); see the module doc.
 
     Cached per process: file corpora by (config, fingerprint), so an edited file
     is re-read; Hugging Face corpora by config.
     """
-    spec = normalize_data_config(cfg)
+    from bench.schema import DataConfig
+
+    data = cfg if isinstance(cfg, DataConfig) else DataConfig.from_mapping(cfg)
+    spec = data.as_dict()
     kind = spec["name"]
     spec_key = json.dumps(spec, sort_keys=True, default=str)
 

@@ -1,35 +1,10 @@
-"""One benchmark job: validate -> corpus -> checkpoint (trained only if not cached) -> evaluate -> parquet.
+"""One benchmark job: typed config -> checks -> corpus -> checkpoint -> evaluation -> parquet.
 
-:func:`run_job` is what the ``lenbench`` Hydra app runs for every job of a sweep. Steps:
-
-1. :func:`validate_job` checks the whole composed config before anything expensive happens:
-   model and position configs (``validate``), the scaling method and whether it applies to the
-   position family, its parameters at every eval length (on a throwaway one-layer model, so the
-   model's own checks run), eval lengths against a learned position table with the ``error``
-   policy, the passkey training mix against the training length, the device, and the data config
-   (missing paths). Every problem is a ``ValueError`` with one sentence.
-2. The corpus is loaded (``bench.corpora.load_corpus``, cached per process) and the job's identity
-   computed: ``model_id`` = the checkpoint cache key (``bench.cache.weights_key(cfg, corpus)``:
-   only what changes the weights, incl. the corpus fingerprint) and ``run_id`` = a hash of
-   model_id + scaling + resolved eval config + experiment + seed. If
-   ``<results>/<experiment>/<run_id>.parquet`` exists the job is done already and is skipped
-   (re-running finished work is free; Hydra has no sweep resume, this is it).
-3. The checkpoint is loaded or trained (``bench.cache.get_or_train``; two jobs wanting one
-   checkpoint: one trains, the other waits on its file lock and loads).
-4. ``bench.evaluate.evaluate_model`` measures, identity columns are added, and the table is written
-   atomically (``bench.results.write_results``).
-
-Outcomes (``summary["status"]``): ``done`` (evaluated and written), ``cached`` (result file already
-there), ``not_applicable`` (the scaling method has no meaning for the position family, e.g. yarn
-on learned: a sweep's cartesian product produces such pairs and they are skipped with a one-line
-note), ``invalid`` (a config error; message = the sentence), ``failed`` (training diverged or ran
-out of memory; nothing is written). Unexpected exceptions propagate.
-
-Distributed training (accelerate/torchrun) composes with this the other way round: Hydra outside,
-the distributed launcher inside. A sweep job that needs several GPUs runs one
-``accelerate launch`` subprocess with a fixed ``hydra.run.dir`` (see conf/hydra/launcher/
-submitit_slurm.yaml); never ``accelerate launch lenbench -m ...``, which would start every sweep
-once per process.
+:func:`run_job` is what every ``lenbench`` Hydra job runs. It parses the composed config once
+(``JobConfig.from_hydra``), checks everything cheap before anything expensive (:func:`prepare_job`),
+skips work already done (the result file is named by a hash of the job's identity), trains only
+when the checkpoint cache has no model for the weights key, and writes the rows atomically.
+Expected problems come back as a status with one sentence; unexpected exceptions propagate.
 """
 
 from __future__ import annotations
@@ -38,19 +13,19 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
-from bench.config import plain
+from bench.metrics import ResolvedEval
 from bench.results import canonical_json, write_results
 from bench.runtime import resolve_device
-from models.positions import PositionConfig
-from models.scaling import SCALING_METHODS
-from models.transformer import METHODS_FOR_FAMILY, DecoderLM, ModelConfig, ScalingConfig
+from bench.schema import JobConfig, PositionSchema
+from models.scaling import ScalingConfig, applicable_methods
+from models.transformer import resolve_scaling
 
 log = logging.getLogger("lenbench")
 
@@ -58,11 +33,14 @@ __all__ = [
     "JobSpec",
     "NotApplicable",
     "code_version",
+    "prepare_job",
     "run_job",
-    "scaling_config",
     "validate_job",
 ]
 
+# done: evaluated and written; cached: the result file exists already; not_applicable: the
+# scaling means nothing for the position family (a skipped sweep cell); invalid: a config error;
+# failed: training diverged or ran out of memory (nothing written).
 STATUSES = ("done", "cached", "not_applicable", "invalid", "failed")
 _RUN_ID_CHARS = 16
 
@@ -73,48 +51,16 @@ class NotApplicable(ValueError):
 
 @dataclass
 class JobSpec:
-    """The validated, typed form of one job's config."""
+    """A checked job: its typed config plus what was resolved for this machine and length."""
 
-    experiment: str
-    model_cfg: ModelConfig
-    position_cfg: PositionConfig
-    scaling: ScalingConfig
-    train_length: int
-    eval_cfg: dict[str, Any]  # resolved: lengths in tokens (bench.evaluate.resolve_eval_config)
-    seed: int
+    job: JobConfig
+    eval: ResolvedEval  # every length in tokens for job.train.length
     device: str
-    results_dir: Path  # <paths.results>/<experiment>
-    cache_root: Path
-
-    @property
-    def eval_lengths(self) -> list[int]:
-        return list(self.eval_cfg["lengths"])
+    results_dir: Path  # <paths.results>/<experiment_name>
+    cache_root: Path | None  # None: bench.cache.default_cache_root()
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _section(cfg: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = cfg.get(key)
-    if not isinstance(value, Mapping):
-        raise ValueError(f"the config has no {key!r} section; choose one with {key}=<option>.")
-    return dict(value)
-
-
-def _dataclass_from(cls: type, values: Mapping[str, Any], what: str) -> Any:
-    allowed = [f.name for f in fields(cls)]
-    unknown = sorted(set(values) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"{what} config has unknown keys {unknown}; allowed keys: {', '.join(allowed)}."
-        )
-    return cls(**values)
-
-
-def _int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{what} {value!r} is invalid; allowed: an integer >= {minimum}.")
-    return value
 
 
 def base_dir() -> Path:
@@ -163,124 +109,56 @@ def _code_salt() -> str:
 # --------------------------------------------------------------------------- validation
 
 
-def scaling_config(cfg: Mapping[str, Any]) -> ScalingConfig:
-    """The ScalingConfig of a ``scaling`` config section (name, method, params, logn)."""
-    raw = dict(cfg)
-    sc = _dataclass_from(ScalingConfig, raw, "scaling")
-    if not isinstance(sc.name, str) or not sc.name.strip():
-        raise ValueError(f"scaling.name {sc.name!r} is invalid; give a non-empty label.")
-    if sc.method not in SCALING_METHODS:
-        raise ValueError(
-            f"scaling method {sc.method!r} is unknown; allowed: {', '.join(SCALING_METHODS)}."
-        )
-    params = sc.params if sc.params is not None else {}
-    if not isinstance(params, Mapping):
-        raise ValueError(f"scaling.params {params!r} is invalid; give a mapping of parameters.")
-    if not isinstance(sc.logn, bool):
-        raise ValueError(f"scaling.logn {sc.logn!r} is invalid; allowed: true, false.")
-    return ScalingConfig(name=sc.name, method=sc.method, params=dict(params), logn=sc.logn)
-
-
 def check_applicable(position_kind: str, scaling: ScalingConfig) -> None:
     """Raise NotApplicable when the scaling method means nothing for the position family."""
-    allowed = METHODS_FOR_FAMILY.get(position_kind)
-    if allowed is not None and scaling.method not in allowed:
+    allowed = applicable_methods(position_kind)
+    if scaling.method not in allowed:
         raise NotApplicable(
             f"scaling {scaling.name} (method {scaling.method}) does not apply to position "
             f"{position_kind}; methods for {position_kind}: {', '.join(allowed)}, each may add logn"
         )
 
 
-def _check_scaling_at_lengths(spec: JobSpec) -> None:
-    """Run the model's own scaling checks at every eval length on a throwaway 1-layer model.
-
-    Also rejects eval lengths a learned table cannot embed under the ``error`` policy (the eval
-    would otherwise skip those lengths with only a warning, after training).
-    """
-    from bench.probes import position_range_error
-
-    probe_cfg = ModelConfig(**{**asdict(spec.model_cfg), "n_layers": 1})
-    with torch.random.fork_rng(devices=[]):  # the throwaway init must not move the global rng
-        model = DecoderLM(probe_cfg, spec.position_cfg, spec.train_length)
-    for length in spec.eval_lengths:
+def _check_scaling_at_lengths(job: JobConfig, eval_lengths: list[int]) -> None:
+    """The scaling's parameters at every eval length, and eval lengths a learned table with the
+    ``error`` policy cannot embed (the evaluation would skip them only after training)."""
+    position, length_trained = job.position, job.train.length
+    for length in eval_lengths:
         try:
-            model.set_scaling(spec.scaling, length)
+            resolved = resolve_scaling(job.scaling, job.model, position, length_trained, length)
         except ValueError as exc:
             raise ValueError(
-                f"scaling {spec.scaling.name} is invalid at eval length {length}: {exc}"
+                f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
             ) from None
-        problem = position_range_error(model, length - 1, length)
-        if problem is not None:
-            rows = spec.position_cfg.max_positions or spec.train_length
+        if position.range_error(length - 1, length, length_trained, resolved.linear_factor):
+            rows = position.table_rows(length_trained)
             raise ValueError(
                 f"eval length {length} is beyond the learned position table ({rows} rows) and "
-                f"position.out_of_range is {spec.position_cfg.out_of_range!r}; allowed: eval "
-                f"lengths <= {rows}, position.out_of_range=clamp or interpolate, or scaling=linear."
+                f"position.out_of_range is {position.out_of_range!r}; allowed: eval lengths "
+                f"<= {rows}, position.out_of_range=clamp or interpolate, or scaling=linear."
             )
 
 
-def validate_job(cfg: Mapping[str, Any]) -> JobSpec:
-    """Check a composed job config; return its typed form or raise ValueError (one sentence).
-
-    Raises :class:`NotApplicable` (a ValueError) when the scaling method does not apply to the
-    position family. Cheap: no corpus is read and nothing is trained.
-    """
-    from bench.corpora import normalize_data_config
-    from bench.evaluate import resolve_eval_config
-    from bench.passkey import min_passkey_length
-    from bench.train import normalize_train_config
-
-    cfg = plain(cfg)
-    experiment = cfg.get("experiment_name", "default")
-    if not isinstance(experiment, str) or not experiment.strip() or "/" in experiment:
-        raise ValueError(
-            f"experiment_name {experiment!r} is invalid; give a non-empty name without '/'."
-        )
-    model_cfg = _dataclass_from(ModelConfig, _section(cfg, "model"), "model")
-    model_cfg.validate()
-    position = _section(cfg, "position")
-    if "base" in position and isinstance(position["base"], (int, float)):
-        position["base"] = float(position["base"])
-    position_cfg = _dataclass_from(PositionConfig, position, "position")
-    position_cfg.validate(model_cfg.head_dim, model_cfg.d_model)
-
-    train = normalize_train_config(_section(cfg, "train"))  # unknown keys, types, ranges
-    train_length = train["length"]
-    if position_cfg.kind == "learned" and 0 < position_cfg.max_positions < train_length:
-        raise ValueError(
-            f"position.max_positions {position_cfg.max_positions} is smaller than train.length "
-            f"{train_length}; allowed: 0 (= train.length) or at least {train_length}."
-        )
-    passkey_fraction = train["passkey_fraction"]
-    if passkey_fraction > 0 and train_length + 1 < min_passkey_length():
-        raise ValueError(
-            f"train.length {train_length} is too short for passkey training examples "
-            f"(train.passkey_fraction={passkey_fraction:g}); allowed: train.length >= "
-            f"{min_passkey_length() - 1} or train.passkey_fraction=0."
-        )
-    seed = _int(cfg.get("seed", 0), "seed", 0)
-
-    scaling = scaling_config(_section(cfg, "scaling"))
-    check_applicable(position_cfg.kind, scaling)
-    eval_cfg = resolve_eval_config(_section(cfg, "eval"), train_length)
-    normalize_data_config(_section(cfg, "data"))  # unknown keys, missing paths
-    device = resolve_device(cfg.get("device", "auto"))
-
-    paths = _section(cfg, "paths")
-    spec = JobSpec(
-        experiment=experiment,
-        model_cfg=model_cfg,
-        position_cfg=position_cfg,
-        scaling=scaling,
-        train_length=train_length,
-        eval_cfg=eval_cfg,
-        seed=seed,
-        device=device,
-        results_dir=resolve_path(paths.get("results"), "paths.results") / experiment,
-        cache_root=resolve_path(paths.get("cache"), "paths.cache"),
+def validate_job(job: JobConfig) -> JobSpec:
+    """Check what the schema cannot see alone; return the job's resolved form or raise ValueError
+    (one sentence). Raises :class:`NotApplicable` (a ValueError) when the scaling method does not
+    apply to the position family. Cheap: no corpus is read and nothing is trained."""
+    check_applicable(job.position.kind, job.scaling)
+    resolved = job.eval.resolve(job.train.length)
+    _check_scaling_at_lengths(job, resolved.lengths)
+    cache = job.paths.cache
+    return JobSpec(
+        job=job,
+        eval=resolved,
+        device=resolve_device(job.device),
+        results_dir=resolve_path(job.paths.results, "paths.results") / job.experiment_name,
+        cache_root=None if cache is None else resolve_path(cache, "paths.cache"),
     )
-    _check_scaling_at_lengths(spec)
-    return spec
+
+
+def prepare_job(cfg: DictConfig | JobConfig) -> JobSpec:
+    """The checked job of a composed config (parsed once here); raises ValueError/NotApplicable."""
+    return validate_job(cfg if isinstance(cfg, JobConfig) else JobConfig.from_hydra(cfg))
 
 
 # --------------------------------------------------------------------------- identity
@@ -292,19 +170,20 @@ def scaling_params_json(scaling: ScalingConfig) -> str:
     )
 
 
-def position_params_json(cfg: Mapping[str, Any]) -> str:
-    """The position config as given (kind is its own column)."""
-    return canonical_json({k: v for k, v in plain(cfg["position"]).items() if k != "kind"})
+def position_params_json(position: PositionSchema) -> str:
+    """The parameters the position family uses (kind is its own column)."""
+    return canonical_json(position.params())
 
 
 def make_run_id(model_id: str, spec: JobSpec) -> str:
     """Hash of everything that identifies the job's rows: weights, scaling, eval protocol, experiment."""
+    job = spec.job
     identity = {
         "model_id": model_id,
-        "scaling": {"name": spec.scaling.name, "params": scaling_params_json(spec.scaling)},
-        "eval": spec.eval_cfg,
-        "experiment": spec.experiment,
-        "seed": spec.seed,
+        "scaling": {"name": job.scaling.name, "params": scaling_params_json(job.scaling)},
+        "eval": spec.eval.to_dict(),
+        "experiment": job.experiment_name,
+        "seed": job.seed,
     }
     return hashlib.sha256(canonical_json(identity).encode("utf-8")).hexdigest()[:_RUN_ID_CHARS]
 
@@ -312,9 +191,8 @@ def make_run_id(model_id: str, spec: JobSpec) -> str:
 # --------------------------------------------------------------------------- running
 
 
-def configure_threads(cfg: Mapping[str, Any]) -> None:
+def configure_threads(threads: int | None) -> None:
     """torch intra-op threads: ``threads`` if set, else cpu_count / n_jobs under the joblib launcher."""
-    threads = cfg.get("threads")
     if threads is None:
         try:
             from hydra.core.hydra_config import HydraConfig
@@ -328,7 +206,7 @@ def configure_threads(cfg: Mapping[str, Any]) -> None:
         except (ImportError, ValueError):  # pragma: no cover
             threads = None
     if threads is not None:
-        torch.set_num_threads(_int(threads, "threads", 1))
+        torch.set_num_threads(threads)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -341,7 +219,25 @@ def _summary(status: str, message: str = "", **extra: Any) -> dict[str, Any]:
     return {"status": status, "message": message, **extra}
 
 
-def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _labels(cfg: DictConfig | JobConfig) -> dict[str, Any]:
+    """experiment / position / scaling labels of a job, also when its config does not parse."""
+    if isinstance(cfg, JobConfig):
+        return {
+            "experiment": cfg.experiment_name,
+            "position": cfg.position.kind,
+            "scaling": cfg.scaling.name,
+        }
+    keys = {"experiment": "experiment_name", "position": "position.kind", "scaling": "scaling.name"}
+    out = {}
+    for label, key in keys.items():
+        try:
+            out[label] = OmegaConf.select(cfg, key, default=None)
+        except Exception:  # noqa: BLE001 - a label of a broken config: report without it
+            out[label] = None
+    return out
+
+
+def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     """Run one job (module doc); return a summary dict with ``status`` and ``message``.
 
     Expected problems never raise: a bad config gives status ``invalid`` (message = one sentence),
@@ -349,14 +245,11 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
     In all three nothing is trained after the problem and nothing is written.
     """
     started = time.perf_counter()
-    raw = plain(cfg)
-    base = {
-        "experiment": raw.get("experiment_name"),
-        "position": (raw.get("position") or {}).get("kind"),
-        "scaling": (raw.get("scaling") or {}).get("name"),
-    }
+    base = _labels(cfg)
     try:
-        spec = validate_job(raw)
+        job = cfg if isinstance(cfg, JobConfig) else JobConfig.from_hydra(cfg)
+        configure_threads(job.threads)
+        spec = validate_job(job)
     except NotApplicable as exc:
         return _summary("not_applicable", f"{exc}; skipped.", **base)
     except ValueError as exc:
@@ -368,7 +261,7 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
     from bench.train import TrainingDiverged
 
     try:
-        corpus = load_corpus(raw["data"])  # cached per process; the key needs its fingerprint
+        corpus = load_corpus(job.data)  # cached per process; the key needs its fingerprint
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
     if not corpus.split("test"):
@@ -379,7 +272,7 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "data.max_files / data.max_bytes.",
             **base,
         )
-    model_id = weights_key(raw, corpus)
+    model_id = weights_key(job, corpus)
     run_id = make_run_id(model_id, spec)
     out_path = spec.results_dir / f"{run_id}.parquet"
     base.update(run_id=run_id, model_id=model_id, results_path=str(out_path))
@@ -389,7 +282,7 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
         )
 
     try:
-        model, _meta, trained = get_or_train(raw, corpus, spec.cache_root, device=spec.device)
+        model, _meta, trained = get_or_train(job, corpus, spec.cache_root, device=spec.device)
     except TrainingDiverged as exc:
         return _summary("failed", f"training diverged: {exc}", trained=True, **base)
     except (RuntimeError, MemoryError) as exc:
@@ -402,12 +295,12 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
     try:
         rows = evaluate_model(
             model,
-            spec.eval_cfg,
+            spec.eval,
             corpus.split("test"),
-            train_length=spec.train_length,
-            scaling=spec.scaling,
+            train_length=job.train.length,
+            scaling=job.scaling,
             device=spec.device,
-            seed=spec.seed,
+            seed=job.seed,
         )
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc) and not isinstance(exc, MemoryError):
@@ -417,17 +310,17 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
         )
     except ValueError as exc:
         return _summary("invalid", str(exc), trained=trained, **base)
-    harness = spec.eval_cfg["harness"]
-    if harness["tasks"]:
+    harness = spec.eval.harness
+    if harness.tasks:
         from bench.harness import harness_rows, run_harness
 
         results = run_harness(
             model,
-            list(harness["tasks"]),
-            scaling=spec.scaling,
-            limit=harness["limit"],
+            list(harness.tasks),
+            scaling=job.scaling,
+            limit=harness.limit,
             device=spec.device,
-            metadata={"data": raw["data"]},
+            metadata={"data": asdict(job.data)},
         )
         rows += [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
     if not rows:
@@ -439,15 +332,15 @@ def run_job(cfg: Mapping[str, Any]) -> dict[str, Any]:
         )
 
     identity = {
-        "experiment": spec.experiment,
+        "experiment": job.experiment_name,
         "run_id": run_id,
         "model_id": model_id,
-        "position": spec.position_cfg.kind,
-        "position_params": position_params_json(raw),
-        "scaling": spec.scaling.name,
-        "scaling_params": scaling_params_json(spec.scaling),
-        "train_length": spec.train_length,
-        "seed": spec.seed,
+        "position": job.position.kind,
+        "position_params": position_params_json(job.position),
+        "scaling": job.scaling.name,
+        "scaling_params": scaling_params_json(job.scaling),
+        "train_length": job.train.length,
+        "seed": job.seed,
         "corpus": corpus.name,
         "corpus_fingerprint": corpus.fingerprint,
         "code_version": code_version(),

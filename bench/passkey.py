@@ -32,6 +32,8 @@ from bench.tokenizer import ByteTokenizer
 
 __all__ = [
     "ANSWER_TEMPLATE",
+    "DEFAULT_TEMPLATE",
+    "PASSKEY_TEMPLATES",
     "KEY_MAX",
     "KEY_MIN",
     "NEEDLE_TEMPLATE",
@@ -40,6 +42,10 @@ __all__ = [
     "STANDARD_FILLER",
     "TASK_DESCRIPTION",
     "PasskeyExample",
+    "PasskeyTemplate",
+    "answer_matches",
+    "is_digit_token",
+    "passkey_template",
     "make_passkey_example",
     "min_passkey_length",
     "parse_passkey",
@@ -49,20 +55,66 @@ __all__ = [
     "standard_filler_text",
 ]
 
-TASK_DESCRIPTION = (
-    "There is an important info hidden inside a lot of irrelevant text. "
-    "Find it and memorize them. I will quiz you about the important information there."
-)
 STANDARD_FILLER = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 )
-NEEDLE_TEMPLATE = "The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = "What is the pass key? The pass key is"
-ANSWER_TEMPLATE = " {key}"
 SEPARATOR = "\n"
 KEY_MIN = 1
 KEY_MAX = 50000
 PASSKEY_FILLERS = ("standard", "corpus")
+
+
+@dataclass(frozen=True)
+class PasskeyTemplate:
+    """The fixed text of a passkey example: task line, needle, question and answer (``{key}``)."""
+
+    name: str
+    task: str
+    needle: str
+    question: str
+    answer: str = " {key}"
+
+
+#: ``landmark`` is Landmark attention's text (also used by PI and YaRN); it needs 253 tokens, so
+#: at short training lengths the haystack is a few tokens and "depth" means little. ``short``
+#: keeps the structure (task, filler, needle, filler, question) in 69 tokens, and its question
+#: ends in the same words as the needle ("pass key:"), which the standard filler never contains.
+PASSKEY_TEMPLATES = {
+    "landmark": PasskeyTemplate(
+        name="landmark",
+        task=(
+            "There is an important info hidden inside a lot of irrelevant text. "
+            "Find it and memorize them. I will quiz you about the important information there."
+        ),
+        needle="The pass key is {key}. Remember it. {key} is the pass key.",
+        question="What is the pass key? The pass key is",
+    ),
+    "short": PasskeyTemplate(
+        name="short",
+        task="Find the pass key.",
+        needle="pass key: {key}.",
+        question="What is the pass key? pass key:",
+    ),
+}
+DEFAULT_TEMPLATE = "landmark"
+
+# The Landmark template's parts, for callers that spell the text out.
+TASK_DESCRIPTION = PASSKEY_TEMPLATES["landmark"].task
+NEEDLE_TEMPLATE = PASSKEY_TEMPLATES["landmark"].needle
+QUESTION = PASSKEY_TEMPLATES["landmark"].question
+ANSWER_TEMPLATE = PASSKEY_TEMPLATES["landmark"].answer
+
+
+def passkey_template(template: str | PasskeyTemplate = DEFAULT_TEMPLATE) -> PasskeyTemplate:
+    """The template named ``template`` (or ``template`` itself); unknown names are an error."""
+    if isinstance(template, PasskeyTemplate):
+        return template
+    if template not in PASSKEY_TEMPLATES:
+        raise ValueError(
+            f"passkey template {template!r} is unknown; allowed: {', '.join(PASSKEY_TEMPLATES)}."
+        )
+    return PASSKEY_TEMPLATES[template]
+
 
 _DEFAULT_TOKENIZER = ByteTokenizer()
 
@@ -82,6 +134,7 @@ class PasskeyExample:
     needle_start: int
     trial: int = 0
     filler: str = "standard"
+    template: str = DEFAULT_TEMPLATE
 
     @property
     def length(self) -> int:
@@ -110,20 +163,26 @@ def standard_filler_text(n_chars: int) -> str:
     return (unit * (n_chars // len(unit) + 1))[:n_chars]
 
 
-def _fixed_parts(key: int) -> tuple[str, str, str]:
-    """(text before the prefix filler, needle line, question) for ``key``."""
-    return TASK_DESCRIPTION + SEPARATOR, NEEDLE_TEMPLATE.format(key=key), QUESTION
+def _fixed_parts(key: int, template: PasskeyTemplate) -> tuple[str, str, str, str]:
+    """(text before the prefix filler, needle line, question, answer) for ``key``."""
+    return (
+        template.task + SEPARATOR,
+        template.needle.format(key=key),
+        template.question,
+        template.answer.format(key=key),
+    )
 
 
-def min_passkey_length(key: int = KEY_MAX) -> int:
+def min_passkey_length(
+    key: int = KEY_MAX, template: str | PasskeyTemplate = DEFAULT_TEMPLATE
+) -> int:
     """Smallest ``total_length`` that fits the template with no filler.
 
     Depends on the number of digits of the key; the default (the largest key) is
     the bound that holds for every key, so callers that draw random keys should
     check against it.
     """
-    head, needle, question = _fixed_parts(key)
-    answer = ANSWER_TEMPLATE.format(key=key)
+    head, needle, question, answer = _fixed_parts(key, passkey_template(template))
     # head already ends in a separator; then prefix "\n" needle "\n" suffix "\n" question answer.
     return len((head + SEPARATOR + needle + SEPARATOR + SEPARATOR + question + answer).encode())
 
@@ -181,6 +240,7 @@ def make_passkey_example(
     filler_source: object = None,
     rng: random.Random | None = None,
     trial: int = 0,
+    template: str | PasskeyTemplate = DEFAULT_TEMPLATE,
 ) -> PasskeyExample:
     """A passkey example of exactly ``total_length`` byte tokens (prompt + answer).
 
@@ -189,8 +249,10 @@ def make_passkey_example(
     ``key=None`` draws a key with ``rng`` (uniform in 1..50000).
     ``filler="corpus"`` takes contiguous ids from ``filler_source`` (str, bytes or
     token ids) starting at an ``rng``-chosen offset (offset 0 without ``rng``).
-    Raises ValueError if ``total_length`` is below ``min_passkey_length(key)``.
+    ``template`` names the text around the filler (:data:`PASSKEY_TEMPLATES`).
+    Raises ValueError if ``total_length`` is below ``min_passkey_length(key, template)``.
     """
+    template = passkey_template(template)
     tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
     depth = _check_depth(depth)
     if filler not in PASSKEY_FILLERS:
@@ -203,14 +265,15 @@ def make_passkey_example(
         key = random_key(rng)
     key = _check_key(key)
     total_length = int(total_length)
-    minimum = min_passkey_length(key)
+    minimum = min_passkey_length(key, template)
     if total_length < minimum:
         raise ValueError(
-            f"passkey total_length {total_length} is too short for the template with key {key}; "
-            f"the minimum is {minimum} tokens (any key fits from {min_passkey_length()})."
+            f"passkey total_length {total_length} is too short for the {template.name!r} template "
+            f"with key {key}; the minimum is {minimum} tokens (any key fits from "
+            f"{min_passkey_length(template=template)})."
         )
 
-    head, needle, question = _fixed_parts(key)
+    head, needle, question, answer_text = _fixed_parts(key, template)
     n_filler = total_length - minimum
     # round(), not int(): depths like 0.29 must not lose a token to float error.
     n_prefix = round(depth * n_filler)
@@ -231,7 +294,7 @@ def make_passkey_example(
     prompt = (
         head_ids + prefix + sep + tok.encode(needle) + sep + suffix + sep + tok.encode(question)
     )
-    answer = tok.encode(ANSWER_TEMPLATE.format(key=key))
+    answer = tok.encode(answer_text)
     if len(prompt) + len(answer) != total_length:
         # Only a non-byte tokenizer can get here: filler lengths are counted in bytes.
         raise ValueError(
@@ -246,6 +309,7 @@ def make_passkey_example(
         needle_start=needle_start,
         trial=int(trial),
         filler=filler,
+        template=template.name,
     )
 
 
@@ -269,6 +333,7 @@ def passkey_grid(
     tokenizer: ByteTokenizer | None = None,
     filler: str = "standard",
     filler_source: object = None,
+    template: str | PasskeyTemplate = DEFAULT_TEMPLATE,
 ) -> list[PasskeyExample]:
     """Examples for every (length, depth, trial), ordered length-major, then depth, then trial.
 
@@ -288,7 +353,15 @@ def passkey_grid(
                 key = random_key(rng)
                 examples.append(
                     make_passkey_example(
-                        length, depth, key, tokenizer, filler, filler_source, rng, trial=trial
+                        length,
+                        depth,
+                        key,
+                        tokenizer,
+                        filler,
+                        filler_source,
+                        rng,
+                        trial=trial,
+                        template=template,
                     )
                 )
     return examples
@@ -312,3 +385,18 @@ def passkey_correct(
     """
     tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
     return parse_passkey(tok.decode(generated_ids)) == int(key)
+
+
+def answer_matches(generation: str, answer: str) -> bool:
+    """The generation starts with ``answer`` and the key ends there: the next character, if
+    any, is not a digit (so " 12345" does not pass for the answer " 1234")."""
+    if not generation.startswith(answer):
+        return False
+    rest = generation[len(answer) :]
+    return not rest[:1].isdigit()
+
+
+def is_digit_token(token_id: int, tokenizer: ByteTokenizer | None = None) -> bool:
+    """Whether a byte token is an ASCII digit (the verdict's "key continues" test)."""
+    tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
+    return tok.decode([int(token_id)]).isdigit()

@@ -92,9 +92,6 @@ CELL_COLUMNS: list[str] = [
     "layer",
 ]
 
-#: Passkey accuracy at or above this counts a length as "retrieved" (YaRN's passkey context).
-PASSKEY_THRESHOLD = 0.8
-
 _STRING_COLUMNS = [
     "experiment",
     "run_id",
@@ -114,8 +111,10 @@ _FLOAT_OPTIONAL = ["bucket_lo", "bucket_hi", "ci_lo", "ci_hi"]
 # ----------------------------------------------------------------------------- canonical JSON
 
 
-def _plain(obj: Any) -> Any:
-    """Convert ``obj`` to plain JSON types with stable float and key handling."""
+def _plain(obj: Any, canonical: bool = False) -> Any:
+    """``obj`` as plain JSON types with stable numbers. ``canonical``: for canonical JSON, floats are
+    rounded to 12 significant digits (so ``3e-3 * 0.1`` and ``3e-4`` agree) and non-finite ones
+    become strings."""
     if obj is None or isinstance(obj, (bool, np.bool_)):
         return None if obj is None else bool(obj)
     if isinstance(obj, (int, np.integer)):
@@ -123,20 +122,24 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, (float, np.floating)):
         # float32 & co.: use their own shortest repr so 0.1f stays 0.1, not 0.10000000149
         x = float(str(obj)) if isinstance(obj, np.floating) and obj.itemsize < 8 else float(obj)
-        if math.isfinite(x) and x.is_integer() and abs(x) < 2**53:
+        if not math.isfinite(x):
+            return repr(x) if canonical else x
+        if x.is_integer() and abs(x) < 2**53:
             return int(x)  # 4.0 and 4 are the same parameter value
-        return x
+        return float(f"{x:.12g}") if canonical else x
     if isinstance(obj, str):
         return obj
     if isinstance(obj, Path):
         return str(obj)
     if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): _plain(v, canonical) for k, v in obj.items()}
     if isinstance(obj, np.ndarray):
-        return [_plain(v) for v in obj.tolist()]
+        return [_plain(v, canonical) for v in obj.tolist()]
     if isinstance(obj, (Sequence, set, frozenset)) and not isinstance(obj, (bytes, bytearray)):
         items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
-        return [_plain(v) for v in items]
+        return [_plain(v, canonical) for v in items]
+    if callable(getattr(obj, "item", None)):  # torch scalars
+        return _plain(obj.item(), canonical)
     raise ValueError(
         f"cannot encode {obj!r} (type {type(obj).__name__}) as JSON; allowed are None, bool, "
         "int, float, str, paths, mappings and sequences of those"
@@ -144,15 +147,19 @@ def _plain(obj: Any) -> Any:
 
 
 def canonical_json(obj: Any) -> str:
-    """Canonical JSON for ``*_params`` columns: sorted keys, compact separators, stable floats.
+    """Canonical JSON for ``*_params`` columns and checkpoint keys: sorted keys, compact
+    separators, stable numbers.
 
-    Integral floats are written as integers (``4.0`` -> ``4``), numpy scalars and float32 values
-    use their shortest representation, tuples become lists and ``None`` becomes ``{}``, so the
-    same parameters always give the same string.
+    Integral floats are written as integers (``4.0`` -> ``4``), other floats rounded to 12
+    significant digits, numpy scalars and float32 values use their shortest representation,
+    non-finite floats become strings, tuples become lists and ``None`` becomes ``{}``, so the same
+    parameters always give the same string.
     """
     if obj is None:
         obj = {}
-    return json.dumps(_plain(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(
+        _plain(obj, canonical=True), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
 
 
 def _canonical_params(value: Any, column: str) -> str:
@@ -431,53 +438,3 @@ def load_results(paths: str | Path | Sequence[str | Path], *, dedup: bool = True
     if dedup:
         df = dedup_results(df)
     return df.reset_index(drop=True)
-
-
-# ----------------------------------------------------------------------------- derived metrics
-
-
-def passkey_context(df: pd.DataFrame, threshold: float = PASSKEY_THRESHOLD) -> pd.DataFrame:
-    """Derive ``passkey_context`` rows from ``passkey_acc`` rows.
-
-    Per (experiment, model_id, position, scaling, train_length, seed, corpus): accuracy at each
-    eval length is the n-weighted mean over depths; the passkey context is the largest length
-    whose accuracy is >= ``threshold`` (0 if none). The returned rows have ``metric =
-    "passkey_context"``, ``value`` = that length and ``eval_length`` = that length (or 0).
-    """
-    acc = df[df["metric"] == "passkey_acc"]
-    if acc.empty:
-        return pd.DataFrame(columns=REQUIRED_COLUMNS)
-    keys = [
-        "experiment",
-        "model_id",
-        "position",
-        "position_params",
-        "scaling",
-        "scaling_params",
-        "train_length",
-        "seed",
-        "corpus",
-        "corpus_fingerprint",
-    ]
-    out = []
-    for key, group in acc.groupby(keys, sort=True, dropna=False):
-        by_length = {}
-        for length, g in group.groupby("eval_length"):
-            w = g["n"].to_numpy(dtype=float)
-            v = g["value"].to_numpy(dtype=float)
-            by_length[int(length)] = (
-                float(np.average(v, weights=w)) if w.sum() > 0 else float(v.mean())
-            )
-        good = [length for length, a in by_length.items() if a >= threshold]
-        ctx = max(good) if good else 0
-        row = dict(zip(keys, key, strict=True))
-        row.update(
-            run_id=";".join(sorted(set(group["run_id"]))),
-            eval_length=ctx,
-            metric="passkey_context",
-            value=float(ctx),
-            n=int(group["n"].sum()),
-            code_version=";".join(sorted(set(group["code_version"]))),
-        )
-        out.append(row)
-    return pd.DataFrame(out)[REQUIRED_COLUMNS]

@@ -62,6 +62,27 @@ class PositionConfig:
                     f"allowed: {', '.join(OUT_OF_RANGE_POLICIES)}."
                 )
 
+    def table_rows(self, train_length: int) -> int:
+        """Rows of the learned position table: ``max_positions``, or the training length if 0."""
+        return self.max_positions or int(train_length)
+
+    def range_error(
+        self, max_position: int, seq_len: int, train_length: int, linear_factor: float | None = None
+    ) -> str | None:
+        """Why positions 0..max_position of a seq_len-token sequence cannot be embedded, or None.
+
+        Only a learned table refuses positions (unless its policy is ``clamp``); ``linear_factor``
+        is the active linear position interpolation (``ScalingConfig.linear_factor``). Needs no
+        model: the same rule as the model's lookup.
+        """
+        if self.kind != "learned" or self.out_of_range == "clamp":
+            return None
+        rows = self.table_rows(train_length)
+        coordinates = learned_table_coordinates(
+            torch.tensor([int(max_position)]), rows, seq_len, self.out_of_range, linear_factor
+        )
+        return _beyond_table(coordinates, rows)
+
     @property
     def acts_on(self) -> str:
         return {"rope": "qk", "sinusoidal": "input", "learned": "input", "alibi": "logits"}.get(
@@ -163,6 +184,37 @@ def sinusoidal_inv_freq(dim: int, base: float) -> torch.Tensor:
     return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
 
 
+def learned_table_coordinates(
+    position_ids: torch.Tensor,
+    rows: int,
+    seq_len: int,
+    out_of_range: str,
+    linear_factor: float | None = None,
+) -> torch.Tensor:
+    """Float32 table coordinates of position ids: the table is stretched, endpoints aligned.
+
+    Linear interpolation stretches ``rows`` rows to ``rows * factor``; the ``interpolate`` policy
+    stretches them to the sequence length when it is longer; otherwise coordinates are positions.
+    """
+    stretched_rows = rows
+    if linear_factor is not None:
+        stretched_rows = rows * float(linear_factor)
+    elif out_of_range == "interpolate":
+        stretched_rows = max(rows, int(seq_len))
+    return position_ids.float() * ((rows - 1) / max(stretched_rows - 1, 1))
+
+
+def _beyond_table(positions: torch.Tensor, n_rows: int) -> str | None:
+    """The error for coordinates past the last row of an ``n_rows`` table, or None."""
+    if not bool((positions > n_rows - 1).any()):
+        return None
+    return (
+        f"position {float(positions.max()):g} is beyond the learned table of max_positions="
+        f"{n_rows} (valid positions 0..{n_rows - 1}); set position.out_of_range to 'clamp' or "
+        f"'interpolate', or use scaling=linear, to evaluate longer sequences."
+    )
+
+
 def learned_lookup(
     table: torch.Tensor, positions: torch.Tensor, out_of_range: str
 ) -> torch.Tensor:
@@ -173,14 +225,10 @@ def learned_lookup(
     """
     n_rows = table.shape[0]
     positions = positions.to(torch.float32)
-    too_far = positions > n_rows - 1
-    if bool(too_far.any()):
+    problem = _beyond_table(positions, n_rows)
+    if problem is not None:
         if out_of_range != "clamp":
-            raise ValueError(
-                f"position {float(positions.max()):g} is beyond the learned table of max_positions="
-                f"{n_rows} (valid positions 0..{n_rows - 1}); set position.out_of_range to 'clamp' or "
-                f"'interpolate', or use scaling=linear, to evaluate longer sequences."
-            )
+            raise ValueError(problem)
         positions = positions.clamp(max=n_rows - 1)
     lower = positions.floor().long()
     upper = (lower + 1).clamp(max=n_rows - 1)

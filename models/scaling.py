@@ -6,7 +6,9 @@ turns ``(method name, geometry, method parameters)`` into the inverse frequencie
 the attention factor a rotary layer needs.  Parameter names follow transformers'
 ``rope_parameters`` keys so configs translate one to one; our ``original_length`` (the
 training length) plays transformers' ``original_max_position_embeddings`` (and, for
-``dynamic``, its ``max_position_embeddings``).
+``dynamic``, its ``max_position_embeddings``).  :class:`ScalingConfig` is the eval-time
+setting built from these, and :func:`applicable_methods` says which methods mean something for
+which position family.
 
 Why the numerics look the way they do:
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
@@ -33,11 +35,15 @@ import torch
 
 __all__ = [
     "SCALING_METHODS",
+    "SEQ_LEN_DEPENDENT",
     "RopeGeometry",
+    "ScalingConfig",
     "ScalingFn",
+    "applicable_methods",
     "default_inv_freq",
     "logn_factor",
     "register_scaling",
+    "resolve_params",
     "rope_parameters",
 ]
 
@@ -55,6 +61,21 @@ class RopeGeometry:
     base: float
     original_length: int
     seq_len: int
+
+
+@dataclass
+class ScalingConfig:
+    """An eval-time context-extension setting: ``name`` labels results, ``method`` picks the function."""
+
+    name: str = "none"
+    method: str = "default"
+    params: dict = field(default_factory=dict)
+    logn: bool = False
+
+    @property
+    def linear_factor(self) -> float | None:
+        """The factor linear position interpolation divides positions by; None for other methods."""
+        return float(self.params.get("factor", 1.0)) if self.method == "linear" else None
 
 
 ScalingFn = Callable[..., tuple[torch.Tensor, float]]
@@ -101,6 +122,32 @@ def _method_params(fn: ScalingFn) -> tuple[set[str], set[str]]:
     allowed = {p.name for p in params}
     required = {p.name for p in params if p.default is inspect.Parameter.empty}
     return allowed, required
+
+
+# Methods whose frequencies depend on the current sequence length.
+SEQ_LEN_DEPENDENT = ("dynamic", "longrope")
+
+# Which methods mean something for each position family (``logn`` combines with any of them).
+# Absolute families reuse the frequency methods on the sinusoid's frequencies, and the learned
+# table supports position interpolation only; YaRN, Llama-3 and LongRoPE are defined per rotary
+# dimension, and ALiBi / NoPE have no frequencies to scale. None = every registered method.
+_FAMILY_METHODS: dict[str, tuple[str, ...] | None] = {
+    "rope": None,
+    "sinusoidal": ("default", "linear", "ntk", "dynamic"),
+    "learned": ("default", "linear"),
+    "alibi": ("default",),
+    "nope": ("default",),
+}
+
+
+def applicable_methods(position_kind: str) -> tuple[str, ...]:
+    """Names of the registered scaling methods that apply to a position family (each may add logn)."""
+    if position_kind not in _FAMILY_METHODS:
+        raise ValueError(
+            f"position family {position_kind!r} is unknown; allowed: {', '.join(_FAMILY_METHODS)}."
+        )
+    allowed = _FAMILY_METHODS[position_kind]
+    return tuple(SCALING_METHODS) if allowed is None else allowed
 
 
 # ----------------------------------------------------------------------------- validation
@@ -410,6 +457,33 @@ def rope_parameters(
             f"expected ({rotary_dim // 2},)."
         )
     return inv_freq.to(torch.float32), float(attention_factor)
+
+
+def resolve_params(
+    scaling: ScalingConfig, *, train_length: int, eval_length: int | None, rotary_pairs: int
+) -> dict:
+    """``scaling.params`` with the config shorthands made concrete.
+
+    ``factor``/``alpha`` "auto" is eval_length / train_length (at least 1): the extension ratio
+    actually needed. LongRoPE's per-dimension factors come from a search on a pretrained model,
+    which tiny models lack: a number is repeated for every one of the ``rotary_pairs``, and "ramp"
+    rises geometrically from 1 (highest frequency, kept) to ``factor`` (lowest, fully interpolated).
+    """
+    params = dict(scaling.params)
+    for key in ("factor", "alpha"):
+        if params.get(key) == "auto":
+            if eval_length is None:
+                raise ValueError(f"scaling {key} 'auto' needs an eval_length to resolve against.")
+            params[key] = max(1.0, eval_length / train_length)
+    if scaling.method == "longrope":
+        for key in ("short_factor", "long_factor"):
+            value = params.get(key)
+            if value == "ramp":
+                top = float(params.get("factor", 1.0))
+                params[key] = [top ** (i / max(rotary_pairs - 1, 1)) for i in range(rotary_pairs)]
+            elif isinstance(value, (int, float)):
+                params[key] = [float(value)] * rotary_pairs
+    return params
 
 
 def logn_factor(seq_len: int, train_length: int) -> float:

@@ -10,8 +10,10 @@ D model width, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -22,25 +24,31 @@ from models.positions import (
     RotaryTable,
     alibi_slopes,
     learned_lookup,
+    learned_table_coordinates,
     position_ids_from_attention_mask,
     rotate,
     sinusoidal_embedding,
 )
-from models.scaling import SCALING_METHODS, logn_factor, rope_parameters
+from models.scaling import (
+    SCALING_METHODS,
+    SEQ_LEN_DEPENDENT,
+    ScalingConfig,
+    applicable_methods,
+    logn_factor,
+    resolve_params,
+    rope_parameters,
+)
 
-# Which eval-time methods mean something for each family (``logn`` combines with any of them).
-# Absolute families reuse the frequency methods on the sinusoid's frequencies, and the learned
-# table supports position interpolation only; YaRN, Llama-3 and LongRoPE are defined per rotary
-# dimension, and ALiBi / NoPE have no frequencies to scale.
-METHODS_FOR_FAMILY = {
-    "rope": None,  # every registered method
-    "sinusoidal": ("default", "linear", "ntk", "dynamic"),
-    "learned": ("default", "linear"),
-    "alibi": ("default",),
-    "nope": ("default",),
-}
-# Methods whose frequencies depend on the current sequence length.
-SEQ_LEN_DEPENDENT = ("dynamic", "longrope")
+__all__ = [
+    "DecoderLM",
+    "KVCache",
+    "LMOutput",
+    "ModelConfig",
+    "ScalingConfig",
+    "resolve_scaling",
+    "scaling_frequencies",
+]
+
 # Entries of a masked attention logit tile held at once when the mask must be materialised.
 ATTENTION_TILE_ELEMENTS = 1 << 24
 
@@ -86,16 +94,6 @@ class ModelConfig:
 
 
 @dataclass
-class ScalingConfig:
-    """An eval-time context-extension setting: ``name`` labels results, ``method`` picks the function."""
-
-    name: str = "none"
-    method: str = "default"
-    params: dict = field(default_factory=dict)
-    logn: bool = False
-
-
-@dataclass
 class KVCache:
     keys: list[torch.Tensor]  # per layer [N, G, S, d], rotated at their own positions
     values: list[torch.Tensor]  # per layer [N, G, S, d]
@@ -134,6 +132,64 @@ class _AttentionInputs:
     past_len: int
     scale: float
     want_entropy: bool
+
+
+def resolve_scaling(
+    scaling: ScalingConfig | None,
+    model_cfg: ModelConfig,
+    position_cfg: PositionConfig,
+    train_length: int,
+    eval_length: int | None = None,
+) -> ScalingConfig:
+    """``scaling`` (None = raw) with its shorthands made concrete for ``eval_length``, checked.
+
+    Raises ValueError (one sentence) for an unknown method, a method that does not apply to the
+    position family, or parameters the method rejects for this geometry. Needs no model.
+    """
+    scaling = scaling or ScalingConfig()
+    kind = position_cfg.kind
+    if scaling.method not in SCALING_METHODS:
+        raise ValueError(
+            f"scaling method {scaling.method!r} is unknown; registered: {', '.join(SCALING_METHODS)}."
+        )
+    allowed = applicable_methods(kind)
+    if scaling.method not in allowed:
+        raise ValueError(
+            f"scaling method {scaling.method!r} does not apply to position family {kind!r}; "
+            f"allowed for {kind}: {', '.join(allowed)} (each may add logn)."
+        )
+    pairs = int(model_cfg.head_dim * position_cfg.rotary_fraction) // 2
+    params = resolve_params(
+        scaling, train_length=train_length, eval_length=eval_length, rotary_pairs=pairs
+    )
+    resolved = replace(scaling, params=params)
+    # validates the parameters now, not mid-eval
+    scaling_frequencies(resolved, model_cfg, position_cfg, train_length, train_length)
+    return resolved
+
+
+def scaling_frequencies(
+    scaling: ScalingConfig,
+    model_cfg: ModelConfig,
+    position_cfg: PositionConfig,
+    train_length: int,
+    seq_len: int,
+) -> tuple[torch.Tensor, float]:
+    """inv_freq and attention factor of a resolved scaling for rope (per head) or sinusoidal (width)."""
+    kind = position_cfg.kind
+    dim = model_cfg.d_model if kind == "sinusoidal" else model_cfg.head_dim
+    fraction = position_cfg.rotary_fraction if kind == "rope" else 1.0
+    method_params = {} if kind not in ("rope", "sinusoidal") else scaling.params
+    method = scaling.method if kind in ("rope", "sinusoidal") else "default"
+    return rope_parameters(
+        method,
+        head_dim=dim,
+        base=position_cfg.base,
+        original_length=train_length,
+        seq_len=seq_len,
+        rotary_fraction=fraction,
+        **method_params,
+    )
 
 
 def attend(
@@ -291,70 +347,46 @@ class DecoderLM(nn.Module):
 
         ``factor: auto`` resolves to eval_length / train_length (at least 1).
         """
-        scaling = scaling or ScalingConfig()
-        kind = self.position_cfg.kind
-        if scaling.method not in SCALING_METHODS:
-            raise ValueError(
-                f"scaling method {scaling.method!r} is unknown; registered: {', '.join(SCALING_METHODS)}."
-            )
-        allowed = METHODS_FOR_FAMILY[kind]
-        if allowed is not None and scaling.method not in allowed:
-            raise ValueError(
-                f"scaling method {scaling.method!r} does not apply to position family {kind!r}; "
-                f"allowed for {kind}: {', '.join(allowed)} (each may add logn)."
-            )
-        resolved = replace(scaling, params=self._resolve_params(scaling, eval_length))
-        self._frequencies(resolved, self.train_length)  # validates the parameters now, not mid-eval
+        resolved = resolve_scaling(
+            scaling, self.model_cfg, self.position_cfg, self.train_length, eval_length
+        )
         self.scaling, self._tables = resolved, {}
 
-    def _resolve_params(self, scaling: ScalingConfig, eval_length: int | None) -> dict:
-        """Config shorthands made concrete: ``factor``/``alpha`` "auto" and LongRoPE's factor lists.
+    @contextlib.contextmanager
+    def scaled(
+        self, scaling: ScalingConfig | None, eval_length: int | None = None
+    ) -> Iterator[DecoderLM]:
+        """``with model.scaled(scaling, eval_length):`` the scaling for that length, restored after.
 
-        "auto" is eval_length / train_length (at least 1): the extension ratio actually needed.
-        LongRoPE's per-dimension factors come from a search on a pretrained model, which tiny
-        models lack: a number is repeated for every rotary pair, and "ramp" rises geometrically
-        from 1 (highest frequency, kept) to ``factor`` (lowest frequency, fully interpolated).
+        The previous scaling comes back on exit, also when the block raises.
         """
-        params = dict(scaling.params)
-        for key in ("factor", "alpha"):
-            if params.get(key) == "auto":
-                if eval_length is None:
-                    raise ValueError(f"scaling {key} 'auto' needs an eval_length to resolve against.")
-                params[key] = max(1.0, eval_length / self.train_length)
-        if scaling.method == "longrope":
-            pairs = int(self.model_cfg.head_dim * self.position_cfg.rotary_fraction) // 2
-            for key in ("short_factor", "long_factor"):
-                value = params.get(key)
-                if value == "ramp":
-                    top = float(params.get("factor", 1.0))
-                    params[key] = [top ** (i / max(pairs - 1, 1)) for i in range(pairs)]
-                elif isinstance(value, (int, float)):
-                    params[key] = [float(value)] * pairs
-        return params
+        previous = self.scaling, self._tables
+        self.set_scaling(scaling, eval_length)
+        try:
+            yield self
+        finally:
+            self.scaling, self._tables = previous
 
-    def _frequencies(self, scaling: ScalingConfig, seq_len: int) -> tuple[torch.Tensor, float]:
-        """inv_freq and attention factor of the active method for rope (per head) or sinusoidal (width)."""
-        kind = self.position_cfg.kind
-        dim = self.model_cfg.d_model if kind == "sinusoidal" else self.model_cfg.head_dim
-        fraction = self.position_cfg.rotary_fraction if kind == "rope" else 1.0
-        method_params = {} if kind not in ("rope", "sinusoidal") else scaling.params
-        method = scaling.method if kind in ("rope", "sinusoidal") else "default"
-        return rope_parameters(
-            method,
-            head_dim=dim,
-            base=self.position_cfg.base,
-            original_length=self.train_length,
-            seq_len=seq_len,
-            rotary_fraction=fraction,
-            **method_params,
+    def position_range_error(self, max_position: int, seq_len: int) -> str | None:
+        """Why positions 0..max_position of a seq_len-token sequence cannot be embedded, or None.
+
+        Follows the active scaling (linear interpolation stretches a learned table).
+        """
+        return self.position_cfg.range_error(
+            max_position, seq_len, self.train_length, self.scaling.linear_factor
         )
+
+    def _frequencies(self, seq_len: int) -> tuple[torch.Tensor, float]:
+        """inv_freq and attention factor of the active scaling at ``seq_len``."""
+        cfgs = self.model_cfg, self.position_cfg, self.train_length
+        return scaling_frequencies(self.scaling, *cfgs, seq_len)
 
     def _table(self, scaling_len: int) -> RotaryTable:
         key = scaling_len if self.scaling.method in SEQ_LEN_DEPENDENT else None
         if key not in self._tables:
             if len(self._tables) > 16:
                 self._tables.clear()
-            self._tables[key] = RotaryTable(*self._frequencies(self.scaling, scaling_len))
+            self._tables[key] = RotaryTable(*self._frequencies(scaling_len))
         return self._tables[key]
 
     # ------------------------------------------------------------------ forward
@@ -433,18 +465,19 @@ class DecoderLM(nn.Module):
         """What the input-side families (sinusoidal, learned) add to the embeddings [N, L, D]."""
         kind = self.position_cfg.kind
         if kind == "sinusoidal":
-            inv_freq, _ = self._frequencies(self.scaling, scaling_len)
+            inv_freq, _ = self._frequencies(scaling_len)
             # scaled so a channel's RMS (~0.7/sqrt(D)) is near the token embeddings' at init (0.02 x ~3)
             return sinusoidal_embedding(position_ids, inv_freq) / math.sqrt(self.model_cfg.d_model)
         if kind == "learned":
-            rows = self.pos_table.shape[0]
-            stretched_rows = rows  # the table is resized to this many rows, endpoints aligned
-            if self.scaling.method == "linear":
-                stretched_rows = rows * float(self.scaling.params.get("factor", 1.0))
-            elif self.position_cfg.out_of_range == "interpolate":
-                stretched_rows = max(rows, scaling_len)
-            positions = position_ids.float() * ((rows - 1) / max(stretched_rows - 1, 1))
-            return learned_lookup(self.pos_table, positions, self.position_cfg.out_of_range)
+            out_of_range = self.position_cfg.out_of_range
+            positions = learned_table_coordinates(
+                position_ids,
+                self.pos_table.shape[0],
+                scaling_len,
+                out_of_range,
+                self.scaling.linear_factor,
+            )
+            return learned_lookup(self.pos_table, positions, out_of_range)
         raise ValueError(f"position family {kind!r} adds nothing to the embeddings.")
 
     @torch.no_grad()

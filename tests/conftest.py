@@ -1,14 +1,24 @@
-"""Shared fixtures."""
+"""Shared fixtures: one intra-op thread, a tiny-model factory and a random-documents factory."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+import numpy as np
 import pytest
 import torch
+
+from bench.corpora import Document
+from models.positions import PositionConfig
+from models.transformer import DecoderLM, ModelConfig
+
+#: Default dimensions of :func:`tiny_model`.
+TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4)
 
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """Tiny models on a busy 2-core box: one intra-op thread is ~20x faster than two (measured).
+    """Tiny models on a busy 2-core box: one intra-op thread avoids OpenMP contention.
 
     Modules that train or evaluate tiny models opt in with
     ``pytestmark = pytest.mark.usefixtures("one_thread")``.
@@ -17,3 +27,47 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def _tiny_model(
+    kind: str = "rope",
+    seed: int = 0,
+    train_length: int = 32,
+    model_cfg: ModelConfig = TINY,
+    sharpen: float = 6.0,
+    **position_kwargs,
+) -> DecoderLM:
+    torch.manual_seed(seed)
+    model = DecoderLM(model_cfg, PositionConfig(kind=kind, **position_kwargs), train_length)
+    with torch.no_grad():  # sharper attention than at init, so that context and position matter
+        for block in model.blocks:
+            block.attn.q_proj.weight.mul_(sharpen)
+            block.attn.kv_proj.weight.mul_(sharpen)
+    return model.eval()
+
+
+def _random_docs(lengths: Sequence[int], seed: int = 0) -> list[Document]:
+    rng = np.random.default_rng(seed)
+    return [
+        Document(f"doc{i}", rng.integers(0, 256, size=n).astype(np.int16))
+        for i, n in enumerate(lengths)
+    ]
+
+
+@pytest.fixture
+def tiny_model() -> Callable[..., DecoderLM]:
+    """Factory ``tiny_model(kind="rope", seed=0, train_length=32, model_cfg=TINY, sharpen=6.0,
+    **position_kwargs)``: a seeded DecoderLM in eval mode whose query and key/value projections
+    are scaled by ``sharpen``.
+
+    A module with other defaults overrides it with a fixture of the same name that returns
+    ``functools.partial(tiny_model, train_length=16, ...)``.
+    """
+    return _tiny_model
+
+
+@pytest.fixture
+def random_docs() -> Callable[..., list[Document]]:
+    """Factory ``random_docs(lengths, seed=0)``: documents ``doc<i>`` of uniform random bytes,
+    one per length."""
+    return _random_docs

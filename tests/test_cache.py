@@ -3,6 +3,7 @@ tamper detection, and load_model references."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,12 +11,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 import bench.cache as cache
+import bench.results
 from bench.cache import (
     CODE_SALT,
     CheckpointError,
@@ -27,6 +30,7 @@ from bench.cache import (
     weights_key,
 )
 from bench.corpora import Corpus, load_corpus
+from bench.schema import DataConfig, JobConfig, PositionSchema, ScalingSchema
 from bench.train import make_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,10 +53,11 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(corpus_dir: Path) -> Corpus:
-    return load_corpus({"name": "text", "paths": [str(corpus_dir)]})
+    return load_corpus(DataConfig(name="text", paths=[str(corpus_dir)]))
 
 
-def make_cfg(corpus_dir: Path | str = "docs", **train: object) -> dict:
+def raw_cfg(corpus_dir: Path | str = "docs", **train: object) -> dict:
+    """A job config as plain data (what Hydra composes)."""
     return {
         "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},
         "position": {"kind": "rope", "base": 10000},
@@ -62,17 +67,21 @@ def make_cfg(corpus_dir: Path | str = "docs", **train: object) -> dict:
     }
 
 
+def make_cfg(corpus_dir: Path | str = "docs", **train: object) -> JobConfig:
+    return JobConfig.from_hydra(raw_cfg(corpus_dir, **train))
+
+
 class CountingTrainer:
     """A fast deterministic train_fn: the seeded untrained model; counts its calls."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, cfg, corpus, **kwargs):
+    def __call__(self, job, corpus, **kwargs):
         self.calls += 1
-        torch.manual_seed(int(cfg["seed"]))
-        model = make_model(cfg)
-        return model, {"steps": cfg["train"]["steps"], "val_losses": {3: 1.5}}
+        torch.manual_seed(job.seed)
+        model = make_model(job)
+        return model, {"steps": job.train.steps, "val_losses": {3: 1.5}}
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -86,37 +95,57 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def test_key_is_stable_across_order_spelling_defaults_and_omegaconf() -> None:
     from omegaconf import OmegaConf
 
-    cfg = make_cfg()
-    key = weights_key(cfg)
+    raw = raw_cfg()
+    key = weights_key(make_cfg())
     assert len(key) == 16 and int(key, 16) >= 0
     reordered = {
-        k: dict(reversed(list(v.items()))) if isinstance(v, dict) else v for k, v in cfg.items()
+        k: dict(reversed(list(v.items()))) if isinstance(v, dict) else v for k, v in raw.items()
     }
     reordered = dict(reversed(list(reordered.items())))
-    assert list(reordered) != list(cfg) and weights_key(reordered) == key
-    spelled = make_cfg(length=16.0, steps=3.0)
-    spelled["position"]["base"] = 10000.0
+    assert list(reordered) != list(raw) and weights_key(JobConfig.from_hydra(reordered)) == key
+    spelled = raw_cfg()
+    spelled["position"]["base"] = 10000.0  # a float key given as an int or a float
     spelled["model"]["vocab_size"] = 259  # a default, spelled out
     spelled["train"]["min_lr_ratio"] = 0.1  # default ratio = default min_lr
-    assert weights_key(spelled) == key
-    assert weights_key(OmegaConf.create(cfg)) == key
+    assert weights_key(JobConfig.from_hydra(spelled)) == key
+    assert weights_key(JobConfig.from_hydra(OmegaConf.create(raw))) == key
     assert 3e-3 * 0.1 != 3e-4  # float noise ...
     assert weights_key(make_cfg(min_lr=3e-4)) == key  # ... but lr * ratio and the literal agree
+    # an integer key spelled as a float is a type error, as on the command line
+    with pytest.raises(ValueError, match=r"train.length must be an integer, got 16.0"):
+        make_cfg(length=16.0)
 
 
 def test_key_ignores_eval_time_settings() -> None:
-    cfg = make_cfg()
-    key = weights_key(cfg)
-    eval_time = {
-        **cfg,
-        "scaling": {"name": "yarn", "method": "yarn", "params": {"factor": 4}},
-        "eval": {"lengths": [16, 32]},
-        "experiment": {"name": "x"},
-        "hydra": {"run": {"dir": "/tmp/x"}},
-        "train": {**cfg["train"], "eval_every": 7, "eval_batches": 9, "log_every": 3},
-        "position": {**cfg["position"], "out_of_range": "clamp"},
-    }
+    job = make_cfg()
+    key = weights_key(job)
+    eval_time = replace(
+        job,
+        scaling=ScalingSchema(name="yarn", method="yarn", params={"factor": 4}),
+        eval={"lengths": [16, 32]},
+        experiment_name="x",
+        device="cpu",
+        paths=replace(job.paths, results="/tmp/x"),
+        train=replace(job.train, eval_every=7, eval_batches=9, log_every=3),
+        position=replace(job.position, out_of_range="clamp"),
+    )
     assert weights_key(eval_time) == key
+
+
+def test_weights_fields_are_declared_on_the_schema() -> None:
+    from bench.schema import TrainConfig, weight_fields
+
+    position = {"kind", "base", "layout", "rotary_fraction", "max_positions"}
+    assert set(weight_fields(PositionSchema)) == position  # not out_of_range
+    train = {f.name for f in dataclasses.fields(TrainConfig)} - set(weight_fields(TrainConfig))
+    assert train == {"min_lr_ratio", "eval_every", "eval_batches", "log_every"}
+    # a data kind keys on its own settings only (no hf or pycorpus keys for a text corpus)
+    data = {"name", "split_fractions", "max_files", "max_bytes", "paths", "suffixes", "root"}
+    assert set(weights_config(make_cfg())["data"]) == data
+
+
+def test_checkpoint_keys_and_result_params_share_one_canonical_json() -> None:
+    assert cache.canonical_json is bench.results.canonical_json
 
 
 @pytest.mark.parametrize(
@@ -133,15 +162,15 @@ def test_key_ignores_eval_time_settings() -> None:
     ],
 )
 def test_key_changes_with_what_changes_the_weights(section: str, field: str, value: object) -> None:
-    cfg = make_cfg()
-    changed = json.loads(json.dumps(cfg))
+    raw = raw_cfg(length=256)  # long enough for passkey rows (checked with the config)
+    changed = json.loads(json.dumps(raw))
     changed[section][field] = value
-    assert weights_key(changed) != weights_key(cfg)
+    assert weights_key(JobConfig.from_hydra(changed)) != weights_key(JobConfig.from_hydra(raw))
 
 
 def test_key_changes_with_seed_corpus_and_salt(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = make_cfg()
-    assert weights_key({**cfg, "seed": 1}) != weights_key(cfg)
+    assert weights_key(replace(cfg, seed=1)) != weights_key(cfg)
     assert weights_key(cfg, "aaaa") != weights_key(cfg, "bbbb") != weights_key(cfg)
     config = weights_config(cfg, "aaaa")
     assert config["corpus_fingerprint"] == "aaaa" and config["code_salt"] == CODE_SALT
@@ -170,7 +199,7 @@ def test_second_call_loads_without_training(
     first, meta, trained = get_or_train(cfg, corpus, tmp_path, train_fn=trainer, progress=False)
     assert trained and trainer.calls == 1
     assert meta["key"] == weights_key(cfg, corpus) and (tmp_path / meta["key"] / "DONE").exists()
-    eval_only = {**cfg, "scaling": {"name": "linear"}, "eval": {"lengths": [32]}}
+    eval_only = replace(cfg, scaling=ScalingSchema(name="linear"), eval={"lengths": [32]})
     second, meta2, trained2 = get_or_train(eval_only, corpus, tmp_path, train_fn=trainer)
     assert not trained2 and trainer.calls == 1
     assert same_weights(first, second) and meta2["key"] == meta["key"]
@@ -187,10 +216,10 @@ def test_real_training_round_trips_through_the_cache(
     tmp_path: Path, corpus: Corpus, corpus_dir: Path
 ) -> None:
     cfg = make_cfg(corpus_dir, steps=2, eval_batches=0)
-    cfg["position"] = {"kind": "learned", "out_of_range": "error"}
+    cfg = replace(cfg, position=PositionSchema(kind="learned", out_of_range="error"))
     model, meta, trained = get_or_train(cfg, corpus, tmp_path, progress=False)
     assert trained and meta["train_stats"]["steps"] == 2
-    cfg["position"]["out_of_range"] = "clamp"  # eval-time policy: same checkpoint
+    cfg = replace(cfg, position=PositionSchema(kind="learned", out_of_range="clamp"))  # eval-time
     loaded, meta2, trained2 = get_or_train(cfg, corpus, tmp_path, progress=False)
     assert not trained2 and same_weights(model, loaded)
     assert loaded.position_cfg.out_of_range == "clamp" and not loaded.training
@@ -285,27 +314,28 @@ WORKER = textwrap.dedent(
     torch.set_num_threads(1)
     from bench.cache import get_or_train
     from bench.corpora import load_corpus
+    from bench.schema import JobConfig
     from bench.train import make_model
 
     cache_root, corpus_dir, markers, seed, mode = sys.argv[1:6]
     seed = int(seed)
 
-    def train_fn(cfg, corpus, **kwargs):
+    def train_fn(job, corpus, **kwargs):
         open(os.path.join(markers, f"train-{os.getpid()}"), "w").close()
         if mode == "hang":
             time.sleep(120)
         time.sleep(1.5)  # long enough that a concurrent caller surely finds the lock held
-        torch.manual_seed(int(cfg["seed"]))
-        return make_model(cfg), {"steps": 3}
+        torch.manual_seed(job.seed)
+        return make_model(job), {"steps": 3}
 
-    cfg = {
+    cfg = JobConfig.from_hydra({
         "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},
         "position": {"kind": "rope", "base": 10000},
         "data": {"name": "text", "paths": [corpus_dir]},
         "train": {"length": 16, "steps": 3, "batch_size": 2},
         "seed": seed,
-    }
-    corpus = load_corpus(cfg["data"])
+    })
+    corpus = load_corpus(cfg.data)
     open(os.path.join(markers, f"ready-{os.getpid()}"), "w").close()
     while not os.path.exists(os.path.join(markers, "go")):
         time.sleep(0.02)

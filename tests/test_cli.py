@@ -7,6 +7,7 @@ except where a test runs a real (tiny) job on purpose.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -17,8 +18,9 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import bench.cache as cache_module
-from bench.cli import ERROR_PREFIX, main, with_default_experiment
+from bench.cli import ERROR_PREFIX, main, sweep_errors, with_default_experiment
 from bench.job import NotApplicable, validate_job
+from bench.schema import JobConfig, ScalingSchema
 
 pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
 
@@ -89,11 +91,12 @@ def test_every_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if option == "text":
         overrides.append(f"data.paths=[{CONF / 'config.yaml'}]")
-    cfg = compose_cfg(overrides)
-    spec = validate_job(cfg)  # raises on any inconsistency
+    job = JobConfig.from_hydra(compose_cfg(overrides))  # types, keys and ranges
+    assert isinstance(job, JobConfig)
+    spec = validate_job(job)  # what needs several sections: applicability, lengths, device
     if group == "scaling":
-        assert spec.scaling.name == option
-        assert spec.scaling.logn == (option == "logn")
+        assert spec.job.scaling.name == option
+        assert spec.job.scaling.logn == (option == "logn")
 
 
 def test_scaling_files_follow_the_format():
@@ -125,17 +128,19 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment):
     assert cfg.experiment_name == experiment
     header = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()[:12]
     assert any("runtime" in line.lower() for line in header), "runtime comment at the top"
-    # Compose once per cell without its scaling (composing is slow), then swap the scaling file in.
+    # Compose and parse once per cell without its scaling (composing is slow), then swap the
+    # typed scaling of the cell in.
     composed = {}
     valid = skipped = 0
     for cell in sweep_cells(cfg):
         rest = tuple(c for c in cell if not c.startswith("scaling="))
         if rest not in composed:
-            composed[rest] = compose_cfg([f"+experiment={experiment}", *rest])
-        job = composed[rest].copy()
+            composed[rest] = JobConfig.from_hydra(compose_cfg([f"+experiment={experiment}", *rest]))
+        job = composed[rest]
         for c in cell:
             if c.startswith("scaling="):
-                job.scaling = OmegaConf.load(CONF / "scaling" / f"{c.split('=')[1]}.yaml")
+                option = yaml.safe_load((CONF / "scaling" / f"{c.split('=')[1]}.yaml").read_text())
+                job = dataclasses.replace(job, scaling=ScalingSchema(**option))
         try:
             validate_job(job)
             valid += 1
@@ -224,20 +229,35 @@ BAD_OVERRIDES = [
         "eval length 512 is beyond the learned position table (256 rows)",
     ),
     (["scaling=linear", "scaling.params.factor=-2"], "linear: factor must be >= 1, got -2"),
-    (["data=text"], "data.paths is required for name=text"),
+    (["data=text"], "data.paths is required for data=text"),
     (["data=text", "data.paths=[/no/such/dir/*.txt]"], "matches no file"),
     (
         ["position=alibi", "scaling=yarn"],
         "scaling yarn (method yarn) does not apply to position alibi",
     ),
     (["position=learned", "scaling=ntk"], "does not apply to position learned"),
-    (["scaling.method=warp"], "scaling method 'warp' is unknown"),
+    (["scaling.method=warp"], "scaling.method must be one of default, linear"),
     (
         ["train.passkey_fraction=0.2", "train.length=128"],
         "train.length 128 is too short for passkey",
     ),
-    (["position.bogus=1"], "Could not override 'position.bogus'"),
-    (["train.steps=0"], "train.steps 0 is invalid"),
+    (["position.bogus=1"], "position.bogus is an unknown key; allowed keys: kind, base"),
+    (["+position.bogus=1"], "position.bogus is an unknown key; allowed keys: kind, base"),
+    (["+bogus=1"], "bogus is an unknown key; allowed keys: experiment_name, seed"),
+    (["train.steps=0"], "train.steps must be an integer >= 1, got 0."),
+    # the issue's four: wrong type, wrong type, out of range, out of range shared by a sweep
+    (["model.d_model=abc"], "model.d_model must be an integer, got 'abc'."),
+    (["train.lr=fast"], "train.lr must be a number, got 'fast'."),
+    (["eval.nll.max_docs=-1"], "eval.nll.max_docs must be an integer >= 1, got -1."),
+    (["+experiment=smoke", "model.n_heads=3"], "model.d_model 32 is not divisible by n_heads 3."),
+    (
+        ["-m", "position=rope,alibi", "train.steps=abc"],
+        "train.steps must be an integer, got 'abc'.",
+    ),
+    (["model.tie_embeddings=maybe"], "model.tie_embeddings must be true or false, got 'maybe'."),
+    (["train.steps=10.0"], "train.steps must be an integer, got 10.0."),
+    (["threads=0"], "threads must be an integer >= 1 or null, got 0."),
+    (["data.paths=[a.txt]"], "data.paths is a setting of data=text, not of data=pycorpus"),
 ]
 
 
@@ -251,7 +271,69 @@ def test_bad_override_stops_with_one_clear_line_before_training(
     assert code == 2
     assert len(lines) == 1, err
     assert lines[0].startswith(ERROR_PREFIX) and sentence in lines[0]
-    assert not (in_tmp / "cache").exists() and not (in_tmp / "results").exists()
+    # nothing trained or written (Hydra's own run dir may sit hidden under results/)
+    assert not (in_tmp / "cache").exists() and not (in_tmp / "reports").exists()
+    assert [p.name for p in (in_tmp / "results").glob("*/*")] in ([], [".hydra-runs"])
+
+
+def test_sweep_errors_are_found_before_any_job_only_when_no_cell_can_run(in_tmp):
+    shared = ["+experiment=smoke", "model.n_heads=3"]
+    assert sweep_errors(shared) == ["model.d_model 32 is not divisible by n_heads 3."]
+    # each cell fails its own way: every distinct sentence, named by its cell
+    both = sweep_errors(["+experiment=smoke", "scaling=none", "model.n_heads=3,5"])
+    assert len(both) == 2 and all(line.startswith("position=") for line in both)
+    assert "n_heads 3." in both[0] + both[1] and "n_heads 5." in both[0] + both[1]
+    # negative controls: a valid sweep, an error that depends on the swept value (the jobs
+    # report it), and a single run (its job reports it)
+    assert sweep_errors(["+experiment=smoke"]) == []
+    assert sweep_errors(["+experiment=smoke", "train.passkey_fraction=0.0,0.5"]) == []
+    assert sweep_errors(["model.n_heads=3"]) == []
+    assert sweep_errors(["--cfg", "job", "+experiment=smoke", "model.n_heads=3"]) == []
+    assert not list(in_tmp.iterdir())
+
+
+def test_sweep_with_a_shared_error_prints_each_sentence_once(in_tmp, no_training, capsys):
+    code = main(["+experiment=smoke", "scaling=none", "model.n_heads=3,5"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 2
+    assert all(line.startswith(ERROR_PREFIX) for line in lines)
+    assert not (in_tmp / "results").exists() and not (in_tmp / "reports").exists()
+
+
+@pytest.mark.slow
+def test_console_script_errors_are_one_line_and_fast(tmp_path):
+    """The issue's four commands through the installed ``lenbench`` script: one line, exit 2,
+    no traceback, each in under 15 s (start-up included)."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    lenbench = shutil.which("lenbench", path=str(Path(sys.executable).parent))
+    assert lenbench, "the lenbench console script is installed with the project"
+    commands = {
+        ("model.d_model=abc",): "model.d_model must be an integer, got 'abc'",
+        ("train.lr=fast",): "train.lr must be a number, got 'fast'",
+        ("eval.nll.max_docs=-1",): "eval.nll.max_docs must be an integer >= 1, got -1",
+        ("+experiment=smoke", "model.n_heads=3"): "model.d_model 32 is not divisible by n_heads 3",
+    }
+    for args, sentence in commands.items():
+        started = time.perf_counter()
+        done = subprocess.run(
+            [lenbench, *args, f"paths.cache={tmp_path / 'cache'}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        seconds = time.perf_counter() - started
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and lines == [f"{ERROR_PREFIX}{sentence}."], done.stderr
+        assert "Traceback" not in done.stdout + done.stderr
+        assert seconds < 15, f"{args}: {seconds:.1f} s"
+    # nothing trained or written (Hydra's own run dirs may sit hidden under results/)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "reports").exists()
+    assert not list(tmp_path.rglob("*.parquet"))
 
 
 def test_valid_single_run_is_not_an_error(in_tmp, monkeypatch, capsys):
@@ -259,9 +341,9 @@ def test_valid_single_run_is_not_an_error(in_tmp, monkeypatch, capsys):
     calls = []
     original = cache_module.get_or_train
 
-    def counting(cfg, corpus, cache_root=None, **kwargs):
-        calls.append(cfg["position"]["kind"])
-        return original(cfg, corpus, cache_root, progress=False, **kwargs)
+    def counting(job, corpus, cache_root=None, **kwargs):
+        calls.append(job.position.kind)
+        return original(job, corpus, cache_root, progress=False, **kwargs)
 
     monkeypatch.setattr(cache_module, "get_or_train", counting)
     code = main(

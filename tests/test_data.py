@@ -18,10 +18,10 @@ from bench.corpora import (
     clear_corpus_cache,
     corpus_fingerprint,
     load_corpus,
-    normalize_data_config,
     stdlib_root,
 )
 from bench.passkey import STANDARD_FILLER, TASK_DESCRIPTION
+from bench.schema import DataConfig
 from bench.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -30,7 +30,7 @@ TRAIN_LENGTH = 256
 
 @pytest.fixture(scope="module")
 def pycorpus() -> Corpus:
-    return load_corpus({"name": "pycorpus"})
+    return load_corpus(DataConfig())  # the default: pycorpus
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -126,7 +126,7 @@ def _write_text_corpus(root: Path, n: int = 30) -> None:
 def test_text_corpus_split_fingerprint_and_cache(tmp_path: Path) -> None:
     clear_corpus_cache()
     _write_text_corpus(tmp_path)
-    cfg = {"name": "text", "paths": [str(tmp_path)]}
+    cfg = DataConfig(name="text", paths=[str(tmp_path)])
     corpus = load_corpus(cfg)
     ids = [d.id for d in corpus.documents]
     assert len(ids) == 30  # .md ignored, empty file skipped
@@ -197,14 +197,26 @@ def test_caps_are_deterministic_subsets(tmp_path: Path) -> None:
 
 
 def test_config_validation() -> None:
-    with pytest.raises(ValueError, match="pycorpus, text, hf"):
+    # plain data (e.g. lm-eval task metadata) is checked as the Hydra group is
+    with pytest.raises(ValueError, match="data.name must be one of pycorpus, text, hf, got 'wiki'"):
         load_corpus({"name": "wiki"})
-    with pytest.raises(ValueError, match="max_file"):
+    with pytest.raises(ValueError, match="data.max_file is an unknown key"):
         load_corpus({"name": "pycorpus", "max_file": 3})  # typo must not be ignored
-    with pytest.raises(ValueError, match="max_files"):
+    with pytest.raises(ValueError, match="data.max_files must be an integer >= 1 or null, got 0"):
         load_corpus({"name": "pycorpus", "max_files": 0})
-    spec = normalize_data_config({"name": "pycorpus"})
+    with pytest.raises(ValueError, match="data.max_files must be an integer or null, got 'x'"):
+        load_corpus({"name": "pycorpus", "max_files": "x"})
+    with pytest.raises(
+        ValueError, match="data.paths is a setting of data=text, not of data=pycorpus"
+    ):
+        DataConfig(paths=["a.txt"])  # another kind's key must not be ignored either
+    with pytest.raises(ValueError, match="split_fractions"):
+        DataConfig(split_fractions={"train": 0.5, "validation": 0.1, "test": 0.1})
+    spec = DataConfig().as_dict()
     assert spec["split_fractions"] == [0.9, 0.05, 0.05] and spec["include_tests"] is False
+    assert set(spec) == {"name", "split_fractions", "max_files", "max_bytes", "include_tests"}
+    hf = DataConfig(name="hf", path="json").as_dict()
+    assert hf["split"] == "train" and hf["splits"] is None  # one split, divided by hash
 
 
 def test_accepts_omegaconf(tmp_path: Path) -> None:

@@ -11,26 +11,18 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 from torch import nn
 
-from bench.corpora import Document
-from bench.evaluate import (
-    DEFAULT_EVAL_CONFIG,
-    METRIC_SECTIONS,
-    evaluate_model,
-    nll_rows,
-    nll_windows,
-    parse_length,
-    resolve_eval_config,
-)
+from bench.evaluate import evaluate_model, parse_length
+from bench.metrics import METRICS, EvalConfig, EvalContext, as_eval_config
+from bench.metrics.nll import nll_rows, nll_windows
+from bench.metrics.passkey import greedy_passkey_verdicts, passkey_context_row, passkey_verdicts
 from bench.passkey import QUESTION, passkey_grid
-from bench.passkey_eval import greedy_passkey_verdicts, passkey_context_row, passkey_verdicts
-from bench.probes import EvalContext
-from models.positions import PositionConfig
-from models.transformer import DecoderLM, ModelConfig, ScalingConfig
+from models.transformer import ScalingConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "eval"
-TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4)
 TRAIN = 32
 ROW_KEYS = {
     "metric",
@@ -50,51 +42,60 @@ ROW_KEYS = {
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def tiny_model(kind="rope", seed=0, train_length=TRAIN, **position_kwargs):
-    torch.manual_seed(seed)
-    model = DecoderLM(TINY, PositionConfig(kind=kind, **position_kwargs), train_length)
-    with torch.no_grad():  # sharper attention than at init, so that context matters
-        for block in model.blocks:
-            block.attn.q_proj.weight.mul_(6.0)
-            block.attn.kv_proj.weight.mul_(6.0)
-    return model.eval()
-
-
-def random_docs(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    return [
-        Document(f"doc{i}", rng.integers(0, 256, size=n).astype(np.int16))
-        for i, n in enumerate(lengths)
-    ]
-
-
 def ctx_of(model, batch_size=4):
     return EvalContext(model, progress=False, batch_size=batch_size)
 
 
 def only(**sections):
     """An eval config with every metric disabled except the given sections."""
-    cfg = {
-        name: {"enabled": False} for name in METRIC_SECTIONS
-    }
+    cfg = {name: {"enabled": False} for name in METRICS}
     for name, section in sections.items():
         cfg[name] = {"enabled": True, **section}
     return cfg
+
+
+def composed(name):
+    """conf/eval/<name>.yaml as Hydra composes the eval group (defaults list followed), as plain data."""
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = compose(config_name=f"eval/{name}")
+    return OmegaConf.to_container(cfg.eval, resolve=True)
+
+
+def resolved(mapping, train_length):
+    return as_eval_config(mapping).resolve(train_length)
 
 
 # ---------------------------------------------------------------- configs
 
 
 def test_standard_yaml_is_the_default_config():
-    assert yaml.safe_load((CONF / "standard.yaml").read_text()) == DEFAULT_EVAL_CONFIG
+    assert yaml.safe_load((CONF / "standard.yaml").read_text()) == dataclasses.asdict(EvalConfig())
+
+
+def test_quick_yaml_is_standard_plus_its_changes():
+    quick, standard = composed("quick"), composed("standard")
+    changes = yaml.safe_load((CONF / "quick.yaml").read_text())
+    assert changes.pop("defaults") == ["standard", "_self_"]
+    assert quick["lengths"] == ["1x", "2x", "4x"] and quick["passkey"]["depths"] == 3
+    assert quick["passkey"]["threshold"] == standard["passkey"]["threshold"]  # inherited
+    for key, value in quick.items():  # every key is standard's unless quick.yaml changes it
+        if key not in changes:
+            assert value == standard[key], key
+        elif isinstance(value, dict):
+            assert value == {**standard[key], **changes[key]}, key
+    assert quick != standard  # negative control: the changes arrive
 
 
 def test_every_yaml_key_is_documented_and_known():
-    for name in ("standard.yaml", "quick.yaml"):
-        text = (CONF / name).read_text()
+    fields = {f.name for f in dataclasses.fields(EvalConfig)}
+    for name in ("standard", "quick"):
+        text = (CONF / f"{name}.yaml").read_text()
         loaded = yaml.safe_load(text)
-        resolve_eval_config(loaded, 64)  # no unknown keys, every value valid
-        assert set(loaded) == set(DEFAULT_EVAL_CONFIG)
+        resolved(composed(name), 64)  # no unknown keys, every value valid
+        if name == "standard":
+            assert set(loaded) == fields
+        else:
+            assert set(loaded) - {"defaults"} <= fields
         lines = text.splitlines()
         for i, line in enumerate(lines):  # each key: an inline comment or a comment line above
             if re.match(r"\s*\w+:", line):
@@ -108,36 +109,42 @@ def test_lengths_accept_tokens_and_multiples():
     assert parse_length("4x", 256) == 1024
     assert parse_length("0.25x", 256) == 64
     assert parse_length(300, 256) == 300
-    cfg = resolve_eval_config(
-        {"lengths": ["2x", 100, "1x"], "attn_entropy": {"lengths": ["2x", "16x"]}}, 64
-    )
-    assert cfg["lengths"] == [64, 100, 128]
-    assert cfg["attn_entropy"]["lengths"] == [128]  # only eval lengths
-    assert cfg["nll"]["lengths"] == [64, 100, 128]
-    assert resolve_eval_config({}, 10)["lengths"] == [10, 20, 40, 80, 160]
-    assert resolve_eval_config({"passkey": {"depths": 3}}, 10)["passkey"]["depths"] == [
-        0.0,
-        0.5,
-        1.0,
-    ]
+    cfg = resolved({"lengths": ["2x", 100, "1x"], "attn_entropy": {"lengths": ["2x", "16x"]}}, 64)
+    assert cfg.lengths == [64, 100, 128]
+    assert cfg.metrics["attn_entropy"].lengths == [128]  # only eval lengths
+    assert cfg.metrics["nll"].lengths == [64, 100, 128]
+    assert resolved({}, 10).lengths == [10, 20, 40, 80, 160]
+    assert resolved({"passkey": {"depths": 3}}, 10).metrics["passkey"].depths == [0.0, 0.5, 1.0]
 
 
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"lenghts": [1]}, "lenghts"),
-        ({"nll": {"protocl": "sliding"}}, "nll.'protocl'"),
+        ({"lenghts": [1]}, "eval.lenghts is an unknown key"),
+        ({"nll": {"protocl": "sliding"}}, "eval.nll.protocl is an unknown key"),
         ({"nll": {"protocol": "rolling"}}, "rolling"),
+        ({"nll": None}, "eval.nll must be a mapping of keys, got None."),
+        ({"nll": {"max_docs": -1}}, "eval.nll.max_docs must be an integer >= 1, got -1."),
+        ({"nll": {"max_docs": "abc"}}, "eval.nll.max_docs must be an integer >= 1, got 'abc'."),
+        ({"nll": {"ci": 1.0}}, "eval.nll.ci must be a number in (0, 1), got 1.0."),
         ({"lengths": ["fourx"]}, "fourx"),
         ({"lengths": [1.5]}, "1.5"),
+        ({"lengths": [1]}, "eval.lengths must hold at least one length of >= 2 tokens"),
         ({"precision": "fp8"}, "fp8"),
-        ({"passkey": {"depths": [0.5, 2]}}, "passkey depth 2"),
+        ({"passkey": {"depths": [0.5, 2]}}, "eval.passkey.depths must be a count >= 1 or"),
+        ({"passkey": {"threshold": 1.5}}, "eval.passkey.threshold must be a number in [0, 1]"),
         ({"shift_dnll": {"max_docs": 0}}, "max_docs"),
+        ({"shift_dnll": {"deltas": ["x2"]}}, "eval.shift_dnll.deltas entry 'x2' is invalid"),
+        ({"order_dnll": {"shuffle_block": 0}}, "eval.order_dnll.shuffle_block must be an integer"),
+        ({"position_probe_r2": {"ridge": 0}}, "eval.position_probe_r2.ridge must be a number > 0"),
+        ({"harness": {"limit": -3}}, "eval.harness.limit must be a number > 0, got -3."),
     ],
 )
 def test_bad_config_values_raise_clearly(bad, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        resolve_eval_config(bad, 64)
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        resolved(bad, 64)
+    text = str(error.value)
+    assert "\n" not in text and text.endswith(".") and text.count(". ") == 0  # one sentence
 
 
 # ---------------------------------------------------------------- nll
@@ -163,7 +170,7 @@ def manual_nll(model, doc, start, length):
     return -logits.log_softmax(-1).gather(-1, tokens[:, 1:, None])[0, :, 0].double()
 
 
-def test_nll_buckets_add_up_and_match_an_independent_computation():
+def test_nll_buckets_add_up_and_match_an_independent_computation(tiny_model, random_docs):
     model = tiny_model()
     docs = random_docs([200, 90, 300, 150])
     length = 64
@@ -187,7 +194,7 @@ def test_nll_buckets_add_up_and_match_an_independent_computation():
     assert whole[0]["ci_lo"] < whole[0]["value"] < whole[0]["ci_hi"]
 
 
-def test_sliding_with_stride_equal_to_window_is_nonoverlapping_exactly():
+def test_sliding_with_stride_equal_to_window_is_nonoverlapping_exactly(tiny_model, random_docs):
     model = tiny_model()
     docs = random_docs([300, 200, 260])
     kwargs = dict(max_docs=3, max_windows=4, bootstrap=50, seed=3)
@@ -201,13 +208,13 @@ def test_sliding_with_stride_equal_to_window_is_nonoverlapping_exactly():
     assert sum(r["n"] for r in short[:-1]) == short[-1]["n"]
 
 
-def test_short_docs_are_skipped_and_counted(caplog):
+def test_short_docs_are_skipped_and_counted(caplog, tiny_model, random_docs):
     model = tiny_model()
     docs = random_docs([64, 65, 10, 200, 64])  # 64 tokens are one short of a 64-token window
     rows = nll_rows(ctx_of(model), docs, 64, TRAIN, max_docs=10, bootstrap=0)
     assert rows[-1]["axis_value"] == 2 and rows[-1]["n"] == 2 * 64
     assert "ci_lo" not in rows[-1]  # bootstrap 0: no CI
-    with caplog.at_level(logging.WARNING, logger="bench.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="bench.metrics.nll"):
         empty = nll_rows(ctx_of(model), docs, 256, TRAIN, max_docs=10)
     assert len(empty) == 1 and empty[0]["n"] == 0 and empty[0]["axis_value"] == 0
     assert math.isnan(empty[0]["value"])
@@ -227,9 +234,13 @@ class PasskeyOracle(nn.Module):
         self.dummy = nn.Parameter(torch.zeros(1))
 
     def answer(self, key: int) -> str:
+        """Right for most keys; a wrong last digit when key % 3 == 0, and the key followed by an
+        extra digit ("12345" for 1234: a longer number) when key % 5 == 0."""
         text = f" {key}"
         if key % 3 == 0:
             text = text[:-1] + str((int(text[-1]) + 1) % 10)
+        elif key % 5 == 0:
+            text += "7"
         return text
 
     def forward(self, input_ids, position_ids=None, attention_mask=None, **_):
@@ -257,13 +268,15 @@ def test_teacher_forced_passkey_equals_greedy_on_an_oracle():
     oracle = PasskeyOracle()
     teacher = passkey_verdicts(oracle, examples, batch_size=5, device="cpu")
     greedy = greedy_passkey_verdicts(oracle, examples, batch_size=5, device="cpu")
-    truth = [e.key % 3 != 0 for e in examples]
+    truth = [e.key % 3 != 0 and e.key % 5 != 0 for e in examples]
     assert teacher == greedy == truth
     assert any(truth) and not all(truth)  # both verdicts occur: the equality is not vacuous
+    # The "key continues" case occurs, and only the end-of-key check rejects it.
+    assert any(e.key % 5 == 0 and e.key % 3 != 0 for e in examples)
 
 
 @pytest.mark.parametrize("kind", ["rope", "alibi"])
-def test_teacher_forced_passkey_equals_greedy_on_a_decoder(kind):
+def test_teacher_forced_passkey_equals_greedy_on_a_decoder(kind, tiny_model):
     """A random model fails real keys, so score it on its own greedy continuations (all True) and on
     corrupted ones (all False): teacher forcing must agree with KV-cache greedy decoding on both."""
     model = tiny_model(kind, train_length=128)
@@ -271,17 +284,18 @@ def test_teacher_forced_passkey_equals_greedy_on_a_decoder(kind):
     real = passkey_verdicts(model, examples, 4, "cpu")
     assert real == greedy_passkey_verdicts(model, examples, 4, "cpu")
     prompts = torch.tensor([e.prompt_ids for e in examples[:1]])
-    own = []
+    own, ends = [], []
     for e in examples:
         prompts = torch.tensor([e.prompt_ids])
-        tokens = model.generate_greedy(prompts, len(e.answer_ids))[0].tolist()
-        own.append(dataclasses.replace(e, answer_ids=tokens))
+        tokens = model.generate_greedy(prompts, len(e.answer_ids) + 1)[0].tolist()
+        own.append(dataclasses.replace(e, answer_ids=tokens[:-1]))
+        ends.append(not chr(tokens[-1]).isdigit())  # the verdict also needs the key to end
     wrong = [
         dataclasses.replace(e, answer_ids=e.answer_ids[:-1] + [(e.answer_ids[-1] + 1) % 256])
         for e in own
     ]
     mixed = own + wrong
-    expected = [True] * len(own) + [False] * len(wrong)
+    expected = ends + [False] * len(wrong)
     assert passkey_verdicts(model, mixed, 4, "cpu") == expected
     assert greedy_passkey_verdicts(model, mixed, 4, "cpu") == expected
 
@@ -296,25 +310,30 @@ def test_passkey_rows_and_context_through_evaluate_model():
     overall = {r["eval_length"]: r["value"] for r in acc if "axis" not in r}
     for length in (260, 290):  # the oracle's own rule, on the same seeded grid
         keys = [e.key for e in passkey_grid([length], [0.0, 1.0], 3, seed=0)]
-        assert overall[length] == pytest.approx(np.mean([k % 3 != 0 for k in keys]))
-    assert overall[400] == 0.0 and overall[260] == 0.5 and overall[290] > 0.8
+        assert overall[length] == pytest.approx(np.mean([k % 3 != 0 and k % 5 != 0 for k in keys]))
+    assert overall[400] == 0.0 and overall[260] < 0.6 < overall[290]  # 0.6: the threshold below
     by_depth = [r for r in acc if r.get("axis") == "depth"]
     assert sorted({r["axis_value"] for r in by_depth}) == [0.0, 1.0] and all(
         r["n"] == 3 for r in by_depth
     )
     (context,) = [r for r in rows if r["metric"] == "passkey_context"]
     assert context["value"] == 290 and context["eval_length"] == 290 and context["n"] == 3
+    assert context["axis"] == "threshold" and context["axis_value"] == 0.6  # the configured one
     none = passkey_context_row({256: 0.5, 512: 0.9}, 0.95)
     assert none["value"] == 0 and none["eval_length"] == 0 and none["n"] == 2
+    assert none["axis_value"] == 0.95
+    # the threshold decides: at 0.4 both lengths pass; when only the shorter passes, it wins
+    assert passkey_context_row({256: 0.5, 512: 0.9}, 0.4)["value"] == 512
+    assert passkey_context_row({256: 0.5, 512: 0.0}, 0.4)["value"] == 256
 
 
 # ---------------------------------------------------------------- evaluate_model
 
 
-def test_quick_config_runs_every_metric_and_restores_the_model():
+def test_quick_config_runs_every_metric_and_restores_the_model(tiny_model, random_docs):
     model = tiny_model("rope")
     model.train()
-    cfg = yaml.safe_load((CONF / "quick.yaml").read_text())
+    cfg = composed("quick")
     cfg["passkey"]["lengths"] = []  # passkey needs >= 253 tokens; covered above
     docs = random_docs([30, 140, 140, 140, 140, 140])
     scaling = ScalingConfig(name="yarn", method="yarn", params={"factor": "auto"})
@@ -348,7 +367,7 @@ def test_quick_config_runs_every_metric_and_restores_the_model():
     assert abs(raw[-1]["value"] - scaled[0]["value"]) > 1e-4
 
 
-def test_learned_table_lengths_beyond_the_table_are_skipped(caplog):
+def test_learned_table_lengths_beyond_the_table_are_skipped(caplog, tiny_model, random_docs):
     model = tiny_model("learned")
     cfg = only(nll={"bootstrap": 0}) | {"lengths": ["1x", "2x"]}
     with caplog.at_level(logging.WARNING, logger="bench.evaluate"):
@@ -365,7 +384,7 @@ def test_learned_table_lengths_beyond_the_table_are_skipped(caplog):
     assert {r["eval_length"] for r in rows} == {TRAIN, 2 * TRAIN}
 
 
-def test_bf16_precision_runs_close_to_fp32():
+def test_bf16_precision_runs_close_to_fp32(tiny_model, random_docs):
     model = tiny_model()
     docs = random_docs([100] * 2)
     cfg = only(nll={"bootstrap": 0}) | {"lengths": [64]}
@@ -375,3 +394,16 @@ def test_bf16_precision_runs_close_to_fp32():
     )
     assert bf16[-1]["value"] == pytest.approx(fp32[-1]["value"], abs=0.05)
     assert bf16[-1]["value"] != fp32[-1]["value"]
+
+
+def test_a_resolved_config_runs_as_its_mapping_and_must_match_the_training_length(
+    tiny_model, random_docs
+):
+    model, docs = tiny_model(), random_docs([100] * 2)
+    cfg = only(nll={"bootstrap": 0}) | {"lengths": ["1x", 48]}
+    run = resolved(cfg, TRAIN)
+    assert run.lengths == [TRAIN, 48] and run.to_dict()["nll"]["lengths"] == [TRAIN, 48]
+    rows = evaluate_model(model, run, docs, train_length=TRAIN, progress=False)
+    assert rows == evaluate_model(model, cfg, docs, train_length=TRAIN, progress=False)
+    with pytest.raises(ValueError, match="resolved for train_length 32, not 64"):
+        evaluate_model(model, run, docs, train_length=64, progress=False)

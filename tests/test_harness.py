@@ -9,6 +9,7 @@ whose numbers differ from the raw one.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -20,7 +21,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bench.harness as harness
 from bench.harness import (
     TASKS_DIR,
     LenbenchLM,
@@ -30,9 +30,12 @@ from bench.harness import (
     passkey_process_results,
     perplexity_docs,
     run_harness,
+    task_names,
 )
+from bench.harness.args import DEFAULT_MAX_BATCH_SIZE, MODEL_ARGS
+from bench.harness.cli import _with_include_path
+from bench.metrics.passkey import passkey_verdicts
 from bench.passkey import passkey_grid
-from bench.passkey_eval import passkey_verdicts
 from bench.tokenizer import ByteTokenizer
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, LMOutput, ModelConfig, ScalingConfig
@@ -170,7 +173,11 @@ def text_corpus(tmp_path_factory) -> dict:
     for i in range(4):
         (root / f"doc{i}.txt").write_text(f"# file {i}\n" + line * (30 + 5 * i), encoding="utf-8")
     (root / "short.txt").write_text("too short\n", encoding="utf-8")
-    return {"name": "text", "paths": [str(root)], "split_fractions": [0.0, 0.0, 1.0]}
+    return {
+        "name": "text",
+        "paths": [str(root)],
+        "split_fractions": {"train": 0.0, "validation": 0.0, "test": 1.0},
+    }
 
 
 def samples_by_doc(results: dict, task: str) -> list[dict]:
@@ -218,13 +225,13 @@ def test_parse_scaling_string_friendly_arguments():
         parse_scaling(None, factor=4)
 
 
-def test_model_arguments_validate_early_and_device_falls_back():
+def test_model_arguments_validate_early_and_unavailable_device_is_an_error():
     model = tiny_model()
     lm = LenbenchLM.create_from_arg_obj(
         {"pretrained": model, "scaling": "yarn", "factor": "auto"},
         {"batch_size": "auto", "device": None},
     )
-    assert lm.batch_rows == harness.DEFAULT_MAX_BATCH_SIZE and lm.max_length is None
+    assert lm.batch_rows == DEFAULT_MAX_BATCH_SIZE and lm.max_length is None
     assert lm.get_model_info()["scaling"]["method"] == "yarn"
     with pytest.raises(ValueError, match="does not apply to position family 'alibi'"):
         LenbenchLM(pretrained=tiny_model("alibi"), scaling="yarn", factor=2)
@@ -232,8 +239,16 @@ def test_model_arguments_validate_early_and_device_falls_back():
         LenbenchLM(pretrained=model, prefix_token="cls")
     with pytest.raises(ValueError, match="batch_size 'zero' is invalid"):
         LenbenchLM(pretrained=model, batch_size="zero")
-    if not torch.cuda.is_available():
-        assert LenbenchLM(pretrained=model, device="cuda:0").device.type == "cpu"
+    with pytest.raises(ValueError, match="precision 'fp8' is unknown"):
+        LenbenchLM(pretrained=model, precision="fp8")
+    with pytest.raises(ValueError, match="device 'gpu' is unknown"):
+        LenbenchLM(pretrained=model, device="gpu")
+    if not torch.cuda.is_available():  # bench.runtime.resolve_device: no silent fallback to cpu
+        with pytest.raises(ValueError, match="device 'cuda:0' is not available"):
+            LenbenchLM(pretrained=model, device="cuda:0")
+    # every LenbenchLM argument is named in the error for an unknown (non-scaling) model argument
+    own = set(inspect.signature(LenbenchLM.__init__).parameters) - {"self", "scaling_params"}
+    assert own == set(MODEL_ARGS)
 
 
 # --------------------------------------------------------------------------- LM methods
@@ -371,9 +386,14 @@ def test_passkey_docs_match_the_native_grid():
             and list(doc["answer"].encode()) == ex.answer_ids
         )
         assert doc["key"] == ex.key and doc["depth"] == ex.depth and doc["eval_length"] == 300
+    # A longer number is wrong for both metrics (the key must end); text after the key is fine.
     assert passkey_process_results(docs[0], [docs[0]["answer"] + "9"]) == {
-        "acc": 1,
+        "acc": 0,
         "acc_parsed": 0,
+    }
+    assert passkey_process_results(docs[0], [docs[0]["answer"] + ". The"]) == {
+        "acc": 1,
+        "acc_parsed": 1,
     }
     assert passkey_process_results(docs[0], [docs[0]["answer"].strip()]) == {
         "acc": 0,
@@ -391,7 +411,11 @@ def test_perplexity_docs_exact_bytes(tmp_path):
     )  # byte 300 splits the é
     (tmp_path / "b.txt").write_bytes("ü".encode() * 200)
     (tmp_path / "c.txt").write_bytes(b"short")
-    data = {"name": "text", "paths": [str(tmp_path)], "split_fractions": [0, 0, 1]}
+    data = {
+        "name": "text",
+        "paths": [str(tmp_path)],
+        "split_fractions": {"train": 0, "validation": 0, "test": 1},
+    }
     docs = perplexity_docs(length=300, data=data, version=1.0)
     assert [d["id"] for d in docs] == ["b.txt"]  # a.txt: invalid UTF-8 cut; c.txt: too short
     assert len(docs[0]["text"].encode()) == 300 and docs[0]["eval_length"] == 300
@@ -404,7 +428,7 @@ def test_perplexity_docs_exact_bytes(tmp_path):
 
 
 def test_task_files_are_indexed():
-    names = set(harness.task_names())
+    names = set(task_names())
     for length in (256, 512, 1024, 2048, 4096, 8192, 16384):
         assert {f"lenbench_passkey_{length}", f"lenbench_ppl_{length}"} <= names
     assert {"lenbench_passkey", "lenbench_ppl"} <= names
@@ -529,29 +553,30 @@ def test_harness_rows_groups_filters_and_stderr():
 
 def test_include_path_is_added_only_when_missing():
     ours = ["--include_path", str(TASKS_DIR)]
-    assert harness._with_include_path(["--model", "lenbench"]) == ["--model", "lenbench", *ours]
-    assert harness._with_include_path(["run", "--tasks", "x"]) == ["run", "--tasks", "x", *ours]
-    assert harness._with_include_path(["ls", "tasks"]) == ["ls", "tasks", *ours]
-    assert harness._with_include_path(["--include_path", "/mine", "--tasks", "x"]) == [
+    assert _with_include_path(["--model", "lenbench"]) == ["--model", "lenbench", *ours]
+    assert _with_include_path(["run", "--tasks", "x"]) == ["run", "--tasks", "x", *ours]
+    assert _with_include_path(["ls", "tasks"]) == ["ls", "tasks", *ours]
+    assert _with_include_path(["--include_path", "/mine", "--tasks", "x"]) == [
         "--include_path",
         "/mine",
         "--tasks",
         "x",
     ]
-    assert harness._with_include_path(["--include_path=/mine"]) == ["--include_path=/mine"]
-    assert harness._with_include_path([]) == [] and harness._with_include_path(["-h"]) == ["-h"]
+    assert _with_include_path(["--include_path=/mine"]) == ["--include_path=/mine"]
+    assert _with_include_path([]) == [] and _with_include_path(["-h"]) == ["-h"]
 
 
 def save_tiny_checkpoint(model: DecoderLM, cache_root: Path) -> str:
     """Store ``model`` in a checkpoint cache through bench.cache; return its key."""
     from dataclasses import asdict
 
-    from bench.cache import NON_WEIGHT_POSITION_KEYS, key_of, save_checkpoint
+    from bench.cache import key_of, save_checkpoint
+    from bench.schema import PositionSchema, weight_fields
 
     position = asdict(model.position_cfg)
     config = {
         "model": asdict(model.model_cfg),
-        "position": {k: v for k, v in position.items() if k not in NON_WEIGHT_POSITION_KEYS},
+        "position": {k: v for k, v in position.items() if k in weight_fields(PositionSchema)},
         "train": {"length": model.train_length},
         "note": "bench.harness test checkpoint",
     }
@@ -602,7 +627,7 @@ def test_cli_wrapper_runs_lenbench_model_offline(tmp_path, text_corpus):
         "--limit", "2", "--batch_size", "2", "--device", "cpu",
         "--output_path", str(tmp_path / "out"),
     ]  # fmt: skip
-    code = "import sys; from bench.harness import main; sys.exit(main())"  # = lenbench-harness
+    code = "import sys; from bench.harness.cli import main; sys.exit(main())"  # = lenbench-harness
     proc = subprocess.run(
         [sys.executable, "-c", code, *args],
         env=env,

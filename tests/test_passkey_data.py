@@ -189,3 +189,53 @@ def test_grid_rejects_bad_input() -> None:
         passkey_grid([300], [2.0], trials=1, seed=0)
     with pytest.raises(ValueError, match="minimum"):
         passkey_grid([100], [0.5], trials=1, seed=0)
+
+
+# --------------------------------------------------------------------------- templates, verdict
+
+
+def test_short_template_leaves_most_of_the_window_to_the_filler() -> None:
+    from bench.passkey import PASSKEY_TEMPLATES
+
+    for length in (256, 512):
+        share = 1 - min_passkey_length(template="short") / length
+        assert share >= 0.7, (length, share)
+    # Negative control: Landmark's text leaves almost nothing at 256 tokens.
+    assert 1 - min_passkey_length(template="landmark") / 256 < 0.05
+    assert set(PASSKEY_TEMPLATES) >= {"short", "landmark"}
+
+
+@pytest.mark.parametrize("template", ["short", "landmark"])
+def test_templates_keep_the_landmark_structure(template: str) -> None:
+    from bench.passkey import passkey_template
+
+    t = passkey_template(template)
+    ex = make_passkey_example(300, 0.5, 4321, template=template)
+    text = TOK.decode(ex.prompt_ids)
+    lines = text.split("\n")
+    assert lines[0] == t.task and lines[2] == t.needle.format(key=4321)
+    assert lines[-1] == t.question and TOK.decode(ex.answer_ids) == " 4321"
+    assert ex.template == template and len(ex.prompt_ids) + len(ex.answer_ids) == 300
+    # The question ends in words of the needle; in the short template the standard filler never
+    # contains them (a copy cue with one match), in Landmark's it does ("The sky is blue").
+    tail = t.question.split()[-1]
+    assert tail in t.needle
+    assert (tail not in standard_filler_text(5000)) == (template == "short")
+
+
+def test_unknown_template_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match="passkey template 'nope' is unknown; allowed: "):
+        make_passkey_example(300, 0.5, 1, template="nope")
+
+
+def test_answer_verdict_requires_the_key_to_end() -> None:
+    from bench.passkey import answer_matches, is_digit_token
+
+    assert answer_matches(" 1234", " 1234")
+    assert answer_matches(" 1234.", " 1234")
+    assert answer_matches(" 1234\nmore", " 1234")
+    assert not answer_matches(" 12345", " 1234")  # the defect: a longer number
+    assert not answer_matches(" 123", " 1234")
+    assert not answer_matches("1234", " 1234")
+    assert is_digit_token(TOK.encode("7")[0]) and not is_digit_token(TOK.encode(".")[0])
+    assert not is_digit_token(TOK.EOS)

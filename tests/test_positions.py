@@ -36,7 +36,11 @@ def rope_score(q, k, p, s, inv_freq, layout="interleaved", rotate_k=True):
 
 def test_seed_hand_example_90_degrees_gives_score_2():
     # seed 004, section 5: q=[1,2], k=[3,4], 90 degrees per step, m=1, n=2 -> 2, and shifting by 10 keeps 2
-    q, k, quarter_turn = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0]), torch.tensor([math.pi / 2])
+    q, k, quarter_turn = (
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([3.0, 4.0]),
+        torch.tensor([math.pi / 2]),
+    )
     assert rope_score(q, k, 1, 2, quarter_turn) == pytest.approx(2.0, abs=1e-4)
     assert rope_score(q, k, 11, 12, quarter_turn) == pytest.approx(2.0, abs=1e-4)
     # negative control: rotating only q gives a different number (R(90)q . k = -2*3 + 1*4 = -2)
@@ -135,8 +139,12 @@ def test_common_shift_keeps_scores_and_key_move_changes_them(layout):
     inv_freq = default_inv_freq(64)
     base = rope_score(q, k, 7, 3, inv_freq, layout)
     for delta in (1, 100, 4096):
-        assert rope_score(q, k, 7 + delta, 3 + delta, inv_freq, layout) == pytest.approx(base, abs=1e-3)
-    assert abs(rope_score(q, k, 7, 4, inv_freq, layout) - base) > 1e-2  # moving only the key matters
+        assert rope_score(q, k, 7 + delta, 3 + delta, inv_freq, layout) == pytest.approx(
+            base, abs=1e-3
+        )
+    assert (
+        abs(rope_score(q, k, 7, 4, inv_freq, layout) - base) > 1e-2
+    )  # moving only the key matters
     # negative control: rotating only Q breaks the common-shift invariance
     only_q = rope_score(q, k, 7, 3, inv_freq, layout, rotate_k=False)
     assert abs(rope_score(q, k, 107, 103, inv_freq, layout, rotate_k=False) - only_q) > 1e-2

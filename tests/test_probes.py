@@ -7,49 +7,28 @@ import numpy as np
 import pytest
 import torch
 
-from bench.corpora import Document
-from bench.probes import (
+from bench.metrics.context import (
     EvalContext,
-    attn_entropy_rows,
     bootstrap_ratio_ci,
     bucket_edges,
     bucket_index,
+    select_documents,
+)
+from bench.metrics.probes import (
+    attn_entropy_rows,
     context_nll_rows,
     order_dnll_rows,
-    position_probe_rows,
-    r2_score,
-    ridge_fit,
-    ridge_predict,
-    select_documents,
     shift_dnll_rows,
     shuffle_far_context,
 )
-from models.positions import PositionConfig
-from models.transformer import DecoderLM, ModelConfig
+from bench.metrics.probes_position import position_probe_rows, r2_score, ridge_fit, ridge_predict
+from models.transformer import ModelConfig
 
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4)
 TRAIN = 32
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_model(kind="rope", seed=0, model_cfg=TINY, **position_kwargs):
-    torch.manual_seed(seed)
-    model = DecoderLM(model_cfg, PositionConfig(kind=kind, **position_kwargs), TRAIN)
-    with torch.no_grad():  # sharper attention than at init, so that context and position matter
-        for block in model.blocks:
-            block.attn.q_proj.weight.mul_(6.0)
-            block.attn.kv_proj.weight.mul_(6.0)
-    return model.eval()
-
-
-def random_docs(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    return [
-        Document(f"doc{i}", rng.integers(0, 256, size=n).astype(np.int16))
-        for i, n in enumerate(lengths)
-    ]
 
 
 def ctx_of(model):
@@ -70,7 +49,7 @@ def test_bucket_edges_powers_of_two_plus_train_length():
     assert index.tolist() == [0, 1, 2, 2]
 
 
-def test_select_documents_spreads_and_counts():
+def test_select_documents_spreads_and_counts(random_docs):
     docs = random_docs([5, 50, 50, 50, 50, 5, 50])
     selected, eligible = select_documents(docs, 50, 2)
     assert eligible == 5
@@ -123,7 +102,7 @@ def test_shuffle_far_context_permutes_only_far_blocks():
 # ---------------------------------------------------------------- shift_dnll
 
 
-def test_shift_dnll_is_zero_for_a_constant_position_table():
+def test_shift_dnll_is_zero_for_a_constant_position_table(tiny_model, random_docs):
     model = tiny_model("learned", max_positions=16 * TRAIN + TRAIN)
     with torch.no_grad():
         model.pos_table.copy_(model.pos_table[:1].expand_as(model.pos_table))
@@ -135,7 +114,7 @@ def test_shift_dnll_is_zero_for_a_constant_position_table():
     assert all(r["axis"] == "delta" for r in rows)
 
 
-def test_shift_dnll_negative_control_learned_and_sinusoidal_move():
+def test_shift_dnll_negative_control_learned_and_sinusoidal_move(tiny_model, random_docs):
     for model in (tiny_model("learned", max_positions=4 * TRAIN), tiny_model("sinusoidal")):
         rows = shift_dnll_rows(
             ctx_of(model), random_docs([40] * 3), TRAIN, [TRAIN, 2 * TRAIN], max_docs=3
@@ -144,7 +123,7 @@ def test_shift_dnll_negative_control_learned_and_sinusoidal_move():
 
 
 @pytest.mark.parametrize("kind", ["rope", "alibi", "nope"])
-def test_shift_dnll_is_flat_for_relative_encodings(kind):
+def test_shift_dnll_is_flat_for_relative_encodings(kind, tiny_model, random_docs):
     model = tiny_model(kind)
     rows = shift_dnll_rows(
         ctx_of(model),
@@ -158,9 +137,9 @@ def test_shift_dnll_is_flat_for_relative_encodings(kind):
     assert max(abs(r["value"]) for r in rows) < 1e-4
 
 
-def test_shift_dnll_skips_deltas_outside_a_learned_table(caplog):
+def test_shift_dnll_skips_deltas_outside_a_learned_table(caplog, tiny_model, random_docs):
     model = tiny_model("learned", max_positions=3 * TRAIN)
-    with caplog.at_level(logging.WARNING, logger="bench.probes"):
+    with caplog.at_level(logging.WARNING, logger="bench.metrics.probes"):
         rows = shift_dnll_rows(
             ctx_of(model), random_docs([40] * 2), TRAIN, [TRAIN, 2 * TRAIN + 1], max_docs=2
         )
@@ -178,7 +157,7 @@ def context_free(model):
     return model
 
 
-def test_context_nll_flat_and_order_dnll_zero_without_attention():
+def test_context_nll_flat_and_order_dnll_zero_without_attention(tiny_model, random_docs):
     model = context_free(tiny_model("rope"))
     docs = random_docs([200] * 3)
     ctx = ctx_of(model)
@@ -193,7 +172,7 @@ def test_context_nll_flat_and_order_dnll_zero_without_attention():
     assert all(abs(r["value"]) < 1e-6 and r["axis"] == "distance" for r in order)
 
 
-def test_negative_control_context_matters_with_attention():
+def test_negative_control_context_matters_with_attention(tiny_model, random_docs):
     model = tiny_model("rope")
     docs = random_docs([200] * 3)
     ctx = ctx_of(model)
@@ -206,7 +185,7 @@ def test_negative_control_context_matters_with_attention():
 # ---------------------------------------------------------------- attention entropy
 
 
-def test_uniform_attention_entropy_is_log_number_of_keys():
+def test_uniform_attention_entropy_is_log_number_of_keys(tiny_model, random_docs):
     model = tiny_model("rope")
     with torch.no_grad():
         for block in model.blocks:
@@ -233,7 +212,7 @@ def test_uniform_attention_entropy_is_log_number_of_keys():
 # ---------------------------------------------------------------- position probe
 
 
-def test_position_probe_reads_sinusoidal_embeddings_but_not_nope():
+def test_position_probe_reads_sinusoidal_embeddings_but_not_nope(tiny_model, random_docs):
     docs = random_docs([128] * 4)
     kwargs = dict(layer=0, fit_docs=2, test_docs=2, positions_per_doc=64, ridge=1e-3)
     sin_rows = position_probe_rows(
@@ -249,7 +228,7 @@ def test_position_probe_reads_sinusoidal_embeddings_but_not_nope():
     assert nope_r2["inside"] < 0.3, nope_r2
 
 
-def test_position_probe_has_no_beyond_row_at_the_training_length():
+def test_position_probe_has_no_beyond_row_at_the_training_length(tiny_model, random_docs):
     rows = position_probe_rows(
         ctx_of(tiny_model("rope")),
         random_docs([40] * 4),

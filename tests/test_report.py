@@ -1,4 +1,4 @@
-"""Tests for bench/report.py on synthetic, realistically shaped result tables (no torch)."""
+"""Tests for bench/report/ on synthetic, realistically shaped result tables (no torch)."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def synthetic_rows(
                 ctx = max(good, default=0)
                 rows.append(
                     {**base, "eval_length": ctx, "metric": "passkey_context", "value": float(ctx),
-                     "n": len(accuracy)}
+                     "n": len(accuracy), "axis": "threshold", "axis_value": 0.8}
                 )  # fmt: skip
                 for delta in [0, 16, 64, 256, 1024]:
                     v = 0.0 if pos in ("alibi", "nope") else BREAK[pos] * 0.1 * math.log2(1 + delta)
@@ -384,8 +384,13 @@ def test_passkey_and_probe_tables_trace(full_report: tuple[Path, Path]) -> None:
         assert row["passkey_context"] == (max(good) if good else 0), (pos, scal)
     assert ctx.loc[("alibi", "none"), "passkey_context"] == 1024
     assert ctx.loc[("sinusoidal", "none"), "passkey_context"] == 64
-    # the value the jobs stored agrees with the one derived from the accuracies
-    assert (ctx["recorded_passkey_context"] == ctx["passkey_context"]).all()
+    # the table shows the values the jobs stored (both seeds), with their threshold
+    assert (ctx["threshold"].astype(str) == "0.8").all()
+    c = pd.read_csv(tables / "passkey_context.csv")
+    for j in range(len(c)):
+        src = _trace(tables, c, j)
+        assert set(src["metric"]) == {"passkey_context"} and sorted(src["seed"]) == SEEDS
+        assert (src["value"] == c.loc[j, "passkey_context"]).all()
 
     e = pd.read_csv(tables / "probe_attn_entropy_summary.csv")
     k = int(
@@ -440,7 +445,11 @@ def test_cli_explicit_dirs_and_out(tmp_path: Path, capsys: pytest.CaptureFixture
     """Two result dirs without any nll rows: probe rows for rope, passkey rows for alibi."""
     rows = synthetic_rows(seeds=[0])
     a = [r for r in rows if r["metric"] == "position_probe_r2" and r["position"] == "rope"]
-    b = [r for r in rows if r["metric"] == "passkey_acc" and r["position"] == "alibi"]
+    b = [
+        r
+        for r in rows
+        if r["metric"] in ("passkey_acc", "passkey_context") and r["position"] == "alibi"
+    ]
     write_sweep(tmp_path / "a", a)
     write_sweep(tmp_path / "b", b)
     assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "rep")]) == 0
@@ -485,6 +494,58 @@ def test_cli_default_latest_experiment(tmp_path: Path, monkeypatch: pytest.Monke
     assert latest_experiment_dir() == Path("results") / "exp_b"
 
 
+def test_passkey_context_comes_from_stored_rows(tmp_path: Path) -> None:
+    """The report shows the stored passkey_context rows (it never recomputes them) and draws the
+    threshold stored with them; rows written before the threshold was stored say so."""
+    rows = [
+        r
+        for r in synthetic_rows(seeds=[0])
+        if r["position"] == "rope" and r["scaling"] == "none" and r["metric"].startswith("passkey")
+    ]
+    acc = [r for r in rows if r["metric"] == "passkey_acc"]
+    (stored,) = [r for r in rows if r["metric"] == "passkey_context"]
+    assert stored["value"] == 64 and stored["axis_value"] == 0.8  # the accuracies' answer at 0.8
+
+    def report(name: str, context_rows: list[dict]) -> tuple[str, str, Path]:
+        write_sweep(tmp_path / name, acc + context_rows)
+        out = generate_report(tmp_path / name, tmp_path / f"{name}_report")
+        svg = (out.parent / "plots" / "passkey_acc_vs_length.svg").read_text()
+        return out.read_text(), svg, out.parent / "tables" / "passkey_context.csv"
+
+    # a job that used threshold 0.6 stored 256: shown as stored, with a dotted line at 0.6
+    text, svg, table = report(
+        "t06", [{**stored, "value": 256.0, "eval_length": 256, "axis_value": 0.6}]
+    )
+    t = pd.read_csv(table)
+    assert t["passkey_context"].tolist() == [256] and t["threshold"].tolist() == [0.6]
+    assert "passkey-context threshold 0.6" in svg and "the dotted line is the 0.6 threshold" in text
+    assert "Threshold: 0.6." in text and "threshold not recorded" not in text
+    # negative control: the 0.8 of the earlier hard-coded threshold appears nowhere
+    assert "passkey-context threshold 0.8" not in svg and "0.8 threshold" not in text
+
+    # an older row without a threshold: its value, "threshold not recorded", no threshold line
+    old = {k: v for k, v in stored.items() if k not in ("axis", "axis_value")}
+    text, svg, table = report("old", [old])
+    t = pd.read_csv(table)
+    assert t["passkey_context"].tolist() == [64] and t["threshold"].tolist() == ["not recorded"]
+    assert "threshold not recorded" in text and "passkey-context threshold" not in svg
+
+    # seeds that disagree (mean, min, max) and two thresholds (one row each, no single line)
+    seed1 = {**stored, "seed": 1, "run_id": "rope-none-s1", "value": 256.0, "eval_length": 256}
+    loose = {**stored, "value": 512.0, "eval_length": 512, "axis_value": 0.6}
+    text, svg, table = report("mixed", [stored, seed1, loose])
+    t = pd.read_csv(table)
+    assert t["threshold"].tolist() == [0.6, 0.8] and t["passkey_context"].tolist() == [512, 160]
+    assert t["seed_min"].tolist() == [512, 64] and t["seed_max"].tolist() == [512, 256]
+    assert "| seed_min | seed_max |" in text and "Threshold: 0.6, 0.8." in text
+    assert "different thresholds (0.6, 0.8)" in text and "passkey-context threshold" not in svg
+
+    # accuracies without stored passkey_context rows: a note instead of the table
+    text, _, table = report("none", [])
+    assert "no `passkey_context` rows in these results" in text and not table.exists()
+    assert "no `passkey_acc` rows" not in text
+
+
 def test_bad_paths_give_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope_dir"
     with pytest.raises(ValueError, match="nope_dir.*does not exist"):
@@ -516,3 +577,16 @@ def test_report_does_not_import_torch() -> None:
     assert (
         subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
     )
+
+
+def test_python_m_bench_report_help() -> None:
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.report", "--help"],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: lenbench-report") and "--out" in run.stdout

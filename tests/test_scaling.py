@@ -34,6 +34,7 @@ import torch
 from models.scaling import (
     SCALING_METHODS,
     RopeGeometry,
+    applicable_methods,
     default_inv_freq,
     logn_factor,
     register_scaling,
@@ -576,8 +577,22 @@ def test_registry_names_and_extension() -> None:
             )
         with pytest.raises(ValueError, match="already registered"):
             register_scaling("_test_halve")(_halve)
+        assert "_test_halve" in applicable_methods("rope")  # rope takes every registered method
+        assert "_test_halve" not in applicable_methods("sinusoidal")
     finally:
         SCALING_METHODS.pop("_test_halve", None)
+
+
+def test_applicable_methods_per_family() -> None:
+    assert applicable_methods("rope") == tuple(SCALING_METHODS)
+    assert applicable_methods("learned") == ("default", "linear")
+    assert applicable_methods("alibi") == applicable_methods("nope") == ("default",)
+    assert set(applicable_methods("sinusoidal")) == {"default", "linear", "ntk", "dynamic"}
+    assert all(
+        set(applicable_methods(k)) <= set(SCALING_METHODS) for k in ("sinusoidal", "learned")
+    )
+    with pytest.raises(ValueError, match="position family 'rotary' is unknown; allowed: rope"):
+        applicable_methods("rotary")
 
 
 # ----------------------------------------------------------------------------- errors

@@ -31,19 +31,19 @@ class TrainCounter:
         self.fail_for = fail_for
         original = cache_module.get_or_train
 
-        def train_fn(cfg, corpus, **kwargs):
-            kind = cfg["position"]["kind"]
+        def train_fn(job, corpus, **kwargs):
+            kind = job.position.kind
             self.calls.append(kind)
             if kind == self.fail_for:
                 raise TrainingDiverged(
                     "training diverged at step 3 of 8: the loss is nan", 3, float("nan")
                 )
-            return train_model(cfg, corpus, **kwargs)
+            return train_model(job, corpus, **kwargs)
 
-        def counting_get_or_train(cfg, corpus, cache_root=None, **kwargs):
+        def counting_get_or_train(job, corpus, cache_root=None, **kwargs):
             kwargs["train_fn"] = train_fn
             kwargs["progress"] = False
-            return original(cfg, corpus, cache_root, **kwargs)
+            return original(job, corpus, cache_root, **kwargs)
 
         monkeypatch.setattr(cache_module, "get_or_train", counting_get_or_train)
 
@@ -212,6 +212,23 @@ def test_failing_jobs_are_recorded_and_the_sweep_continues(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "3 failed" in out and "rope/none" in out and "training diverged" in out
     assert "lenbench: error: train.length 64 is too short" in out  # the job's own log line
+
+
+def test_sweep_in_which_nothing_ran_writes_no_report(smoke, tmp_path, monkeypatch, capsys):
+    """Every cell not applicable: the jobs are skipped and no report is written, although the
+    experiment has results from an earlier sweep (which a report would cover)."""
+    root, *_ = smoke
+    shutil.copytree(root / "results", tmp_path / "results")
+    code, calls, statuses = run_sweep(tmp_path, monkeypatch, "position=alibi", "scaling=linear")
+    assert code == 0 and calls == []
+    assert [st["status"] for st in statuses.values()] == ["not_applicable"]
+    out = capsys.readouterr().out
+    assert "no job of this sweep ran; no report written" in out and "report written to" not in out
+    assert not (tmp_path / "reports").exists()
+    # negative control: a sweep that reuses those results does write the report
+    code, calls, statuses = run_sweep(tmp_path, monkeypatch, "position=rope", "scaling=none")
+    assert code == 0 and [st["status"] for st in statuses.values()] == ["cached"]
+    assert (tmp_path / "reports" / "smoke" / "report.md").is_file()
 
 
 def test_run_job_validates_before_touching_the_cache(monkeypatch, tmp_path):

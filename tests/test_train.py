@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,18 @@ import torch
 
 import bench.train as train_mod
 from bench.corpora import Corpus, load_corpus
+from bench.schema import (
+    DataConfig,
+    JobConfig,
+    ModelSchema,
+    PositionSchema,
+    TrainConfig,
+    weights_dict,
+)
 from bench.train import (
-    TRAIN_DEFAULTS,
     TrainingDiverged,
     lr_at,
     make_model,
-    normalize_train_config,
     param_groups,
     train_model,
 )
@@ -47,12 +54,13 @@ def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(corpus_root: Path) -> Corpus:
-    data = load_corpus({"name": "text", "paths": [str(corpus_root)]})
+    data = load_corpus(DataConfig(name="text", paths=[str(corpus_root)]))
     assert data.stats()["validation_docs"] > 0 and data.stats()["train_docs"] > 10
     return data
 
 
-def tiny_cfg(**train: object) -> dict:
+def tiny_dict(**train: object) -> dict:
+    """A job config as plain data (what Hydra composes), with a tiny model and short training."""
     return {
         "model": {"n_layers": 1, "d_model": 32, "n_heads": 2},
         "position": {"kind": "rope"},
@@ -70,6 +78,10 @@ def tiny_cfg(**train: object) -> dict:
         },
         "seed": 0,
     }
+
+
+def tiny_cfg(**train: object) -> JobConfig:
+    return JobConfig.from_hydra(tiny_dict(**train))
 
 
 def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -106,7 +118,7 @@ def test_same_seed_same_weights_other_seed_differs(corpus: Corpus) -> None:
     sa, sb = state_of(a), state_of(b)
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert stats_a["train_losses"] == stats_b["train_losses"]
-    c, _ = train_model({**cfg, "seed": 1}, corpus, progress=False)
+    c, _ = train_model(replace(cfg, seed=1), corpus, progress=False)
     sc = state_of(c)
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # negative control
 
@@ -188,27 +200,33 @@ def test_cpu_bf16_flags_are_read_from_cpuinfo(monkeypatch, tmp_path) -> None:
 
 
 def test_passkey_rows_and_answer_loss_train(corpus: Corpus) -> None:
-    cfg = tiny_cfg(length=256, batch_size=2, steps=2, passkey_fraction=0.5, passkey_loss="answer")
-    cfg["train"]["eval_batches"] = 0
+    cfg = tiny_cfg(
+        length=256,
+        batch_size=2,
+        steps=2,
+        passkey_fraction=0.5,
+        passkey_loss="answer",
+        eval_batches=0,
+    )
     _, stats = train_model(cfg, corpus, progress=False)
     assert math.isfinite(stats["final_train_loss"])
 
 
 def test_lr_schedule_warmup_cosine_and_min_lr_forms() -> None:
-    spec = normalize_train_config({"lr": 1.0, "min_lr_ratio": 0.1, "warmup_steps": 4, "steps": 14})
+    spec = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=4, steps=14)
     lrs = [lr_at(s, spec) for s in range(14)]
     assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert lrs[4] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))  # monotone decay
     assert lrs[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 5 / 9)))
-    same = normalize_train_config({"lr": 1.0, "min_lr": 0.1, "warmup_steps": 4, "steps": 14})
-    assert same == spec
-    assert lr_at(0, normalize_train_config({"lr": 2.0, "warmup_steps": 0, "steps": 1})) == 2.0
+    same = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=4, steps=14)
+    assert weights_dict(same) == weights_dict(spec)  # one recipe, one checkpoint key
+    assert [lr_at(s, same) for s in range(14)] == pytest.approx(lrs)
+    assert lr_at(0, TrainConfig(lr=2.0, warmup_steps=0, steps=1)) == 2.0
 
 
 def test_weight_decay_only_on_projection_matrices() -> None:
-    cfg = tiny_cfg()
-    cfg["position"] = {"kind": "learned"}
+    cfg = replace(tiny_cfg(), position=PositionSchema(kind="learned"))
     model = make_model(cfg)
     decay, no_decay = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -223,7 +241,7 @@ def test_weight_decay_only_on_projection_matrices() -> None:
 
 def test_untied_head_is_decayed() -> None:
     cfg = tiny_cfg()
-    cfg["model"]["tie_embeddings"] = False
+    cfg = replace(cfg, model=replace(cfg.model, tie_embeddings=False))
     model = make_model(cfg)
     decay, _ = param_groups(model, 0.1)
     assert any(p is model.lm_head.weight for p in decay["params"])
@@ -231,8 +249,7 @@ def test_untied_head_is_decayed() -> None:
 
 
 def test_weight_decay_scope_all_decays_every_parameter_once() -> None:
-    cfg = tiny_cfg()
-    cfg["position"] = {"kind": "learned"}
+    cfg = replace(tiny_cfg(), position=PositionSchema(kind="learned"))
     model = make_model(cfg)
     decay, no_decay = param_groups(model, 0.1, "all")
     assert not no_decay["params"]
@@ -265,42 +282,55 @@ def test_weight_decay_scope_reaches_the_optimizer(corpus: Corpus, monkeypatch) -
         (
             "train",
             {"precision": "fp16"},
-            r"train.precision 'fp16' is unknown; allowed values are fp32, bf16",
+            r"train.precision must be one of fp32, bf16, got 'fp16'",
         ),
-        ("train", {"stepz": 3}, r"unknown keys \['stepz'\]"),
-        ("train", {"steps": 0}, r"train.steps 0 is invalid"),
-        ("train", {"betas": [0.9]}, r"train.betas"),
-        ("train", {"passkey_filler": "lorem"}, r"passkey_filler 'lorem' is unknown"),
+        ("train", {"stepz": 3}, r"train.stepz is an unknown key; allowed keys: length, steps"),
+        ("train", {"steps": 0}, r"train.steps must be an integer >= 1, got 0"),
+        ("train", {"steps": "abc"}, r"train.steps must be an integer, got 'abc'"),
+        ("train", {"steps": 10.0}, r"train.steps must be an integer, got 10.0"),
+        ("train", {"betas": [0.9]}, r"train.betas must be two numbers in \[0, 1\)"),
+        (
+            "train",
+            {"passkey_filler": "lorem"},
+            r"train.passkey_filler must be one of standard, corpus, got 'lorem'",
+        ),
         (
             "train",
             {"weight_decay_scope": "norms"},
-            r"train.weight_decay_scope 'norms' is unknown; allowed values are matrices, all",
+            r"train.weight_decay_scope must be one of matrices, all, got 'norms'",
         ),
-        ("model", {"widht": 3}, r"model config has unknown keys \['widht'\]"),
+        ("train", {"name": "quick"}, r"train.name is an unknown key"),  # no ignored labels
+        ("model", {"widht": 3}, r"model.widht is an unknown key; allowed keys: vocab_size"),
     ],
 )
-def test_bad_config_is_one_clear_value_error(
-    corpus: Corpus, section: str, patch: dict, message: str
-) -> None:
-    cfg = tiny_cfg()
+def test_bad_config_is_one_clear_value_error(section: str, patch: dict, message: str) -> None:
+    cfg = tiny_dict()
     cfg[section] = {**cfg[section], **patch}
     with pytest.raises(ValueError, match=message):
-        train_model(cfg, corpus, progress=False)
+        JobConfig.from_hydra(cfg)  # the one place a config is checked, before any training
+    JobConfig.from_hydra(tiny_dict())  # negative control
 
 
-def test_defaults_and_name_label_are_accepted() -> None:
-    spec = normalize_train_config({"name": "quick"})
-    assert spec["steps"] == TRAIN_DEFAULTS["steps"] and "min_lr_ratio" not in spec
-    assert spec["min_lr"] == pytest.approx(TRAIN_DEFAULTS["lr"] * TRAIN_DEFAULTS["min_lr_ratio"])
-    assert normalize_train_config({"steps": 10.0})["steps"] == 10  # YAML float spelling
+def test_schema_defaults_and_min_lr() -> None:
+    spec = TrainConfig()
+    assert spec.steps == 300 and spec.final_lr == pytest.approx(spec.lr * spec.min_lr_ratio)
+    assert "min_lr_ratio" not in weights_dict(spec)  # folded into min_lr
+    assert weights_dict(spec)["min_lr"] == spec.final_lr
+    assert TrainConfig(lr=1.0, min_lr_ratio=0.5).final_lr == 0.5
+    assert TrainConfig(lr=1.0, min_lr=0.2, min_lr_ratio=0.5).final_lr == 0.2  # min_lr wins
+    # a copy with another lr recomputes the final lr (nothing stale is stored)
+    assert replace(TrainConfig(lr=1.0), lr=0.5).final_lr == pytest.approx(0.05)
+    with pytest.raises(ValueError, match=r"train.min_lr must be a number in \[0, 1\], got 2"):
+        TrainConfig(lr=1.0, min_lr=2)
 
 
 def test_omegaconf_config_is_accepted(corpus: Corpus) -> None:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create(tiny_cfg(steps=2, eval_batches=0))
+    cfg = JobConfig.from_hydra(OmegaConf.create(tiny_dict(steps=2, eval_batches=0)))
     model, stats = train_model(cfg, corpus, progress=False)
     assert stats["steps"] == 2 and model.model_cfg.d_model == 32
+    assert isinstance(cfg.model, ModelSchema)
 
 
 DDP_JOB = """
@@ -309,9 +339,10 @@ import torch
 torch.set_num_threads(1)
 from bench.cache import get_or_train
 from bench.corpora import load_corpus
-cfg = json.loads(sys.argv[1])
-corpus = load_corpus(cfg["data"])
-model, meta, trained = get_or_train(cfg, corpus, sys.argv[2], progress=False)
+from bench.schema import JobConfig
+job = JobConfig.from_hydra(json.loads(sys.argv[1]))
+corpus = load_corpus(job.data)
+model, meta, trained = get_or_train(job, corpus, sys.argv[2], progress=False)
 digest = hashlib.sha256(b"".join(
     t.numpy().tobytes() for _, t in sorted(model.state_dict().items()))).hexdigest()
 stats = meta["train_stats"]
@@ -333,8 +364,9 @@ def test_ddp_on_two_cpu_processes_matches_one_process(
 
     from bench.cache import weights_key
 
-    cfg = tiny_cfg(steps=6, log_every=3, eval_every=3, eval_batches=2)
-    cfg["data"] = {"name": "text", "paths": [str(corpus_root)]}
+    raw = tiny_dict(steps=6, log_every=3, eval_every=3, eval_batches=2)
+    raw["data"] = {"name": "text", "paths": [str(corpus_root)]}
+    cfg = JobConfig.from_hydra(raw)
     script = tmp_path / "job.py"
     script.write_text(DDP_JOB)
     out = tmp_path / "out"
@@ -353,7 +385,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(
         "2",
     ]
     run = subprocess.run(
-        [*command, str(script), json.dumps(cfg), str(tmp_path / "cache"), str(out)],
+        [*command, str(script), json.dumps(raw), str(tmp_path / "cache"), str(out)],
         env=env,
         capture_output=True,
         text=True,

@@ -5,7 +5,7 @@ import torch
 
 import models.transformer as transformer_module
 from models.positions import PositionConfig, rotate
-from models.transformer import DecoderLM, ModelConfig, ScalingConfig
+from models.transformer import DecoderLM, ModelConfig, ScalingConfig, resolve_scaling
 
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4, mlp="swiglu")
 
@@ -55,7 +55,9 @@ def test_decode_that_restarts_positions_at_zero_is_detected():
     out = model(tokens[:, :4], use_cache=True)
     pieces = [out.logits]
     for t in range(4, 12):  # the bug: every decode step believes it is at position 0
-        out = model(tokens[:, t : t + 1], past=out.past, use_cache=True, position_ids=torch.zeros(1, 1))
+        out = model(
+            tokens[:, t : t + 1], past=out.past, use_cache=True, position_ids=torch.zeros(1, 1)
+        )
         pieces.append(out.logits)
     assert (full - torch.cat(pieces, dim=1)).abs().max() > 1e-2
 
@@ -131,20 +133,29 @@ def test_nope_attention_without_mask_is_permutation_equivariant():
             from models.positions import apply_rope
 
             inv_freq = 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8)
-            q, k = apply_rope(q, torch.arange(10), inv_freq), apply_rope(k, torch.arange(10), inv_freq)
+            q, k = (
+                apply_rope(q, torch.arange(10), inv_freq),
+                apply_rope(k, torch.arange(10), inv_freq),
+            )
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         return out.transpose(1, 2).reshape(1, 10, 32)
 
     torch.testing.assert_close(unmasked(x[:, perm]), unmasked(x)[:, perm])
     # negative controls: a position signal (RoPE) or the causal mask breaks equivariance
-    assert not torch.allclose(unmasked(x[:, perm], rope=True), unmasked(x, rope=True)[:, perm], atol=1e-4)
+    assert not torch.allclose(
+        unmasked(x[:, perm], rope=True), unmasked(x, rope=True)[:, perm], atol=1e-4
+    )
     model = tiny_model("nope")
     tokens = random_tokens(1, 10)
-    assert not torch.allclose(model(tokens[:, perm]).logits, model(tokens).logits[:, perm], atol=1e-4)
+    assert not torch.allclose(
+        model(tokens[:, perm]).logits, model(tokens).logits[:, perm], atol=1e-4
+    )
 
 
-@pytest.mark.parametrize("kind, relative", [("rope", True), ("alibi", True), ("nope", True),
-                                            ("sinusoidal", False), ("learned", False)])
+@pytest.mark.parametrize(
+    "kind, relative",
+    [("rope", True), ("alibi", True), ("nope", True), ("sinusoidal", False), ("learned", False)],
+)
 def test_shifting_all_positions_changes_only_absolute_models(kind, relative):
     model = tiny_model(kind, train_length=64)
     tokens = random_tokens(2, 16)
@@ -178,7 +189,9 @@ def test_tiled_attention_path_matches_fused_kernel(kind, monkeypatch):
     model = tiny_model(kind)
     tokens = random_tokens(2, 24)
     fused = model(tokens).logits
-    monkeypatch.setattr(transformer_module, "ATTENTION_TILE_ELEMENTS", 2 * 4 * 24 * 5)  # 5-query tiles
+    monkeypatch.setattr(
+        transformer_module, "ATTENTION_TILE_ELEMENTS", 2 * 4 * 24 * 5
+    )  # 5-query tiles
     out = model(tokens, output_attn_entropy=True, output_hidden_states=True)
     torch.testing.assert_close(out.logits, fused, atol=1e-4, rtol=1e-4)
     assert len(out.attn_entropy) == 2 and out.attn_entropy[0].shape == (2, 4, 24)
@@ -246,13 +259,90 @@ def test_bad_model_configs_raise_clear_errors():
 def test_longrope_shorthands_expand_to_per_dimension_lists():
     model = tiny_model("rope", train_length=16)  # head_dim 8 -> 4 rotary pairs
     model.set_scaling(
-        ScalingConfig("longrope", "longrope", {"factor": "auto", "short_factor": 1.0, "long_factor": "ramp"}),
+        ScalingConfig(
+            "longrope", "longrope", {"factor": "auto", "short_factor": 1.0, "long_factor": "ramp"}
+        ),
         eval_length=64,
     )
     assert model.scaling.params["short_factor"] == [1.0] * 4
-    assert model.scaling.params["long_factor"] == pytest.approx([1.0, 4 ** (1 / 3), 4 ** (2 / 3), 4.0])
+    assert model.scaling.params["long_factor"] == pytest.approx(
+        [1.0, 4 ** (1 / 3), 4 ** (2 / 3), 4.0]
+    )
     long_logits = model(random_tokens(1, 64)).logits  # long factors: seq_len 64 > 16
     assert long_logits.isfinite().all()
     with pytest.raises(ValueError, match="long_factor"):
-        model.set_scaling(ScalingConfig("longrope", "longrope", {"factor": 4.0, "short_factor": 1.0,
-                                                                 "long_factor": "steep"}))
+        model.set_scaling(
+            ScalingConfig(
+                "longrope", "longrope", {"factor": 4.0, "short_factor": 1.0, "long_factor": "steep"}
+            )
+        )
+
+
+def test_scaled_restores_the_previous_scaling_also_on_exceptions():
+    model = tiny_model("rope", train_length=16)
+    tokens = random_tokens(1, 64)
+    raw = model(tokens).logits
+    yarn = ScalingConfig("yarn", "yarn", {"factor": "auto"})
+    with model.scaled(yarn, 64):
+        assert model.scaling.method == "yarn" and model.scaling.params["factor"] == 4.0
+        scaled_logits = model(tokens).logits
+    assert model.scaling.method == "default"
+    torch.testing.assert_close(model(tokens).logits, raw)
+    with pytest.raises(RuntimeError, match="boom"), model.scaled(yarn, 64):
+        raise RuntimeError("boom")
+    assert model.scaling.method == "default"
+    torch.testing.assert_close(model(tokens).logits, raw)
+    # a scaling set before the block comes back too, with its own resolved factor
+    model.set_scaling(ScalingConfig("linear", "linear", {"factor": 2.0}))
+    with model.scaled(yarn, 64):
+        pass
+    assert model.scaling.method == "linear" and model.scaling.params["factor"] == 2.0
+    # negative control: the scaling inside the block was really different from the raw model
+    assert not torch.allclose(scaled_logits, raw, atol=1e-4)
+    # and set_scaling without scaled() does not restore anything
+    model.set_scaling(yarn, 64)
+    assert model.scaling.method == "yarn"
+
+
+def test_position_range_error_matches_the_forward_pass_and_needs_no_model():
+    cfg = PositionConfig(kind="learned")
+    model = tiny_model("learned", train_length=16)
+    assert model.position_range_error(15, 16) is None
+    problem = model.position_range_error(16, 17)
+    assert "max_positions=16" in problem
+    with pytest.raises(ValueError) as error:  # the forward pass refuses with the same sentence
+        model(random_tokens(1, 17))
+    assert str(error.value) == problem
+    assert cfg.range_error(16, 17, train_length=16) == problem  # config level, no model
+    # linear interpolation at factor 2 stretches the table to 32 positions, but not to 33
+    linear = ScalingConfig("linear", "linear", {"factor": "auto"})
+    with model.scaled(linear, 32):
+        assert model.position_range_error(31, 32) is None
+        model(random_tokens(1, 32))
+        assert model.position_range_error(32, 33) is not None
+    resolved = resolve_scaling(linear, model.model_cfg, cfg, 16, 32)
+    assert cfg.range_error(31, 32, 16, resolved.linear_factor) is None
+    # clamp and interpolate accept every position; relative families never refuse
+    for policy in ("clamp", "interpolate"):
+        assert PositionConfig(kind="learned", out_of_range=policy).range_error(99, 100, 16) is None
+    assert tiny_model("rope", train_length=16).position_range_error(10**6, 10**6 + 1) is None
+
+
+def test_resolve_scaling_checks_a_scaling_without_a_model():
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4)
+    yarn = ScalingConfig("yarn", "yarn", {"factor": "auto"})
+    out = resolve_scaling(yarn, cfg, PositionConfig(kind="rope"), 16, 64)
+    assert out.params["factor"] == 4.0 and yarn.params["factor"] == "auto"  # a copy
+    with pytest.raises(ValueError, match="'yarn' does not apply to position family 'learned'"):
+        resolve_scaling(yarn, cfg, PositionConfig(kind="learned"), 16, 64)
+    with pytest.raises(ValueError, match="beta_fast must be >= beta_slow"):
+        resolve_scaling(
+            ScalingConfig("yarn", "yarn", {"factor": 2.0, "beta_fast": 1, "beta_slow": 4}),
+            cfg,
+            PositionConfig(kind="rope"),
+            16,
+        )
+    # the model's set_scaling is the same check
+    model = tiny_model("rope", train_length=16)
+    model.set_scaling(yarn, 64)
+    assert model.scaling == out

@@ -1,23 +1,17 @@
 """Wall time and peak memory of ``evaluate_model`` per eval length (1x..16x the training length).
 
 Model: rope, width 128, 4 layers, 4 heads, train_length 256, random weights (cost does not depend
-on what the weights learned). Documents: random bytes, long enough for 16x.
+on what the weights learned); documents: random bytes. Each (length, metric) runs in a fresh
+subprocess, because torch's CPU allocations are invisible to tracemalloc and a process's peak RSS
+never goes down: CPU memory is ``ru_maxrss`` (and its growth during ``evaluate_model``), CUDA
+memory ``torch.cuda.max_memory_allocated``. The "all" run also records per-metric seconds and
+the running peak RSS after each metric; ``--metrics nll`` gives one metric's own peak.
 
-Memory is measured honestly per (length, metric) in a fresh subprocess, because torch's CPU
-allocations are invisible to tracemalloc and a process's peak RSS never goes down:
+Run from the repository root after ``pip install -e .`` (pytest does not collect bench_*.py);
+prints a table and writes results/perf/bench_eval_<device>.json::
 
-* CPU: peak resident set size (``resource.getrusage(...).ru_maxrss``) at the end of the run, and
-  its growth over the peak before ``evaluate_model`` was called (model built, torch imported);
-* CUDA: ``torch.cuda.max_memory_allocated`` during ``evaluate_model``.
-
-In the "all" run, per-metric seconds come from evaluate_model's timing log, with the running peak
-RSS after each metric (monotone: it shows which metric set the peak); running a metric alone
-(``--metrics nll``) gives its own peak.
-
-Usage (writes benchmarks/results/bench_eval_<device>.json and prints a table)::
-
-    python benchmarks/bench_eval.py                          # all metrics, then each alone
-    python benchmarks/bench_eval.py --metrics all,nll --multiples 1,4,16 --device cuda
+    python tests/perf/bench_eval.py                          # all metrics, then each alone
+    python tests/perf/bench_eval.py --metrics all,nll --multiples 1,4,16 --device cuda
 """
 
 from __future__ import annotations
@@ -32,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+#: Output directory, relative to the working directory (like lenbench's paths.results).
+RESULTS = Path("results") / "perf"
 TRAIN_LENGTH = 256
 METRICS = (
     "nll",
@@ -80,7 +75,6 @@ class _MetricTimes(logging.Handler):
 
 def worker(length: int, metric: str, device: str, threads: int) -> dict:
     """One measurement in this (fresh) process."""
-    sys.path.insert(0, str(ROOT))
     import numpy as np
     import torch
 
@@ -147,7 +141,7 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("--out", default=None, help=f"JSON path (default {RESULTS}/...)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--metric", default="all", help=argparse.SUPPRESS)
@@ -204,11 +198,7 @@ def main() -> None:
         "evaluate_model); CUDA: torch.cuda.max_memory_allocated",
         "results": results,
     }
-    path = (
-        Path(args.out)
-        if args.out
-        else ROOT / "benchmarks" / "results" / f"bench_eval_{args.device}.json"
-    )
+    path = Path(args.out) if args.out else RESULTS / f"bench_eval_{args.device}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")

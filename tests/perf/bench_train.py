@@ -1,22 +1,17 @@
-"""Training throughput and peak memory: our DecoderLM against transformers' LlamaForCausalLM.
+"""Training throughput and peak memory of our DecoderLM against transformers' LlamaForCausalLM.
 
-Both models get identical dimensions (vocab 259, layers, width, heads, SwiGLU intermediate size
-``ModelConfig.ff_width``, RMSNorm, tied embeddings, RoPE base 10000 in the GPT-NeoX "half"
-layout, no biases), the same batches (seeded random byte tokens), the same loss (float32 cross
-entropy on the logits) and the same optimizer step (AdamW), in one process. Before timing, the
-Llama model is loaded with our weights and its logits are compared with ours (``max_abs_diff``)
-so that "identical dimensions" is checked, not assumed.
+Both models get identical dimensions (RoPE "half" layout, SwiGLU, RMSNorm, tied embeddings, no
+biases), batches, loss and AdamW step, in one process. Before timing, Llama is loaded with our
+weights and the logits are compared (``parity_max_abs_diff``), so "identical" is checked, not
+assumed. Steps alternate between the two models so that load from other processes hits both
+alike; tokens/s uses the median step time. Peak memory: ``torch.cuda.max_memory_allocated`` on
+CUDA; on CPU the sampled peak RSS above the RSS right before the model is built.
 
-Throughput: forward + backward + AdamW step; ``--warmup`` steps excluded; ours and the
-reference alternate step by step so that load from other processes hits both alike; tokens/s
-uses the median step time. Peak memory: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the
-peak resident set size (sampled every 2 ms by a thread) above the RSS measured right before the
-model is built (after ``gc`` and ``malloc_trim``), over a separate few-step run per model.
+Run from the repository root after ``pip install -e ".[dev]"`` (pytest does not collect
+bench_*.py); prints a table and writes results/perf/bench_train_<config>.json::
 
-    python benchmarks/bench_train.py --width 128
-    python benchmarks/bench_train.py --width 256 --precisions fp32,bf16 --steps 8
-
-Prints a table and writes benchmarks/results/bench_train_<config>.json.
+    python tests/perf/bench_train.py --width 128
+    python tests/perf/bench_train.py --width 256 --precisions fp32,bf16 --steps 8
 """
 
 from __future__ import annotations
@@ -39,12 +34,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.positions import PositionConfig
+from models.transformer import DecoderLM, ModelConfig
 
-from models.positions import PositionConfig  # noqa: E402
-from models.transformer import DecoderLM, ModelConfig  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
+#: Output directory, relative to the working directory (like lenbench's paths.results).
+RESULTS = Path("results") / "perf"
 VOCAB = 259
 
 

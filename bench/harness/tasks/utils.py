@@ -1,12 +1,12 @@
 """Functions the lenbench task YAMLs name with ``!function utils.<fn>``.
 
-lm-eval imports this file by path (not as ``bench.harness_tasks.utils``), so it only forwards to
-``bench.harness``, where the data builders live and are tested.
+lm-eval imports this file by path, so it only forwards to ``bench.harness.tasks`` (the module
+beside this folder), where the data builders live and are tested.
 """
 
-from bench.harness import passkey_dataset as _passkey_dataset
-from bench.harness import passkey_process_results as _passkey_process_results
-from bench.harness import perplexity_dataset as _perplexity_dataset
+from bench.harness.tasks import passkey_dataset as _passkey_dataset
+from bench.harness.tasks import passkey_process_results as _passkey_process_results
+from bench.harness.tasks import perplexity_dataset as _perplexity_dataset
 
 
 def passkey_dataset(**metadata):

@@ -1,0 +1,37 @@
+"""lm-evaluation-harness adapter: lenbench models and long-context tasks inside lm-eval.
+
+Importing the package registers the lm-eval model ``lenbench`` (:mod:`.model`); :mod:`.tasks`
+holds the task YAMLs and their local data builders, :mod:`.run` runs tasks and turns lm-eval's
+results into lenbench rows, :mod:`.cli` is ``lenbench-harness``.
+"""
+
+from bench.harness.args import parse_scaling, scaling_presets
+from bench.harness.cli import main
+from bench.harness.model import MODEL_NAME, LenbenchLM
+from bench.harness.run import harness_rows, run_harness
+from bench.harness.tasks import (
+    TASKS_DIR,
+    passkey_dataset,
+    passkey_docs,
+    passkey_process_results,
+    perplexity_dataset,
+    perplexity_docs,
+    task_names,
+)
+
+__all__ = [
+    "MODEL_NAME",
+    "TASKS_DIR",
+    "LenbenchLM",
+    "harness_rows",
+    "main",
+    "parse_scaling",
+    "passkey_dataset",
+    "passkey_docs",
+    "passkey_process_results",
+    "perplexity_dataset",
+    "perplexity_docs",
+    "run_harness",
+    "scaling_presets",
+    "task_names",
+]

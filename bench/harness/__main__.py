@@ -1,0 +1,5 @@
+"""``python -m bench.harness`` = ``lenbench-harness``."""
+
+from bench.harness.cli import main
+
+main()

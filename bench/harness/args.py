@@ -1,0 +1,192 @@
+"""The ``LenbenchLM`` model arguments, parsed from lm-eval's strings in one place.
+
+``--model_args`` arrive as ``key=value`` text; this turns them into lengths, batch sizes and a
+``ScalingConfig`` (lenbench's ``conf/scaling`` presets plus per-parameter overrides).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from models.scaling import SCALING_METHODS
+from models.transformer import ScalingConfig
+
+DEFAULT_MAX_BATCH_SIZE = 64
+LIST_PARAMS = ("short_factor", "long_factor")
+# LenbenchLM's own arguments: every other model argument must be a parameter of the scaling method.
+MODEL_ARGS = (
+    "pretrained",
+    "cache_root",
+    "scaling",
+    "scaling_name",
+    "logn",
+    "eval_length",
+    "max_length",
+    "prefix_token",
+    "precision",
+    "batch_size",
+    "max_batch_size",
+    "max_batch_tokens",
+    "device",
+)
+
+
+def positive_int(value: Any, what: str) -> int:
+    """``value`` as an int >= 1, else a ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise ValueError(f"{what} {value!r} is invalid; allowed: an integer >= 1.")
+    return int(value)
+
+
+def optional_length(value: Any, what: str) -> int | None:
+    """None (also for "", "none", "null") or an int >= 1."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return positive_int(value, what)
+
+
+def batch_rows(batch_size: Any, max_batch_size: Any) -> int:
+    """Rows per forward pass: an int >= 1, or ``auto``/``auto:N`` = ``max_batch_size`` (default 64)."""
+    if batch_size is None:
+        return 1
+    text = str(batch_size).strip().lower()
+    if text.startswith("auto"):
+        return positive_int(
+            int(max_batch_size) if max_batch_size else DEFAULT_MAX_BATCH_SIZE, "max_batch_size"
+        )
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"batch_size {batch_size!r} is invalid; allowed: an integer >= 1, 'auto' or 'auto:N'."
+        )
+    return value
+
+
+def _method_param_names(method: str) -> set[str]:
+    fn = SCALING_METHODS[method]
+    return {
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def _coerce_param(key: str, value: Any) -> Any:
+    """String-friendly parameter values: numbers, booleans, ``auto``/``ramp`` and ``a:b:c`` lists."""
+    if key in LIST_PARAMS and isinstance(value, str) and ":" in value:
+        try:
+            return [float(v) for v in value.split(":") if v.strip()]
+        except ValueError:
+            raise ValueError(
+                f"scaling parameter {key}={value!r} is invalid; allowed: a number, 'ramp' or "
+                "colon-separated numbers such as 1.0:1.5:2.0."
+            ) from None
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        try:
+            return float(value)
+        except ValueError:
+            return lowered if lowered in ("auto", "ramp") else value
+    return value
+
+
+def scaling_presets() -> dict[str, dict]:
+    """lenbench's scaling configs (``conf/scaling/<name>.yaml``) by name: name, method, params, logn."""
+    import yaml
+
+    try:
+        import conf
+    except ImportError:  # pragma: no cover - conf ships with the package
+        return {}
+    presets = {}
+    for path in sorted((Path(conf.__file__).parent / "scaling").glob("*.yaml")):
+        with path.open(encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+        if isinstance(data, dict) and "method" in data:
+            presets[path.stem] = data
+    return presets
+
+
+def parse_scaling(
+    scaling: Any = None, *, logn: Any = False, name: str | None = None, **params: Any
+) -> ScalingConfig | None:
+    """A ``ScalingConfig`` from string-friendly arguments (None = the raw model).
+
+    ``scaling``: None/"none"; the name of a lenbench scaling config (``conf/scaling/<name>.yaml``:
+    none, linear, ntk, dynamic, yarn, llama3, longrope, logn; the same presets as lenbench's
+    ``scaling=<name>``, e.g. yarn has ``factor: auto``); else a method registered in
+    ``models.scaling.SCALING_METHODS`` (its parameters then all come from ``params``); a
+    ``ScalingConfig``; or a mapping with keys name/method/params/logn. ``params`` override the
+    preset's and are checked against the method's signature here (values are checked when the
+    model applies them). ``logn=True`` adds log-n scaling; ``name`` sets the results label.
+    """
+    logn = _coerce_param("logn", logn) if isinstance(logn, str) else bool(logn)
+    if isinstance(scaling, ScalingConfig):
+        if params or logn:
+            raise ValueError(
+                "scaling is a ScalingConfig; put its parameters and logn inside it, not beside it."
+            )
+        return scaling
+    if isinstance(scaling, Mapping):
+        scaling = dict(OmegaConf.to_container(OmegaConf.create(dict(scaling)), resolve=True))
+        unknown = sorted(set(scaling) - {"name", "method", "params", "logn"})
+        if unknown:
+            raise ValueError(
+                f"scaling mapping has unknown keys {unknown}; allowed keys: name, method, params, logn."
+            )
+        return _scaling_config(
+            str(scaling.get("method", "default")),
+            {**dict(scaling.get("params") or {}), **params},
+            bool(scaling.get("logn", False)) or bool(logn),
+            name or scaling.get("name"),
+        )
+    key = "none" if scaling in (None, "") else str(scaling)
+    presets = scaling_presets()
+    if key in presets:
+        preset = presets[key]
+        return _scaling_config(
+            str(preset["method"]),
+            {**dict(preset.get("params") or {}), **params},
+            bool(preset.get("logn", False)) or bool(logn),
+            name
+            or (
+                str(preset.get("name", key)) + ("+logn" if logn and not preset.get("logn") else "")
+            ),
+        )
+    if key not in SCALING_METHODS:
+        allowed = sorted(set(presets) | set(SCALING_METHODS) | {"none", "logn"})
+        raise ValueError(f"scaling {scaling!r} is unknown; allowed: {', '.join(allowed)}.")
+    return _scaling_config(key, params, bool(logn), name)
+
+
+def _scaling_config(
+    method: str, params: dict, logn: bool, name: str | None
+) -> ScalingConfig | None:
+    if method not in SCALING_METHODS:
+        raise ValueError(
+            f"scaling method {method!r} is unknown; registered: {', '.join(sorted(SCALING_METHODS))}."
+        )
+    allowed_params = _method_param_names(method)
+    unknown = sorted(set(params) - allowed_params)
+    if unknown:
+        what = f"scaling method {method!r}" if method != "default" else "scaling none"
+        raise ValueError(
+            f"model argument(s) {unknown} are unknown for {what}; allowed scaling parameters: "
+            f"{', '.join(sorted(allowed_params)) or 'none'} (other model arguments: {', '.join(MODEL_ARGS)})."
+        )
+    coerced = {k: _coerce_param(k, v) for k, v in params.items()}
+    if method == "default" and not logn:
+        return None
+    label = name or ("logn" if method == "default" else method + ("+logn" if logn else ""))
+    return ScalingConfig(name=label, method=method, params=coerced, logn=bool(logn))

@@ -1,0 +1,82 @@
+"""``lenbench-harness``: lm-eval's own CLI with the ``lenbench`` model and lenbench's tasks.
+
+lm-eval 0.4 has no plugin discovery, so this imports the package (which registers the model),
+adds ``--include_path`` for our task YAMLs and hands over to ``lm_eval.__main__``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import bench.harness.model  # noqa: F401  (registers the lenbench model with lm-eval)
+from bench.harness.tasks import TASKS_DIR, split_tasks, task_names
+
+logger = logging.getLogger(__name__)
+
+_SUBCOMMANDS = ("run", "ls", "validate")
+_HELP = ("-h", "--help")
+
+
+def _option_value(argv: Sequence[str], option: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(option + "="):
+            return arg[len(option) + 1 :]
+    return None
+
+
+def _with_include_path(argv: list[str]) -> list[str]:
+    """``argv`` plus ``--include_path TASKS_DIR`` unless given, or unless nothing would run."""
+    if not argv or all(a in _HELP for a in argv):
+        return argv
+    if argv[0] not in _SUBCOMMANDS and not argv[0].startswith("-"):
+        return argv  # lm-eval reports the unknown command itself
+    if argv[0] == "run" and len(argv) == 1:
+        return argv
+    if _option_value(argv, "--include_path") is not None:
+        return argv
+    return [*argv, "--include_path", str(TASKS_DIR)]
+
+
+def _skip_builtin_index_if_possible(argv: Sequence[str]) -> None:
+    """When every requested task is ours, skip indexing lm-eval's built-in tasks (slow).
+
+    The CLI builds its TaskManager through ``lm_eval.tasks.TaskManager``; this swaps in a subclass
+    whose ``include_defaults`` defaults to False, for this process only. Any other task name (or a
+    user's own ``--include_path``) leaves lm-eval untouched.
+    """
+    if _option_value(argv, "--include_path") != str(TASKS_DIR):
+        return
+    requested = _option_value(argv, "--tasks")
+    if not requested:
+        return
+    names = split_tasks(requested)
+    try:
+        import lm_eval.tasks as tasks_module
+
+        if not names or not set(names) <= set(task_names()):
+            return
+        base = tasks_module.TaskManager
+
+        class _OwnTasksOnly(base):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("include_defaults", False)
+                super().__init__(*args, **kwargs)
+
+        tasks_module.TaskManager = _OwnTasksOnly
+    except Exception as err:  # an lm-eval layout we do not know: just index everything
+        logger.debug("not skipping lm-eval's task index: %s", err)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``lenbench-harness``: lm-eval's CLI with the ``lenbench`` model and our tasks available."""
+    from lm_eval.__main__ import cli_evaluate
+
+    args = _with_include_path(list(sys.argv[1:] if argv is None else argv))
+    _skip_builtin_index_if_possible(args)
+    sys.argv = ["lenbench-harness", *args]
+    cli_evaluate()

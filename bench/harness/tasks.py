@@ -1,0 +1,155 @@
+"""lenbench's lm-eval tasks: the YAML definitions in ``tasks/`` and the data builders they name.
+
+Passkey prompts and held-out corpus documents are generated locally (no hub download) from each
+task's ``metadata``; the YAMLs reach these builders through ``tasks/utils.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness.args import positive_int
+from bench.passkey import ANSWER_TEMPLATE, answer_matches, parse_passkey, passkey_grid
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+
+
+def _depth_list(depths: Any) -> list[float]:
+    """``depths`` as in conf/eval: a count n (n evenly spaced depths in [0, 1]) or a list."""
+    if isinstance(depths, bool):
+        raise ValueError(
+            f"passkey depths {depths!r} is invalid; allowed: a count >= 1 or a list of depths in [0, 1]."
+        )
+    if isinstance(depths, (int, np.integer)):
+        if depths < 1:
+            raise ValueError(
+                f"passkey depths {depths!r} is invalid; allowed: a count >= 1 or a list of depths in [0, 1]."
+            )
+        return [0.0] if depths == 1 else np.linspace(0.0, 1.0, int(depths)).round(6).tolist()
+    values = sorted({float(d) for d in depths})
+    if not values or not all(0.0 <= d <= 1.0 for d in values):
+        raise ValueError(
+            f"passkey depths {depths!r} is invalid; allowed: a count >= 1 or a list of depths in [0, 1]."
+        )
+    return values
+
+
+def passkey_docs(
+    length: int,
+    depths: Any = 10,
+    trials: int = 10,
+    seed: int = 0,
+    filler: str = "standard",
+    **_: Any,
+) -> list[dict]:
+    """One document per example of ``passkey_grid([length], depths, trials, seed)``.
+
+    Fields: ``prompt`` (the prompt bytes as text), ``answer`` (``" <key>"``), ``key``, ``depth``,
+    ``trial``, ``eval_length`` (= length, prompt + answer in bytes). Extra keyword arguments (lm-eval
+    passes every metadata key to every task) are ignored.
+    """
+    if filler != "standard":
+        raise ValueError(
+            f"harness passkey filler {filler!r} is not supported; allowed: standard (corpus "
+            "filler bytes need not be valid UTF-8 text, which lm-eval prompts must be)."
+        )
+    length = positive_int(length, "passkey length")
+    examples = passkey_grid(
+        [length], _depth_list(depths), positive_int(trials, "passkey trials"), int(seed)
+    )
+    docs = []
+    for example in examples:
+        prompt = bytes(example.prompt_ids).decode("utf-8")
+        answer = ANSWER_TEMPLATE.format(key=example.key)
+        assert list(answer.encode()) == example.answer_ids
+        docs.append(
+            {
+                "prompt": prompt,
+                "answer": answer,
+                "key": int(example.key),
+                "depth": float(example.depth),
+                "trial": int(example.trial),
+                "eval_length": length,
+            }
+        )
+    return docs
+
+
+def passkey_dataset(**metadata: Any) -> dict:
+    """lm-eval ``custom_dataset``: ``{"test": Dataset}`` of :func:`passkey_docs` (metadata as kwargs)."""
+    import datasets
+
+    return {"test": datasets.Dataset.from_list(passkey_docs(**metadata))}
+
+
+def passkey_process_results(doc: Mapping, results: Sequence[str]) -> dict[str, int]:
+    """Metrics of one passkey generation: ``acc`` (starts with the answer, and the key ends
+    there) and ``acc_parsed`` (the first number in the generation is the key)."""
+    generation = results[0]
+    return {
+        "acc": int(answer_matches(generation, doc["answer"])),
+        "acc_parsed": int(parse_passkey(generation) == int(doc["key"])),
+    }
+
+
+def perplexity_docs(
+    length: int,
+    data: Mapping | None = None,
+    split: str = "test",
+    max_docs: int = 64,
+    **_: Any,
+) -> list[dict]:
+    """The first ``length`` bytes of up to ``max_docs`` documents of ``split`` of corpus ``data``.
+
+    ``data`` is a lenbench data config (default ``{"name": "pycorpus"}``, the held-out stdlib
+    files). Documents shorter than ``length`` bytes, or whose first ``length`` bytes are not valid
+    UTF-8 text, are skipped; the rest are picked evenly over the corpus order as the native
+    evaluation does (``bench.metrics.context.select_documents``). Fields: ``id``, ``text``,
+    ``eval_length``.
+    """
+    from bench.corpora import load_corpus
+    from bench.metrics.context import select_documents
+
+    length = positive_int(length, "perplexity length")
+    corpus = load_corpus(dict(data) if data is not None else {"name": "pycorpus"})
+    eligible, texts = [], {}
+    for doc in corpus.split(split):
+        if len(doc) < length:
+            continue
+        try:
+            texts[doc.id] = doc.tokens[:length].astype(np.uint8).tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        eligible.append(doc)
+    selected, _ = select_documents(eligible, length, positive_int(max_docs, "perplexity max_docs"))
+    if not selected:
+        raise ValueError(
+            f"the {split} split of corpus {corpus.name} ({corpus.fingerprint}) has no document with "
+            f"{length} bytes of valid UTF-8 text; use a shorter length or another corpus (metadata 'data')."
+        )
+    return [{"id": d.id, "text": texts[d.id], "eval_length": length} for d in selected]
+
+
+def perplexity_dataset(**metadata: Any) -> dict:
+    """lm-eval ``custom_dataset``: ``{"test": Dataset}`` of :func:`perplexity_docs`."""
+    import datasets
+
+    return {"test": datasets.Dataset.from_list(perplexity_docs(**metadata))}
+
+
+def task_names() -> list[str]:
+    """Every task and group name defined in :data:`TASKS_DIR` (fast: lm-eval's own tasks not indexed)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=False).all_tasks
+
+
+def split_tasks(tasks: str | Sequence[str]) -> list[str]:
+    """Task names from a comma-separated string or a list of them."""
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    return [t.strip() for item in tasks for t in str(item).split(",") if t.strip()]

@@ -1,0 +1,58 @@
+"""Evaluation metrics: a registry of metric functions, each with a typed YAML section.
+
+Importing this package registers the built-in metrics (nll, passkey, the probes) in that order,
+then every other module of this package (alphabetically), so a new metric is one module here
+plus its section in ``conf/eval/standard.yaml``. ``EvalConfig`` is the eval config dataclass built
+from the registry (:func:`bench.metrics.config.eval_config_class`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from bench.metrics import nll, passkey, probes, probes_position  # noqa: F401  (built-ins, in order)
+from bench.metrics.config import (
+    EvalConfigBase,
+    HarnessConfig,
+    ResolvedEval,
+    as_eval_config,
+    eval_config_class,
+)
+from bench.metrics.context import EvalContext, select_documents
+from bench.metrics.lengths import parse_length
+from bench.metrics.registry import (
+    METRICS,
+    BootstrapConfig,
+    Metric,
+    MetricConfig,
+    grid_field,
+    register_metric,
+)
+
+for _module in pkgutil.iter_modules(__path__):  # metrics added as modules of this package
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = [
+    "METRICS",
+    "BootstrapConfig",
+    "EvalConfig",
+    "EvalConfigBase",
+    "EvalContext",
+    "HarnessConfig",
+    "Metric",
+    "MetricConfig",
+    "ResolvedEval",
+    "as_eval_config",
+    "eval_config_class",
+    "grid_field",
+    "parse_length",
+    "register_metric",
+    "select_documents",
+]
+
+
+def __getattr__(name: str):
+    if name == "EvalConfig":  # built on access, so that it has every metric registered so far
+        return eval_config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,196 @@
+"""``nll``: length-bucketed per-token NLL of whole windows, the "train short, test long" metric.
+
+Rows at each eval length: one per position bucket [bucket_lo, bucket_hi) of the window (value =
+mean NLL in nats, n = scored tokens, ci = bootstrap over documents), plus one whole-window row
+without bucket columns, ``axis="docs"`` and ``axis_value`` = documents used. The bucket rows' ``n``
+add up to the whole-window row's. If no test document is long enough, the whole-window row is
+still written with value NaN, n=0 and axis_value=0, and a warning is logged (never padding).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.corpora import Document
+from bench.metrics.checks import choice, integer
+from bench.metrics.context import (
+    EvalContext,
+    bootstrap_ratio_ci,
+    bucket_edges,
+    bucket_index,
+    ci_bounds,
+    make_row,
+    select_documents,
+)
+from bench.metrics.registry import BootstrapConfig, grid_field, register_metric
+
+__all__ = ["NLL_PROTOCOLS", "NllConfig", "nll_rows", "nll_windows"]
+
+logger = logging.getLogger(__name__)
+
+NLL_PROTOCOLS = ("nonoverlapping", "sliding")
+
+
+@dataclass
+class NllConfig(BootstrapConfig):
+    max_docs: int = 64
+    protocol: str = "nonoverlapping"  # nonoverlapping | sliding
+    stride: int = 256  # sliding stride in tokens (capped at the eval length)
+    max_windows: int = 1  # consecutive windows per document
+    buckets: Any = grid_field("auto")  # bucket edges; auto = powers of two + training length
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.protocol = choice(self.key("protocol"), self.protocol, NLL_PROTOCOLS)
+        self.stride = integer(self.key("stride"), self.stride, 1)
+        self.max_windows = integer(self.key("max_windows"), self.max_windows, 1)
+
+
+@register_metric("nll", config=NllConfig)
+def nll_metric(
+    ctx: EvalContext, cfg: NllConfig, docs: Sequence[Document], length: int
+) -> list[dict]:
+    return nll_rows(
+        ctx,
+        docs,
+        length,
+        ctx.train_length,
+        protocol=cfg.protocol,
+        stride=cfg.stride,
+        max_docs=cfg.max_docs,
+        max_windows=cfg.max_windows,
+        buckets=cfg.buckets,
+        bootstrap=cfg.bootstrap,
+        ci=cfg.ci,
+        seed=ctx.seed,
+    )
+
+
+def nll_windows(
+    doc_len: int, length: int, max_windows: int, protocol: str, stride: int
+) -> list[tuple[int, int]]:
+    """(start, score_from) of each window of one document; a window reads tokens[start:start+length+1].
+
+    The scored span is the first ``n * length`` targets, n = min(max_windows, (doc_len-1) // length).
+    ``nonoverlapping`` scores each window from its first token. ``sliding`` starts windows every
+    ``stride`` tokens (the last one ends exactly at the span's end) and scores only the tokens not
+    scored by the previous window, so every target of the span is scored exactly once, and
+    ``stride == length`` is the nonoverlapping protocol.
+    """
+    n = min(int(max_windows), (int(doc_len) - 1) // int(length))
+    if n <= 0:
+        return []
+    if protocol == "nonoverlapping" or stride >= length:
+        return [(k * length, 0) for k in range(n)]
+    span = n * length
+    starts = list(range(0, span - length + 1, stride))
+    if starts[-1] != span - length:
+        starts.append(span - length)
+    out, scored_until = [], 0
+    for start in starts:
+        out.append((start, scored_until - start))
+        scored_until = start + length
+    return out
+
+
+def nll_rows(
+    ctx: EvalContext,
+    docs: Sequence[Document],
+    length: int,
+    train_length: int,
+    *,
+    protocol: str = "nonoverlapping",
+    stride: int | None = None,
+    max_docs: int = 64,
+    max_windows: int = 1,
+    buckets: Sequence[int] | None = None,
+    bootstrap: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> list[dict]:
+    """``nll`` rows at one eval length (see the module doc for the rows)."""
+    selected, n_eligible = select_documents(docs, length + 1, max_docs)
+    if n_eligible < len(docs):
+        logger.info(
+            "nll at eval length %d: %d of %d test documents are shorter than %d tokens and are skipped.",
+            length,
+            len(docs) - n_eligible,
+            len(docs),
+            length + 1,
+        )
+    if not selected:
+        logger.warning(
+            "nll at eval length %d: no test document has the %d tokens needed; writing an empty "
+            "(NaN, n=0) whole-window row.",
+            length,
+            length + 1,
+        )
+        return [make_row("nll", float("nan"), 0, length, axis="docs", axis_value=0)]
+    edges = bucket_edges(buckets, length, train_length)
+    n_buckets = len(edges) - 1
+    bucket_of = torch.from_numpy(bucket_index(edges, length))  # [L]
+    windows = [
+        (d, start, score_from)
+        for d, doc in enumerate(selected)
+        for start, score_from in nll_windows(
+            len(doc), length, max_windows, protocol, stride or length
+        )
+    ]
+    sums = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
+    counts = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
+    positions = torch.arange(length)
+    step = ctx.rows_per_batch(length)
+    with ctx.bar(len(windows), f"nll L={length}") as bar:
+        for begin in range(0, len(windows), step):
+            chunk = windows[begin : begin + step]
+            tokens = torch.stack([selected[d].tensor(s, s + length + 1) for d, s, _ in chunk])
+            nll = ctx.token_nll(tokens).double()  # [B, L]
+            doc_ids = torch.tensor([d for d, _, _ in chunk])
+            score_from = torch.tensor([f for _, _, f in chunk])
+            scored = positions[None, :] >= score_from[:, None]  # [B, L]
+            cell = doc_ids[:, None] * n_buckets + bucket_of[None, :]  # [B, L]
+            sums.index_add_(0, cell[scored], nll[scored])
+            counts.index_add_(0, cell[scored], torch.ones_like(nll[scored]))
+            bar.update(len(chunk))
+    sums_arr = sums.view(len(selected), n_buckets).numpy()
+    counts_arr = counts.view(len(selected), n_buckets).numpy()
+    rng = np.random.default_rng([int(seed), int(length), 1])
+    # the whole window is one more column, so its CI comes from the same resamples
+    all_sums = np.concatenate([sums_arr, sums_arr.sum(1, keepdims=True)], axis=1)
+    all_counts = np.concatenate([counts_arr, counts_arr.sum(1, keepdims=True)], axis=1)
+    lo, hi = bootstrap_ratio_ci(all_sums, all_counts, bootstrap, ci, rng)
+    totals, token_counts = all_sums.sum(0), all_counts.sum(0)
+
+    rows = []
+    for b in range(n_buckets):
+        if token_counts[b] == 0:
+            continue  # sliding windows leave early buckets of later windows unscored
+        rows.append(
+            make_row(
+                "nll",
+                totals[b] / token_counts[b],
+                token_counts[b],
+                length,
+                bucket_lo=int(edges[b]),
+                bucket_hi=int(edges[b + 1]),
+                **ci_bounds(lo[b], hi[b]),
+            )
+        )
+    rows.append(
+        make_row(
+            "nll",
+            totals[-1] / token_counts[-1],
+            token_counts[-1],
+            length,
+            axis="docs",
+            axis_value=len(selected),
+            **ci_bounds(lo[-1], hi[-1]),
+        )
+    )
+    return rows

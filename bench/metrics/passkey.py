@@ -1,0 +1,280 @@
+"""``passkey``: retrieval of a key hidden in filler; verdicts, rows and the passkey context.
+
+A verdict is exact match of the whole key, ended: the model must produce every answer token
+and then a token that is not a digit (so " 12345" is wrong for the key 1234). Teacher forcing
+does this in one batched forward pass of prompt + answer: the argmax at each answer position
+must equal the answer token and the argmax after the last one must not be a digit. That is the
+same decision as greedy decoding of ``len(answer) + 1`` tokens, which
+:func:`greedy_passkey_verdicts` computes with the KV cache so the two can be cross-checked.
+Examples of the same length (a passkey grid cell's length) batch together without padding.
+
+Rows: ``passkey_acc`` per depth (axis="depth") and per length (no axis) at each eval length, and
+once per run ``passkey_context``: the largest tested length whose accuracy is >= the configured
+threshold (axis="threshold", axis_value = that threshold), computed only here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bench.corpora import Document
+from bench.metrics.checks import choice, integer, number
+from bench.metrics.context import EvalContext, make_row
+from bench.metrics.registry import MetricConfig, register_metric
+from bench.passkey import (
+    DEFAULT_TEMPLATE,
+    PASSKEY_FILLERS,
+    PASSKEY_TEMPLATES,
+    PasskeyExample,
+    min_passkey_length,
+    passkey_grid,
+)
+from bench.tokenizer import ByteTokenizer
+
+__all__ = [
+    "PasskeyConfig",
+    "greedy_passkey_verdicts",
+    "passkey_context",
+    "passkey_context_row",
+    "passkey_rows",
+    "passkey_verdicts",
+]
+
+logger = logging.getLogger(__name__)
+
+_DIGIT_IDS = torch.tensor(ByteTokenizer().encode("0123456789"))
+
+
+@dataclass
+class PasskeyConfig(MetricConfig):
+    depths: Any = 10  # a count of depths evenly spaced in [0, 1], or a list of depths
+    trials: int = 10  # examples (seeded keys) per (length, depth)
+    filler: str = "standard"  # standard | corpus (text of the test documents)
+    threshold: float = 0.8  # passkey_context: the largest length with accuracy >= this
+    template: str = DEFAULT_TEMPLATE  # text around the filler: short | landmark (bench.passkey)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        depths = self.depths
+        is_count = not isinstance(depths, bool) and isinstance(depths, (int, np.integer))
+        if not (depths >= 1 if is_count else self._depth_list(depths)):
+            raise ValueError(
+                f"{self.key('depths')} must be a count >= 1 or a non-empty list of depths in "
+                f"[0, 1], got {depths!r}."
+            )
+        self.trials = integer(self.key("trials"), self.trials, 1)
+        self.filler = choice(self.key("filler"), self.filler, PASSKEY_FILLERS)
+        self.threshold = number(self.key("threshold"), self.threshold, 0.0, 1.0)
+        self.template = choice(self.key("template"), self.template, tuple(PASSKEY_TEMPLATES))
+
+    @staticmethod
+    def _depth_list(depths: Any) -> bool:
+        if not isinstance(depths, (list, tuple)) or not depths:
+            return False
+        return all(
+            isinstance(d, (int, float)) and not isinstance(d, bool) and 0.0 <= d <= 1.0
+            for d in depths
+        )
+
+    def resolve(self, train_length: int, eval_lengths: Sequence[int]) -> PasskeyConfig:
+        """As :meth:`MetricConfig.resolve`, with ``depths`` as a sorted list of floats."""
+        out = super().resolve(train_length, eval_lengths)
+        if isinstance(self.depths, (list, tuple)):
+            depths = sorted({float(d) for d in self.depths})
+        elif int(self.depths) == 1:
+            depths = [0.0]
+        else:
+            depths = np.linspace(0.0, 1.0, int(self.depths)).round(6).tolist()
+        return replace(out, depths=depths)
+
+
+def _finish(cfg: PasskeyConfig, rows: list[dict]) -> list[dict]:
+    accuracy = {
+        r["eval_length"]: r["value"]
+        for r in rows
+        if r["metric"] == "passkey_acc" and "axis" not in r
+    }
+    row = passkey_context_row(accuracy, cfg.threshold)
+    return [] if row is None else [row]
+
+
+@register_metric("passkey", config=PasskeyConfig, finish=_finish)
+def passkey_metric(
+    ctx: EvalContext, cfg: PasskeyConfig, docs: Sequence[Document], length: int
+) -> list[dict]:
+    return passkey_rows(
+        ctx,
+        length,
+        depths=cfg.depths,
+        trials=cfg.trials,
+        seed=ctx.seed,
+        filler=cfg.filler,
+        docs=docs,
+        template=cfg.template,
+    )
+
+
+def _groups(examples: Sequence[PasskeyExample], key) -> dict:
+    groups: dict = defaultdict(list)
+    for i, example in enumerate(examples):
+        groups[key(example)].append(i)
+    return groups
+
+
+def _context(model, batch_size: int, device, ctx: EvalContext | None) -> EvalContext:
+    if ctx is not None:
+        return ctx
+    return EvalContext(model, device=device, batch_size=int(batch_size), progress=False)
+
+
+@torch.no_grad()
+def passkey_verdicts(
+    model: nn.Module,
+    examples: Sequence[PasskeyExample],
+    batch_size: int,
+    device: str | torch.device = "cpu",
+    ctx: EvalContext | None = None,
+) -> list[bool]:
+    """Teacher-forced exact-match verdicts, in the order of ``examples``.
+
+    One forward pass of ``prompt + answer`` per batch of equal-length examples; the answer sits at
+    the end of every example, so the predictions for it are the logits at positions
+    ``L - 1 - len(answer) .. L - 2``, and the logits at ``L - 1`` say whether the key ends there.
+    """
+    ctx = _context(model, batch_size, device, ctx)
+    verdicts = [False] * len(examples)
+    for length, indices in _groups(examples, lambda e: e.length).items():
+        step = ctx.rows_per_batch(length)
+        for start in range(0, len(indices), step):
+            batch = [examples[i] for i in indices[start : start + step]]
+            ids = torch.tensor([e.input_ids for e in batch], dtype=torch.long)  # [B, L]
+            answer_lens = torch.tensor([len(e.answer_ids) for e in batch])
+            span = int(answer_lens.max())
+            logits = ctx.forward(ids).logits  # [B, L, V]
+            predicted = logits[:, length - 1 - span : length - 1].argmax(dim=-1).cpu()  # [B, A]
+            targets = ids[:, length - span :]
+            in_answer = torch.arange(span)[None, :] >= (span - answer_lens)[:, None]
+            after = logits[:, length - 1].argmax(dim=-1).cpu()  # [B]: the token after the key
+            ended = ~torch.isin(after, _DIGIT_IDS)
+            ok = ((predicted == targets) | ~in_answer).all(dim=1) & ended
+            for i, verdict in zip(indices[start : start + step], ok.tolist(), strict=True):
+                verdicts[i] = bool(verdict)
+    return verdicts
+
+
+@torch.no_grad()
+def greedy_passkey_verdicts(
+    model: nn.Module,
+    examples: Sequence[PasskeyExample],
+    batch_size: int,
+    device: str | torch.device = "cpu",
+) -> list[bool]:
+    """Verdicts from ``model.generate_greedy`` (KV cache): the generated tokens equal the answer,
+    then a non-digit follows."""
+    verdicts = [False] * len(examples)
+    groups = _groups(examples, lambda e: (len(e.prompt_ids), len(e.answer_ids)))
+    for (_, answer_len), indices in groups.items():
+        for start in range(0, len(indices), int(batch_size)):
+            chunk = indices[start : start + int(batch_size)]
+            prompts = torch.tensor([examples[i].prompt_ids for i in chunk], device=device)
+            generated = model.generate_greedy(prompts, max_new_tokens=answer_len + 1).cpu()
+            answers = torch.tensor([examples[i].answer_ids for i in chunk])
+            ok = (generated[:, :answer_len] == answers).all(dim=1)
+            ok &= ~torch.isin(generated[:, answer_len], _DIGIT_IDS)
+            for i, verdict in zip(chunk, ok.tolist(), strict=True):
+                verdicts[i] = bool(verdict)
+    return verdicts
+
+
+def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:
+    """Test-document text for ``filler: corpus``, capped so that each example copies little."""
+    budget = max(8 * int(length), 1 << 16)
+    parts, total = [], 0
+    for doc in docs:
+        parts.append(np.asarray(doc.tokens[: budget - total], dtype=np.int64))
+        total += parts[-1].size
+        if total >= budget:
+            break
+    if total == 0:
+        raise ValueError("passkey filler 'corpus' needs test documents, but none were given.")
+    return np.concatenate(parts)
+
+
+def passkey_rows(
+    ctx: EvalContext,
+    length: int,
+    *,
+    depths: Sequence[float],
+    trials: int,
+    seed: int,
+    filler: str = "standard",
+    docs: Sequence[Document] = (),
+    template: str = DEFAULT_TEMPLATE,
+) -> list[dict]:
+    """``passkey_acc`` rows at one eval length: one per depth (axis="depth") and one overall.
+
+    Lengths below the template's minimum are skipped with a logged warning (no rows).
+    """
+    minimum = min_passkey_length(template=template)
+    if length < minimum:
+        logger.warning(
+            "passkey at eval length %d skipped: the passkey template needs at least %d tokens.",
+            length,
+            minimum,
+        )
+        return []
+    source = _filler_source(docs, length) if filler == "corpus" else None
+    examples = passkey_grid(
+        [length], depths, trials, seed, filler=filler, filler_source=source, template=template
+    )
+    verdicts = []
+    with ctx.bar(len(examples), f"passkey L={length}", unit="ex") as bar:
+        step = max(1, ctx.rows_per_batch(length))
+        for start in range(0, len(examples), step):
+            chunk = examples[start : start + step]
+            verdicts += passkey_verdicts(ctx.model, chunk, step, ctx.device, ctx=ctx)
+            bar.update(len(chunk))
+    by_depth: dict[float, list[bool]] = defaultdict(list)
+    for example, verdict in zip(examples, verdicts, strict=True):
+        by_depth[example.depth].append(verdict)
+    rows = [
+        make_row("passkey_acc", np.mean(v), len(v), length, axis="depth", axis_value=float(depth))
+        for depth, v in sorted(by_depth.items())
+    ]
+    rows.append(make_row("passkey_acc", np.mean(verdicts), len(verdicts), length))
+    return rows
+
+
+def passkey_context(accuracy: Mapping[int, float], threshold: float) -> int:
+    """The largest tested length whose accuracy is >= ``threshold``; 0 if none.
+
+    YaRN's definition: the largest passing length, even if a shorter one failed.
+    """
+    return int(max((length for length, acc in accuracy.items() if acc >= threshold), default=0))
+
+
+def passkey_context_row(accuracy: Mapping[int, float], threshold: float) -> dict | None:
+    """The ``passkey_context`` row of a run's per-length accuracies; None when none was tested.
+
+    ``eval_length`` and ``value`` are the passkey context (0 if none), ``n`` the number of lengths
+    tested, ``axis="threshold"`` with the threshold as ``axis_value``.
+    """
+    if not accuracy:
+        return None
+    context = passkey_context(accuracy, threshold)
+    return make_row(
+        "passkey_context",
+        context,
+        len(accuracy),
+        context,
+        axis="threshold",
+        axis_value=float(threshold),
+    )

@@ -1,0 +1,82 @@
+"""``lenbench-report [RESULTS_DIR ...] [--out DIR]``: arguments, default paths, one-line errors.
+
+With no RESULTS_DIR it reports on the most recently modified experiment under ``results/`` and
+writes to ``reports/<experiment>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from bench.report.render import render
+from bench.results import load_results
+
+
+def latest_experiment_dir(results_root: str | Path = "results") -> Path:
+    """The experiment directory under ``results_root`` holding the most recently modified
+    result file (or, failing that, the most recently modified directory)."""
+    root = Path(results_root)
+    if not root.is_dir():
+        raise ValueError(
+            f"results directory {str(root)!r} does not exist (working directory {os.getcwd()!r}); "
+            "pass RESULTS_DIR explicitly"
+        )
+    best: tuple[float, str] | None = None
+    best_dir: Path | None = None
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        files = [f for f in d.rglob("*.parquet") if not f.name.startswith(".")]
+        if not files:
+            continue
+        mtime = max([d.stat().st_mtime, *(f.stat().st_mtime for f in files)])
+        if best is None or (mtime, d.name) > best:
+            best, best_dir = (mtime, d.name), d
+    if best_dir is None:
+        raise ValueError(
+            f"no experiment directory with .parquet results under {str(root)!r}; pass RESULTS_DIR explicitly"
+        )
+    return best_dir
+
+
+def _experiment_name(df: pd.DataFrame) -> str:
+    names = sorted(df["experiment"].unique())
+    name = names[0] if len(names) == 1 else "+".join(names)
+    return name.replace(os.sep, "_").replace("/", "_") or "report"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``lenbench-report [RESULTS_DIR ...] [--out DIR]``."""
+    parser = argparse.ArgumentParser(
+        prog="lenbench-report",
+        description="Regenerate tables, plots and report.md from stored lenbench result tables.",
+    )
+    parser.add_argument(
+        "results",
+        nargs="*",
+        metavar="RESULTS_DIR",
+        help="result directories (searched recursively for *.parquet) or parquet files; default: "
+        "the most recently modified experiment directory under --results-root",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output directory (default: reports/<experiment>)"
+    )
+    parser.add_argument(
+        "--results-root",
+        type=Path,
+        default=Path("results"),
+        help="where to look for the default (default: results)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        paths: list[str | Path] = list(args.results) or [latest_experiment_dir(args.results_root)]
+        df = load_results(paths)
+        out = args.out if args.out is not None else Path("reports") / _experiment_name(df)
+        report = render(df, paths, out)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"wrote {report}")
+    return 0

@@ -1,0 +1,46 @@
+"""The catch-all table for metrics that no dedicated section shows (any name outside
+:data:`bench.results.METRICS`), so a new metric appears in the report before it has a figure."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.report.frame import GROUP_KEYS, aggregate, sort_series
+from bench.report.markdown import ReportDir, write_table
+from bench.results import METRICS
+
+
+def other_section(rep: ReportDir, df: pd.DataFrame) -> str:
+    rows = df[~df["metric"].isin(METRICS)]
+    if rows.empty:
+        return ""
+    keys = [
+        *GROUP_KEYS,
+        "metric",
+        "eval_length",
+        "axis",
+        "axis_value",
+        "layer",
+        "bucket_lo",
+        "bucket_hi",
+    ]
+    t = sort_series(aggregate(rows, keys), ["metric", "eval_length"])
+    shown = t[
+        [
+            "metric",
+            "series",
+            "eval_length",
+            "axis",
+            "axis_value",
+            "layer",
+            "bucket_lo",
+            "bucket_hi",
+            "value",
+            "n_rows",
+        ]
+    ]
+    md = write_table(rep, "other_metrics", t, shown, index=False)
+    return (
+        "## Other metrics\n\nMetrics without a dedicated figure. Source: `tables/other_metrics.csv`.\n\n"
+        + md
+    )

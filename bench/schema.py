@@ -1,0 +1,468 @@
+"""Typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
+
+Hydra checks types while it composes; ranges and rules spanning sections are checked in
+``__post_init__`` (a one-sentence ValueError naming key, value and what is allowed). A job parses
+its composed config once (:meth:`JobConfig.from_hydra`) and hands the typed sections down. Field
+metadata declares what enters the checkpoint key (``weights``), which data kinds a field belongs
+to (``kinds``) and which position families use it (``families``).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import Field, dataclass, field, fields, is_dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from bench.batches import PASSKEY_LOSSES
+from bench.corpora import CORPUS_KINDS, DEFAULT_SPLIT_FRACTIONS, SPLITS, _normalize_fractions
+from bench.metrics import EvalConfig, as_eval_config
+from bench.metrics.checks import boolean, choice, integer, number
+from bench.passkey import PASSKEY_FILLERS, min_passkey_length
+from bench.runtime import PRECISIONS
+from models.positions import PositionConfig
+from models.scaling import SCALING_METHODS, ScalingConfig
+from models.transformer import ModelConfig
+
+__all__ = [
+    "SCHEMA_NAME",
+    "WEIGHT_DECAY_SCOPES",
+    "DataConfig",
+    "JobConfig",
+    "ModelSchema",
+    "PathsConfig",
+    "PositionSchema",
+    "ScalingSchema",
+    "TrainConfig",
+    "config_error",
+    "weight_fields",
+    "weights_dict",
+]
+
+SCHEMA_NAME = "lenbench_schema"  # the first entry of conf/config.yaml's defaults list
+WEIGHT_DECAY_SCOPES = ("matrices", "all")
+
+# Field metadata keys.
+WEIGHTS = "weights"  # False: not in the checkpoint key; fn(section): the value that enters it
+KINDS = "kinds"  # data kinds (DataConfig.name) the field belongs to; absent = every kind
+FAMILIES = "families"  # position families whose parameters include the field (position_params)
+
+
+def _only(*kinds: str, **kwargs: Any) -> Any:
+    return field(metadata={KINDS: kinds}, **kwargs)
+
+
+def weights_dict(section: Any) -> dict[str, Any]:
+    """The fields of a config section that enter the checkpoint key, as they enter it."""
+    out = {}
+    for f in fields(section):
+        rule = f.metadata.get(WEIGHTS, True)
+        kinds = f.metadata.get(KINDS)
+        if rule is False or (kinds and section.name not in kinds):
+            continue
+        out[f.name] = rule(section) if callable(rule) else getattr(section, f.name)
+    return out
+
+
+def weight_fields(schema: type) -> tuple[str, ...]:
+    """Names of the fields of ``schema`` that may enter the checkpoint key."""
+    return tuple(f.name for f in fields(schema) if f.metadata.get(WEIGHTS, True) is not False)
+
+
+def _default(f: Field) -> Any:
+    return f.default_factory() if f.default_factory is not NO_DEFAULT else f.default
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass
+class ModelSchema(ModelConfig):
+    """The ``model`` group: :class:`models.transformer.ModelConfig` with its checks."""
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_layers", "d_model", "n_heads"):
+            setattr(self, key, integer(f"model.{key}", getattr(self, key), 1))
+        self.n_kv_heads = integer("model.n_kv_heads", self.n_kv_heads, 1, optional=True)
+        self.d_ff = integer("model.d_ff", self.d_ff, 1, optional=True)
+        self.dropout = number("model.dropout", self.dropout, 0.0, 1.0, interval="[)")
+        self.tie_embeddings = boolean("model.tie_embeddings", self.tie_embeddings)
+        try:
+            self.validate()  # divisibility, mlp and norm; its messages start with the field name
+        except ValueError as exc:
+            raise ValueError(f"model.{exc}") from None
+
+
+@dataclass
+class PositionSchema(PositionConfig):
+    """The ``position`` group: :class:`models.positions.PositionConfig`, with field metadata.
+
+    Its checks need the model's head size, so :class:`JobConfig` runs them (``validate``).
+    """
+
+    base: float = field(default=PositionConfig.base, metadata={FAMILIES: ("rope", "sinusoidal")})
+    layout: str = field(default=PositionConfig.layout, metadata={FAMILIES: ("rope",)})
+    rotary_fraction: float = field(
+        default=PositionConfig.rotary_fraction, metadata={FAMILIES: ("rope",)}
+    )
+    max_positions: int = field(
+        default=PositionConfig.max_positions, metadata={FAMILIES: ("learned",)}
+    )
+    # only read past the table's end, so it never changes the weights
+    out_of_range: str = field(
+        default=PositionConfig.out_of_range, metadata={FAMILIES: ("learned",), WEIGHTS: False}
+    )
+
+    def params(self) -> dict[str, Any]:
+        """The parameters the family uses (the ``position_params`` column; kind is its own)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if self.kind in f.metadata.get(FAMILIES, ())
+        }
+
+
+@dataclass
+class ScalingSchema(ScalingConfig):
+    """The ``scaling`` group: :class:`models.scaling.ScalingConfig` with its checks."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"scaling.name must be a non-empty label, got {self.name!r}.")
+        choice("scaling.method", self.method, tuple(SCALING_METHODS))
+        if not isinstance(self.params, Mapping):
+            raise ValueError(
+                f"scaling.params must be a mapping of parameters, got {self.params!r}."
+            )
+        self.params = dict(self.params)
+        self.logn = boolean("scaling.logn", self.logn)
+
+
+@dataclass
+class DataConfig:
+    """The ``data`` group: where text comes from (``name``: pycorpus, text or hf).
+
+    Caps (``max_files``/``max_bytes``) are deterministic; a field marked with kinds belongs to
+    those kinds only and must keep its default under another.
+    """
+
+    name: str = "pycorpus"
+    split_fractions: dict[str, float] = field(
+        default_factory=lambda: dict(DEFAULT_SPLIT_FRACTIONS),
+        metadata={WEIGHTS: lambda data: list(_normalize_fractions(data.split_fractions))},
+    )
+    max_files: int | None = None
+    max_bytes: int | None = None
+    include_tests: bool = _only("pycorpus", default=False)  # the stdlib's test suites too
+    paths: Any = _only("text", default=None)  # files, directories or glob patterns
+    suffixes: Any = _only("text", default_factory=lambda: [".txt"])  # taken from directories
+    root: str | None = _only("text", default=None)  # ids are relative to it (None: common parent)
+    path: str | None = _only("hf", default=None)  # dataset name, or a saved copy's directory
+    config_name: str | None = _only("hf", default=None)
+    data_files: Any = _only("hf", default=None)
+    # one HF split, divided by hash (None: "train" unless splits is set) ...
+    split: str | None = field(
+        default=None,
+        metadata={KINDS: ("hf",), WEIGHTS: lambda data: data.hf_split},
+    )
+    splits: dict[str, str] | None = _only("hf", default=None)  # ... or ours -> HF split names
+    text_field: str = _only("hf", default="text")
+    load_from_disk: bool = _only("hf", default=False)
+    cache_dir: str | None = _only("hf", default=None)
+    revision: str | None = _only("hf", default=None)
+    load_kwargs: dict[str, Any] = _only("hf", default_factory=dict)
+
+    def __post_init__(self) -> None:
+        choice("data.name", self.name, CORPUS_KINDS)
+        for f in fields(self):
+            kinds = f.metadata.get(KINDS)
+            value = getattr(self, f.name)
+            if kinds and self.name not in kinds and value != _default(f):
+                raise ValueError(
+                    f"data.{f.name} is a setting of data={'/'.join(kinds)}, not of "
+                    f"data={self.name}, got {value!r}."
+                )
+        self.max_files = integer("data.max_files", self.max_files, 1, optional=True)
+        self.max_bytes = integer("data.max_bytes", self.max_bytes, 1, optional=True)
+        self.include_tests = boolean("data.include_tests", self.include_tests)
+        _normalize_fractions(self.split_fractions)
+        if self.name == "text":
+            if self.paths in (None, "", "???", []):
+                raise ValueError(
+                    "data.paths is required for data=text; give files, directories or glob patterns."
+                )
+            self.paths = [self.paths] if isinstance(self.paths, str) else list(self.paths)
+            self.suffixes = (
+                [self.suffixes] if isinstance(self.suffixes, str) else list(self.suffixes)
+            )
+        if self.name == "hf":
+            self._check_hf()
+
+    def _check_hf(self) -> None:
+        if self.path in (None, "", "???"):
+            raise ValueError(
+                "data.path is required for data=hf; give a dataset name or a local path."
+            )
+        if self.split is not None and self.splits is not None:
+            raise ValueError(
+                "data.split and data.splits are both set for data=hf; set split (one HF split, "
+                "divided by hash) or splits (a train/validation/test -> HF split mapping), not both."
+            )
+        if self.splits is not None:
+            splits = self.splits
+            if not isinstance(splits, Mapping) or not splits or not set(splits) <= set(SPLITS):
+                raise ValueError(
+                    f"data.splits must map some of {', '.join(SPLITS)} to HF split names, "
+                    f"got {splits!r}."
+                )
+            self.splits = dict(splits)
+
+    @property
+    def hf_split(self) -> str | None:
+        """The one HF split to divide by hash: ``split``, or "train" when no ``splits`` mapping."""
+        return self.split if self.split is not None or self.splits is not None else "train"
+
+    def as_dict(self) -> dict[str, Any]:
+        """This kind's settings as plain values (every one of them changes the corpus)."""
+        return weights_dict(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> DataConfig:
+        """The config from plain data (or a DictConfig), checked as Hydra checks the group."""
+        return _parse(cls, values, "data")
+
+
+@dataclass
+class TrainConfig:
+    """The ``train`` group: one training run's recipe (``bench.train.train_model``)."""
+
+    length: int = 256  # training sequence length (the model's train_length)
+    steps: int = 300  # optimizer updates
+    batch_size: int = 16  # sequences per update (global: split across processes)
+    lr: float = 3.0e-3  # peak learning rate (linear warmup, then cosine decay to min_lr)
+    # the learning rate at the last update; None = lr * min_lr_ratio (the key holds the value)
+    min_lr: float | None = field(default=None, metadata={WEIGHTS: lambda train: train.final_lr})
+    min_lr_ratio: float = field(default=0.1, metadata={WEIGHTS: False})  # folded into min_lr
+    warmup_steps: int = 30
+    weight_decay: float = 0.1  # AdamW decoupled decay ...
+    weight_decay_scope: str = "matrices"  # ... on the projection matrices only, or on all
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    passkey_fraction: float = 0.0  # fraction of training rows that are passkey examples
+    passkey_filler: str = "standard"
+    passkey_loss: str = "all"  # all | answer
+    # what is measured and shown, never the weights:
+    eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
+    eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none
+    log_every: int = field(default=10, metadata={WEIGHTS: False})  # updates between loss checks
+
+    def __post_init__(self) -> None:
+        self.length = integer("train.length", self.length, 2)
+        self.steps = integer("train.steps", self.steps, 1)
+        self.batch_size = integer("train.batch_size", self.batch_size, 1)
+        self.lr = number("train.lr", self.lr, 0.0)
+        self.min_lr_ratio = number("train.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        if self.min_lr is not None:
+            self.min_lr = number("train.min_lr", self.min_lr, 0.0, self.lr)
+        self.warmup_steps = integer("train.warmup_steps", self.warmup_steps, 0)
+        self.weight_decay = number("train.weight_decay", self.weight_decay, 0.0)
+        choice("train.weight_decay_scope", self.weight_decay_scope, WEIGHT_DECAY_SCOPES)
+        betas = self.betas
+        if (
+            not isinstance(betas, (list, tuple))
+            or len(betas) != 2
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+            or not all(0.0 <= b < 1.0 for b in betas)
+        ):
+            raise ValueError(f"train.betas must be two numbers in [0, 1), got {betas!r}.")
+        self.betas = [float(b) for b in betas]
+        self.grad_clip = number("train.grad_clip", self.grad_clip, 0.0)
+        choice("train.precision", self.precision, PRECISIONS)
+        self.passkey_fraction = number("train.passkey_fraction", self.passkey_fraction, 0.0, 1.0)
+        choice("train.passkey_filler", self.passkey_filler, PASSKEY_FILLERS)
+        choice("train.passkey_loss", self.passkey_loss, PASSKEY_LOSSES)
+        self.eval_every = integer("train.eval_every", self.eval_every, 0)
+        self.eval_batches = integer("train.eval_batches", self.eval_batches, 0)
+        self.log_every = integer("train.log_every", self.log_every, 1)
+
+    @property
+    def final_lr(self) -> float:
+        """The learning rate at the last update: ``min_lr``, or ``lr * min_lr_ratio``."""
+        return self.min_lr if self.min_lr is not None else self.lr * self.min_lr_ratio
+
+
+@dataclass
+class PathsConfig:
+    """Output roots; relative paths are relative to where lenbench was started."""
+
+    results: str = "results"  # <results>/<experiment_name>/<run_id>.parquet
+    reports: str = "reports"  # <reports>/<experiment_name>/report.md
+    cache: str | None = None  # checkpoints; None = $LENBENCH_CACHE or ~/.cache/lenbench/checkpoints
+
+
+@dataclass
+class JobConfig:
+    """One job's whole config: the primary config's keys and one typed section per group."""
+
+    experiment_name: str = "default"  # results and report go to <paths.*>/<experiment_name>
+    seed: int = 0  # weight init and training batches (in the checkpoint key), eval sampling
+    device: str = "auto"  # cpu | cuda | cuda:<i> | mps | auto
+    threads: int | None = None  # torch intra-op threads; None = torch's default (see bench.job)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    model: ModelSchema = field(default_factory=ModelSchema)
+    position: PositionSchema = field(default_factory=PositionSchema)
+    scaling: ScalingSchema = field(default_factory=ScalingSchema)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        name = self.experiment_name
+        if not isinstance(name, str) or not name.strip() or "/" in name:
+            raise ValueError(f"experiment_name must be a non-empty name without '/', got {name!r}.")
+        self.seed = integer("seed", self.seed, 0)
+        self.threads = integer("threads", self.threads, 1, optional=True)
+        self.eval = as_eval_config(self.eval)
+        self.position.validate(self.model.head_dim, self.model.d_model)
+        length = self.train.length
+        rows = self.position.max_positions
+        if self.position.kind == "learned" and 0 < rows < length:
+            raise ValueError(
+                f"position.max_positions {rows} is smaller than train.length {length}; "
+                f"allowed: 0 (= train.length) or at least {length}."
+            )
+        fraction = self.train.passkey_fraction
+        if fraction > 0 and length + 1 < min_passkey_length():
+            raise ValueError(
+                f"train.length {length} is too short for passkey training examples "
+                f"(train.passkey_fraction={fraction:g}); allowed: train.length >= "
+                f"{min_passkey_length() - 1} or train.passkey_fraction=0."
+            )
+
+    @classmethod
+    def from_hydra(cls, cfg: DictConfig | Mapping[str, Any]) -> JobConfig:
+        """The typed config of a composed Hydra config (or of nested plain data, checked alike).
+
+        Raises ValueError with one sentence for a wrong type, an unknown key, a missing or an
+        out-of-range value.
+        """
+        if isinstance(cfg, DictConfig) and "hydra" in cfg:
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                del cfg["hydra"]
+        return _parse(cls, cfg)
+
+
+def _parse(schema: type, values: Any, key: str | None = None) -> Any:
+    """``values`` merged into ``schema`` (at config key ``key``) and instantiated, so that types,
+    unknown keys and missing values are checked as Hydra checks them; OmegaConf's errors become
+    one-sentence ValueErrors."""
+    try:
+        typed = isinstance(values, DictConfig) and OmegaConf.get_type(values) is schema
+        node = values if typed else OmegaConf.structured(schema)
+        root = node if key is None else OmegaConf.create({key: node})  # errors name full keys
+        if not typed:
+            root = OmegaConf.merge(root, values if key is None else {key: values})
+        _check_keys(root, "")  # keys added with +key=... are not rejected by Hydra
+        obj = OmegaConf.to_object(root)
+        return obj if key is None else obj[key]
+    except OmegaConfBaseException as exc:
+        raise ValueError(config_error(exc) or _first_line(exc)) from None
+
+
+def _check_keys(node: DictConfig, where: str) -> None:
+    """Raise for a key that is not a field of its section's dataclass (at any depth)."""
+    schema = OmegaConf.get_type(node)
+    if is_dataclass(schema):
+        allowed = [f.name for f in fields(schema)]
+        for key in node.keys():
+            if key not in allowed:
+                raise ValueError(
+                    f"{where + '.' if where else ''}{key} is an unknown key; allowed keys: "
+                    f"{', '.join(allowed)}."
+                )
+    for key, child in node.items_ex(resolve=False):
+        if isinstance(child, DictConfig) and not (child._is_none() or child._is_missing()):
+            _check_keys(child, f"{where}.{key}" if where else str(key))
+
+
+ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def config_error(exc: BaseException) -> str | None:
+    """One sentence for an OmegaConf error (or a Hydra error caused by one) about a config key
+    or value: a wrong type, an unknown key or a missing value; None for anything else."""
+    err = _omegaconf_cause(exc)
+    if err is None or not err.full_key:
+        return None
+    key = str(err.full_key)
+    name = str(err.key) if err.key is not None else key.rpartition(".")[2]
+    schema = err.object_type if is_dataclass(err.object_type) else None
+    if isinstance(err, MissingMandatoryValue):
+        return f"{key} is required; set it, e.g. {key}=<value>."
+    if isinstance(err, (ConfigKeyError, ConfigAttributeError)) and schema is not None:
+        allowed = ", ".join(f.name for f in fields(schema))
+        return f"{key} is an unknown key; allowed keys: {allowed}."
+    if isinstance(err, ValidationError) and schema is not None:
+        hint = _type_hints(schema).get(name)
+        if hint is not None:
+            return f"{key} must be {_describe(hint)}, got {err.value!r}."
+    return None
+
+
+def _omegaconf_cause(exc: BaseException | None) -> OmegaConfBaseException | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OmegaConfBaseException):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@functools.cache
+def _type_hints(schema: type) -> dict[str, Any]:
+    return typing.get_type_hints(schema)
+
+
+def _describe(hint: Any) -> str:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return f"{_describe(inner[0])} or null" if len(inner) == 1 else "a value of another type"
+    origin = typing.get_origin(hint) or hint
+    names = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }
+    if origin in names:
+        return names[origin]
+    return "a mapping of keys" if is_dataclass(origin) else "a value of another type"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
