@@ -17,12 +17,14 @@ import torch
 
 from bench.corpora import EOS, Document
 from bench.passkey import (
+    DEFAULT_TEMPLATE,
     PASSKEY_FILLERS,
     PasskeyExample,
     make_passkey_example,
     min_passkey_length,
     random_key,
 )
+from bench.passkey import passkey_template as passkey_template_of
 from bench.tokenizer import ByteTokenizer
 
 __all__ = [
@@ -93,6 +95,7 @@ class TrainingStream:
         passkey_loss: str = "all",
         start_step: int = 0,
         tokenizer: ByteTokenizer | None = None,
+        passkey_template: str = DEFAULT_TEMPLATE,
     ) -> None:
         if int(seq_len) < 1 or int(batch_size) < 1:
             raise ValueError(
@@ -119,11 +122,15 @@ class TrainingStream:
         self.passkey_loss = passkey_loss
         self.start_step = int(start_step)
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
-        if self.passkey_fraction > 0 and self.seq_len + 1 < min_passkey_length():
+        self.passkey_template = passkey_template
+        self._end_ids = self.tokenizer.encode(passkey_template_of(passkey_template).end)
+        needed = min_passkey_length(template=passkey_template) + len(self._end_ids)
+        if self.passkey_fraction > 0 and self.seq_len + 1 < needed:
             # Checked against the longest key now, rather than failing at a random later step.
             raise ValueError(
-                f"seq_len {self.seq_len} is too short for passkey training examples; "
-                f"seq_len + 1 must be at least {min_passkey_length()} (or set passkey_fraction=0)."
+                f"seq_len {self.seq_len} is too short for passkey training examples with the "
+                f"{passkey_template!r} template; seq_len + 1 must be at least {needed} (or set "
+                "passkey_fraction=0)."
             )
         self._stream = torch.from_numpy(concat_documents(docs))
         if self._stream.numel() < self.seq_len + 1:
@@ -153,7 +160,7 @@ class TrainingStream:
         rows = torch.randperm(self.batch_size, generator=gen)[:n_passkey].sort().values
         for row in rows.tolist():
             example = self._passkey_example(rng)
-            tokens[row] = torch.tensor(example.input_ids, dtype=torch.long)
+            tokens[row] = torch.tensor(example.input_ids + self._end_ids, dtype=torch.long)
             if self.passkey_loss == "answer":
                 loss_mask[row] = False
                 # target j predicts token j+1: the first answer token is predicted at len(prompt)-1.
@@ -161,7 +168,8 @@ class TrainingStream:
         return TrainingBatch(tokens, loss_mask, rows)
 
     def _passkey_example(self, rng: random.Random) -> PasskeyExample:
-        total = self.seq_len + 1
+        """An example that leaves room for the template's end text after the answer."""
+        total = self.seq_len + 1 - len(self._end_ids)
         key, depth = random_key(rng), rng.random()
         source = None
         if self.passkey_filler == "corpus":
@@ -169,7 +177,13 @@ class TrainingStream:
             start = rng.randrange(self._stream.numel() - total + 1)
             source = self._stream[start : start + total].numpy()
         return make_passkey_example(
-            total, depth, key, self.tokenizer, filler=self.passkey_filler, filler_source=source
+            total,
+            depth,
+            key,
+            self.tokenizer,
+            filler=self.passkey_filler,
+            filler_source=source,
+            template=self.passkey_template,
         )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -3,20 +3,28 @@
 A checkpoint's key is ``sha256(canonical JSON of weights_config(job, corpus))[:16]``: only what
 changes the weights (model, position, data and train fields not marked ``weights: False`` in
 ``bench.schema``, seed, corpus fingerprint, ``CODE_SALT``). Eval-time settings never enter it.
+A fine-tune's (``extend`` active, ``bench.extend``) is the hash of its parent's key and config and
+its own ``extend`` fields; its checkpoint also stores the scaling it was trained with.
 
 Layout under the cache root (default: env ``LENBENCH_CACHE`` or ``~/.cache/lenbench/checkpoints``)::
 
     <root>/<key>/model.pt    torch.save({"key", "model_cfg", "position_cfg", "train_length",
-                                         "weights_config", "state_dict", "train_stats"})
+                                         "weights_config", "state_dict", "train_stats",
+                                         ["scaling" of a fine-tune]})
     <root>/<key>/DONE        {"key": ..., "weights_config": ...} (JSON), written last
+    <root>/<key>/resume.pt   resumable state of an unfinished training (bench.resume)
     <root>/<key>.lock        filelock: held while a process trains or writes this key
 
-Protocol (``get_or_train``): if DONE exists, load. Otherwise take the lock, look again, delete
-leftovers of interrupted writers, train, write model.pt and then DONE, each through a temporary
-file + ``os.replace``. A killed process leaves either no DONE (the next run retrains) or a complete
-checkpoint; the OS releases its lock. Loading verifies that the stored weights config hashes to
-the key and matches DONE, the stored model and the request (``CheckpointError`` otherwise). Under
-``accelerate launch`` rank 0 takes the lock and decides train-or-load for every rank.
+Protocol (``get_or_train``): if DONE exists, load. Otherwise (a fine-tune: get its parent first,
+under the parent's lock) take the lock, look again, delete leftovers of interrupted writers, train,
+write model.pt and then DONE, each through a temporary file + ``os.replace``, then delete the
+resumable state. A killed process leaves either no DONE or a complete checkpoint; the OS releases
+its lock, and the next run resumes from the last resumable state the training wrote (every
+``train.save_every`` updates / ``save_every_minutes``), or starts over without one. A DONE
+checkpoint is final: a state is never read then. Loading verifies that the stored weights config
+hashes to the key and matches DONE, the stored model and the request (``CheckpointError``
+otherwise). Under ``accelerate launch`` rank 0 takes the lock and decides train-or-load for every
+rank.
 """
 
 from __future__ import annotations
@@ -25,7 +33,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -34,11 +41,13 @@ from typing import Any
 import torch
 
 from bench.corpora import Corpus
+from bench.extend import base_job, extend_weights
 from bench.results import canonical_json
+from bench.resume import RESUME_FILE, TMP_PREFIX, ResumeFile, atomic_write
 from bench.schema import JobConfig, PositionSchema, weight_fields, weights_dict
 from bench.train import train_model, use_cpu_backend
 from models.positions import PositionConfig
-from models.transformer import DecoderLM, ModelConfig
+from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 
 __all__ = [
     "CODE_SALT",
@@ -61,7 +70,6 @@ DONE_FILE = "DONE"
 KEY_CHARS = 16
 ENV_CACHE = "LENBENCH_CACHE"
 _KEY_PATTERN = re.compile(rf"[0-9a-f]{{{KEY_CHARS}}}")
-_TMP_PREFIX = ".tmp-"
 
 
 class CheckpointError(ValueError):
@@ -87,7 +95,17 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
     ``corpus`` (a Corpus or its fingerprint) adds ``corpus_fingerprint``, so a changed corpus
     (edited text files, another Python's stdlib) never reuses weights trained on the old one.
     ``get_or_train`` always passes it: the key of a job is ``weights_key(job, corpus)``.
+    A fine-tune's is ``{code_salt, parent_key, parent: <its parent's>, extend}``.
     """
+    if job.extend.active:
+        parent = weights_config(base_job(job), corpus)
+        extend = {
+            "code_salt": CODE_SALT,
+            "parent_key": key_of(parent),
+            "parent": parent,
+            "extend": extend_weights(job),
+        }
+        return _normalized(extend)
     out: dict[str, Any] = {
         "code_salt": CODE_SALT,
         "model": weights_dict(job.model),
@@ -127,25 +145,11 @@ def checkpoint_dir(key: str, cache_root: str | Path | None = None) -> Path:
     return _root(cache_root) / key
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """write(file object) into a temp file next to ``path``, fsync, then os.replace onto it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TMP_PREFIX}{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _clean_leftovers(directory: Path) -> None:
     """Remove temp files of interrupted writers and a DONE-less model.pt (caller holds the lock)."""
     if not directory.is_dir():
         return
-    for leftover in directory.glob(f"{_TMP_PREFIX}*"):
+    for leftover in directory.glob(f"{TMP_PREFIX}*"):
         leftover.unlink(missing_ok=True)
     if not (directory / DONE_FILE).exists():
         (directory / MODEL_FILE).unlink(missing_ok=True)
@@ -155,7 +159,13 @@ def _clean_leftovers(directory: Path) -> None:
 
 
 def _model_part(config: Mapping[str, Any]) -> tuple[Any, Any, int]:
+    while "parent" in config:  # a fine-tune has its base model's architecture
+        config = config["parent"]
     return config["model"], config["position"], config["train"]["length"]
+
+
+def _scaling_part(scaling: ScalingConfig) -> dict[str, Any]:
+    return {"method": scaling.method, "params": scaling.params, "logn": scaling.logn}
 
 
 def _check_model_matches(
@@ -205,6 +215,13 @@ def save_checkpoint(
         config,
         f"checkpoint {key}",
     )
+    if "extend" in config and canonical_json(_scaling_part(model.scaling)) != canonical_json(
+        config["extend"]["scaling"]
+    ):
+        raise CheckpointError(
+            f"checkpoint {key}: the model's scaling {canonical_json(_scaling_part(model.scaling))} "
+            f"is not the one it was fine-tuned with ({canonical_json(config['extend']['scaling'])})."
+        )
     directory = checkpoint_dir(key, cache_root)
     directory.mkdir(parents=True, exist_ok=True)
     state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
@@ -217,10 +234,12 @@ def save_checkpoint(
         "state_dict": state_dict,
         "train_stats": _json_safe(train_stats),
     }
+    if "extend" in config:  # a fine-tuned model is evaluated with the scaling it trained with
+        payload["scaling"] = asdict(model.scaling)
     (directory / DONE_FILE).unlink(missing_ok=True)  # a rewrite is incomplete until DONE is back
-    _atomic_write(directory / MODEL_FILE, lambda handle: torch.save(payload, handle))
+    atomic_write(directory / MODEL_FILE, lambda handle: torch.save(payload, handle))
     done = json.dumps({"key": key, "weights_config": config}, indent=1, sort_keys=True)
-    _atomic_write(directory / DONE_FILE, lambda handle: handle.write(done.encode("utf-8")))
+    atomic_write(directory / DONE_FILE, lambda handle: handle.write(done.encode("utf-8")))
     return directory
 
 
@@ -255,9 +274,10 @@ def load_model(
     ``ref`` is a key (under ``cache_root``, default ``$LENBENCH_CACHE`` or
     ``~/.cache/lenbench/checkpoints``), a checkpoint directory or its model.pt. meta holds
     ``key``, ``weights_config``, ``train_length``, ``train_stats``, ``model_cfg``,
-    ``position_cfg`` and ``path``. Raises CheckpointError (a ValueError) if the checkpoint is
-    incomplete (no DONE), was edited (its weights config does not hash to its key), or does not
-    equal ``expected_config`` when given.
+    ``position_cfg``, ``scaling`` (a fine-tune's, set on the model; else None) and ``path``.
+    Raises CheckpointError (a ValueError) if the checkpoint is incomplete (no DONE), was edited
+    (its weights config does not hash to its key), or does not equal ``expected_config`` when
+    given.
     """
     directory = _resolve(ref, cache_root)
     model_path, done_path = directory / MODEL_FILE, directory / DONE_FILE
@@ -310,6 +330,8 @@ def load_model(
         int(payload["train_length"]),
     )
     model.load_state_dict(payload["state_dict"])
+    if payload.get("scaling") is not None:
+        model.set_scaling(ScalingConfig(**payload["scaling"]))
     model.to(device).eval()
     meta = {
         "key": key,
@@ -318,6 +340,7 @@ def load_model(
         "train_stats": payload.get("train_stats", {}),
         "model_cfg": payload["model_cfg"],
         "position_cfg": payload["position_cfg"],
+        "scaling": payload.get("scaling"),
         "path": str(directory),
     }
     return model, meta
@@ -361,9 +384,12 @@ def get_or_train(
 
     Returns (model in eval mode on ``device``, meta, trained) where meta is ``load_model``'s
     (``key``, ``weights_config``, ``train_length``, ``train_stats``, ``path``, ...) and trained
-    says whether this call trained. ``train_fn(job, corpus, progress=..., [accelerator=...])``
-    is called at most once per key across concurrent processes; others wait on the lock
-    (``lock_timeout`` seconds, -1 = forever) and then load.
+    says whether this call trained. ``train_fn(job, corpus, progress=..., resume=<ResumeFile>,
+    [accelerator=...], [init=<parent model>])`` is called at most once per finished key across
+    concurrent processes; others wait on the lock (``lock_timeout`` seconds, -1 = forever) and
+    then load. For a fine-tune (``job.extend`` active) the parent comes from this function first
+    (loaded, or trained under its own lock) and is passed as ``init``; a finished fine-tune needs
+    no parent.
     """
     from filelock import FileLock
 
@@ -372,9 +398,24 @@ def get_or_train(
     root = _root(cache_root)
     directory = root / key
     state = _distributed(accelerator)
-    kwargs: dict[str, Any] = {"progress": progress}
+    resume = ResumeFile(directory / RESUME_FILE, key, config)
+    kwargs: dict[str, Any] = {"progress": progress, "resume": resume}
     if accelerator is not None:
         kwargs["accelerator"] = accelerator
+
+    def parent() -> None:
+        """A fine-tune's parent model as ``init`` (every rank calls this: it may train)."""
+        if job.extend.active:
+            kwargs["init"], _, _ = get_or_train(
+                base_job(job),
+                corpus,
+                root,
+                train_fn=train_fn,
+                progress=progress,
+                accelerator=accelerator,
+                device=device,
+                lock_timeout=lock_timeout,
+            )
 
     def load() -> tuple[DecoderLM, dict[str, Any], bool]:
         model, meta = load_model(directory, device=device, expected_config=config)
@@ -385,6 +426,7 @@ def get_or_train(
         stats = _json_safe(stats)
         if write:
             save_checkpoint(model, key, config, root, stats)
+            resume.clear()  # the checkpoint is final; the partial run is obsolete
         meta = {
             "key": key,
             "weights_config": config,
@@ -392,6 +434,7 @@ def get_or_train(
             "train_stats": stats,
             "model_cfg": asdict(model.model_cfg),
             "position_cfg": asdict(model.position_cfg),
+            "scaling": asdict(model.scaling) if job.extend.active else None,
             "path": str(directory),
         }
         return _finish(model, job, device), meta, True
@@ -399,6 +442,7 @@ def get_or_train(
     if state is None:
         if (directory / DONE_FILE).exists():
             return load()
+        parent()
         root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(root / f"{key}.lock"), timeout=lock_timeout):
             if (directory / DONE_FILE).exists():
@@ -425,6 +469,7 @@ def get_or_train(
                 lock.release()
                 lock = None
             return load()
+        parent()
         result = train_and_save(write=state.is_main_process)
         state.wait_for_everyone()  # nobody returns before the checkpoint is complete
         return result

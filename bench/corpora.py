@@ -9,10 +9,10 @@ Design choices (why):
 * Tokens are bytes (``bench.tokenizer``); files are read as bytes and never
   decoded, so every file tokenizes, and one token is one byte everywhere.
 * Documents are ordered by sorted relative path and assigned to a split by a
-  SHA-256 hash of that path (not ``hash()``, which is salted per process): the
-  assignment is identical on every machine and does not move when files are
-  added or removed, and a capped corpus (``max_files``/``max_bytes``) keeps each
-  surviving file in the split it has in the full corpus.
+  SHA-256 hash of that path (not ``hash()``, which is salted per process), so the
+  assignment is identical on every machine; near-duplicate documents are then kept
+  on one side (``bench.splits``): a held-out document shares at most 20% of its
+  32-byte shingles with the training split.
 * ``pycorpus`` excludes the standard library's test suites (directories named
   ``test``, ``tests`` or ``idle_test``) unless ``include_tests`` is true: they are
   ~60% of the bytes, highly repetitive, and contain deliberately malformed
@@ -28,10 +28,10 @@ Design choices (why):
 * Corpora are cached in memory per process (LRU): sweeps call ``load_corpus``
   for every job. File corpora are keyed by their fingerprint, so a changed
   file is re-read; Hugging Face corpora are keyed by their config.
-* Caps are deterministic: files are taken in SHA-256 order of their ids (a
-  stable pseudo-random order, so a small corpus still spans all packages), up
-  to ``max_files`` files and ``max_bytes`` bytes (files that would exceed the
-  byte budget are skipped). For ``hf`` the caps apply per loaded HF split, as
+* Caps are deterministic: files are taken in the order of a SHA-256 hash of their
+  ids that is independent of the split hash (so every split keeps its share of a
+  small corpus, and it still spans all packages), up to ``max_files`` files and
+  ``max_bytes`` bytes (files that would exceed the byte budget are skipped). For ``hf`` the caps apply per loaded HF split, as
   a prefix in row order (reading every row to hash-order it would defeat the cap).
 """
 
@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bench.splits import SPLIT_PROTOCOL, cap_order_key, near_duplicate_assignment
 from bench.tokenizer import ByteTokenizer, bytes_to_tokens
 
 if TYPE_CHECKING:
@@ -207,8 +208,10 @@ def assign_split(doc_id: str, fractions: object = None) -> str:
 
 
 def corpus_fingerprint(entries: Sequence[tuple[str, int]]) -> str:
-    """Short SHA-256 hex of the sorted (id, size in bytes) list."""
-    payload = json.dumps(sorted([str(i), int(s)] for i, s in entries), separators=(",", ":"))
+    """Short SHA-256 hex of the sorted (id, size in bytes) list and the split protocol."""
+    payload = json.dumps(
+        [SPLIT_PROTOCOL, sorted([str(i), int(s)] for i, s in entries)], separators=(",", ":")
+    )
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:_FINGERPRINT_CHARS]
 
 
@@ -299,12 +302,13 @@ def _list_text(
 def _cap_entries(
     entries: list[_FileEntry], max_files: int | None, max_bytes: int | None
 ) -> list[_FileEntry]:
-    """Deterministic subset: SHA-256 order of ids, up to max_files files and max_bytes bytes."""
+    """Deterministic subset in :func:`bench.splits.cap_order_key` order (independent of the split
+    hash), up to max_files files and max_bytes bytes."""
     if max_files is None and max_bytes is None:
         return entries
     chosen: list[_FileEntry] = []
     total = 0
-    for entry in sorted(entries, key=lambda e: hashlib.sha256(e.id.encode("utf-8")).digest()):
+    for entry in sorted(entries, key=lambda e: cap_order_key(e.id)):
         if max_files is not None and len(chosen) >= max_files:
             break
         if max_bytes is not None and total + entry.size > max_bytes:
@@ -343,10 +347,14 @@ def _build_corpus(
     fractions: Sequence[float],
     fixed: Mapping[str, str] | None = None,
 ) -> Corpus:
-    """A Corpus with hash-based split assignment (or the ``fixed`` one for HF split mappings)."""
-    assignment = (
-        dict(fixed) if fixed is not None else {d.id: assign_split(d.id, fractions) for d in docs}
-    )
+    """A Corpus with hash-based, near-duplicate-aware split assignment (or the ``fixed`` one for
+    HF split mappings)."""
+    if fixed is not None:
+        assignment = dict(fixed)
+    else:
+        assignment = near_duplicate_assignment(
+            [(d.id, d.tokens) for d in docs], lambda doc_id: assign_split(doc_id, fractions)
+        )
     fingerprint = corpus_fingerprint([(d.id, len(d)) for d in docs])
     # Read-only view: the corpus is shared by every caller through the cache.
     return Corpus(name, fingerprint, source, tuple(docs), MappingProxyType(assignment))

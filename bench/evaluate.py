@@ -1,9 +1,14 @@
 """Evaluate one model at several lengths with every registered metric (``bench.metrics``).
 
-For each eval length, :func:`evaluate_model` applies the scaling for that length
-(``model.scaled(scaling, length)``, so ``factor: auto`` follows the length), skips a length the
-model cannot embed, and runs each enabled metric whose ``lengths`` include it, in registry order;
-after the last length each metric adds its once-per-run rows. Rows hold only the measured part
+The scaling is fixed once per run (``models.scaling_config.run_scaling``): a static ``factor: auto`` is
+set for ``scaling.target_length`` or the longest eval length and used at every length; only an
+oracle scaling gets each length's own factor. For each eval length, :func:`evaluate_model` applies
+it (``model.scaled(scaling, length)``), skips a length the model cannot embed, and runs each
+enabled metric whose ``lengths`` include it, in registry order; after the last length each
+metric adds its once-per-run rows. Every metric reads one document set per run, chosen once
+before the first length: the test documents long enough for the longest length at which a
+metric that reads documents runs (``bench.metrics.context.run_documents``), so numbers at
+different lengths are on the same documents. Rows hold only the measured part
 (``bench.metrics.context``); the job runner adds the identity columns.
 """
 
@@ -19,9 +24,16 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bench.corpora import Document
-from bench.metrics import METRICS, EvalConfigBase, EvalContext, ResolvedEval, as_eval_config
+from bench.metrics import (
+    METRICS,
+    EvalConfigBase,
+    EvalContext,
+    ResolvedEval,
+    as_eval_config,
+)
+from bench.metrics.context import run_documents
 from bench.metrics.lengths import parse_length
-from models.scaling import ScalingConfig
+from models.scaling_config import ScalingConfig, run_scaling
 
 __all__ = ["evaluate_model", "parse_length"]
 
@@ -38,13 +50,18 @@ def evaluate_model(
     device: str | torch.device = "cpu",
     seed: int = 0,
     progress: bool = True,
+    tokenizer: object = None,
 ) -> list[dict]:
     """Measure every enabled metric at every eval length; return result rows (module doc).
 
     ``eval_cfg``: an ``EvalConfig``, a mapping of eval keys (missing ones take the defaults of
     ``conf/eval/standard.yaml``), None for the defaults, or an already resolved config.
-    ``scaling`` (None = the raw model) needs a model with ``scaled()``. Runs under
+    ``scaling`` (None = the raw model; its factor fixed for the run, module doc) needs a model with
+    ``scaled()``. ``tokenizer``: a transformers tokenizer for a pretrained model
+    (``bench.pretrained``): passkey prompts are then built as text in its tokens; None = byte
+    tokens. Runs under
     ``torch.no_grad`` in eval mode; the model's scaling and train/eval mode are restored afterwards.
+    Raises ValueError before any work when no test document is long enough (module doc).
     """
     if isinstance(eval_cfg, ResolvedEval):
         cfg = eval_cfg
@@ -55,7 +72,9 @@ def evaluate_model(
             )
     else:
         cfg = as_eval_config(eval_cfg).resolve(train_length)
-    test_docs = list(test_docs)
+    reading = [s.lengths for s in cfg.metrics.values() if s.enabled and s.reads_documents]
+    longest = max((max(lengths) for lengths in reading if lengths), default=None)
+    docs = [] if longest is None else run_documents(list(test_docs), longest)
     ctx = EvalContext(
         model,
         device=device,
@@ -65,10 +84,13 @@ def evaluate_model(
         progress=progress,
         train_length=cfg.train_length,
         seed=seed,
+        tokenizer=tokenizer,
     )
     scaled = getattr(model, "scaled", None)
     if scaling is not None and scaled is None:
         raise ValueError(f"scaling {scaling!r} was given but the model has no scaled() method.")
+    if scaling is not None:
+        scaling = run_scaling(scaling, train_length=cfg.train_length, lengths=cfg.lengths)
     was_training = model.training
     model.to(device)
     model.eval()
@@ -88,7 +110,7 @@ def evaluate_model(
                         if not section.enabled or length not in section.lengths:
                             continue
                         started = time.perf_counter()
-                        new = METRICS[name].fn(ctx, section, test_docs, length)
+                        new = METRICS[name].fn(ctx, section, docs, length)
                         logger.info(
                             "%s at eval length %d: %d rows in %.2f s",
                             name,

@@ -5,6 +5,8 @@
 skips work already done (the result file is named by a hash of the job's identity), trains only
 when the checkpoint cache has no model for the weights key, and writes the rows atomically.
 Expected problems come back as a status with one sentence; unexpected exceptions propagate.
+A job with a ``pretrained`` section (``+experiment=pretrained``) evaluates that transformers
+model instead of training one (``bench.pretrained.job``).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from bench.extend import base_job, finetune_columns, finetune_scaling
 from bench.metrics import ResolvedEval
 from bench.results import canonical_json, write_results
 from bench.runtime import resolve_device
 from bench.schema import JobConfig, PositionSchema
-from models.scaling import ScalingConfig, applicable_methods
+from models.scaling import applicable_methods
+from models.scaling_config import ScalingConfig, run_scaling
 from models.transformer import resolve_scaling
 
 log = logging.getLogger("lenbench")
@@ -55,6 +59,7 @@ class JobSpec:
 
     job: JobConfig
     eval: ResolvedEval  # every length in tokens for job.train.length
+    scaling: ScalingConfig  # job.scaling as applied at every length: factor "auto" fixed per run
     device: str
     results_dir: Path  # <paths.results>/<experiment_name>
     cache_root: Path | None  # None: bench.cache.default_cache_root()
@@ -119,13 +124,15 @@ def check_applicable(position_kind: str, scaling: ScalingConfig) -> None:
         )
 
 
-def _check_scaling_at_lengths(job: JobConfig, eval_lengths: list[int]) -> None:
-    """The scaling's parameters at every eval length, and eval lengths a learned table with the
-    ``error`` policy cannot embed (the evaluation would skip them only after training)."""
+def _check_scaling_at_lengths(
+    job: JobConfig, scaling: ScalingConfig, eval_lengths: list[int]
+) -> None:
+    """The run's scaling's parameters at every eval length, and eval lengths a learned table with
+    the ``error`` policy cannot embed (the evaluation would skip them only after training)."""
     position, length_trained = job.position, job.train.length
     for length in eval_lengths:
         try:
-            resolved = resolve_scaling(job.scaling, job.model, position, length_trained, length)
+            resolved = resolve_scaling(scaling, job.model, position, length_trained, length)
         except ValueError as exc:
             raise ValueError(
                 f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
@@ -139,17 +146,45 @@ def _check_scaling_at_lengths(job: JobConfig, eval_lengths: list[int]) -> None:
             )
 
 
+def finetuned_scaling(job: JobConfig) -> ScalingConfig:
+    """The scaling a model fine-tuned at length (``extend``) is evaluated with: the one it was
+    trained with. Raises NotApplicable for a method the family lacks, or for an eval-time scaling
+    on top (its frequencies are already the fine-tune's; only ``scaling=none`` applies)."""
+    ext, kind = job.extend, job.position.kind
+    allowed = applicable_methods(kind)
+    if ext.method not in allowed:
+        raise NotApplicable(
+            f"extend {ext.name} (method {ext.method}) does not apply to position {kind}; "
+            f"methods for {kind}: {', '.join(allowed)}"
+        )
+    if job.scaling.method != "default" or job.scaling.logn:
+        raise NotApplicable(
+            f"scaling {job.scaling.name} on top of extend {ext.name}: a fine-tuned model is "
+            "evaluated with the scaling it was trained with, so only scaling=none applies"
+        )
+    return finetune_scaling(job)
+
+
 def validate_job(job: JobConfig) -> JobSpec:
     """Check what the schema cannot see alone; return the job's resolved form or raise ValueError
     (one sentence). Raises :class:`NotApplicable` (a ValueError) when the scaling method does not
     apply to the position family. Cheap: no corpus is read and nothing is trained."""
+    if job.pretrained is not None:  # a transformers model: checked from its config alone
+        from bench.pretrained.job import validate_pretrained_job
+
+        return validate_pretrained_job(job)
     check_applicable(job.position.kind, job.scaling)
     resolved = job.eval.resolve(job.train.length)
-    _check_scaling_at_lengths(job, resolved.lengths)
+    if job.extend.active:
+        scaling = finetuned_scaling(job)
+    else:
+        scaling = run_scaling(job.scaling, train_length=job.train.length, lengths=resolved.lengths)
+    _check_scaling_at_lengths(job, scaling, resolved.lengths)
     cache = job.paths.cache
     return JobSpec(
         job=job,
         eval=resolved,
+        scaling=scaling,
         device=resolve_device(job.device),
         results_dir=resolve_path(job.paths.results, "paths.results") / job.experiment_name,
         cache_root=None if cache is None else resolve_path(cache, "paths.cache"),
@@ -165,9 +200,10 @@ def prepare_job(cfg: DictConfig | JobConfig) -> JobSpec:
 
 
 def scaling_params_json(scaling: ScalingConfig) -> str:
-    return canonical_json(
-        {"method": scaling.method, "params": scaling.params, "logn": scaling.logn}
-    )
+    """The ``scaling_params`` column: method, parameters as applied (a run's factor as a number;
+    "auto" only with ``"oracle": true``, the factor then being each eval length's own) and logn."""
+    params = {"method": scaling.method, "params": scaling.params, "logn": scaling.logn}
+    return canonical_json({**params, "oracle": True} if scaling.per_length else params)
 
 
 def position_params_json(position: PositionSchema) -> str:
@@ -180,7 +216,7 @@ def make_run_id(model_id: str, spec: JobSpec) -> str:
     job = spec.job
     identity = {
         "model_id": model_id,
-        "scaling": {"name": job.scaling.name, "params": scaling_params_json(job.scaling)},
+        "scaling": {"name": spec.scaling.label, "params": scaling_params_json(spec.scaling)},
         "eval": spec.eval.to_dict(),
         "experiment": job.experiment_name,
         "seed": job.seed,
@@ -220,14 +256,21 @@ def _summary(status: str, message: str = "", **extra: Any) -> dict[str, Any]:
 
 
 def _labels(cfg: DictConfig | JobConfig) -> dict[str, Any]:
-    """experiment / position / scaling labels of a job, also when its config does not parse."""
+    """experiment / position / scaling / extend labels of a job, also when its config does not
+    parse."""
     if isinstance(cfg, JobConfig):
         return {
             "experiment": cfg.experiment_name,
             "position": cfg.position.kind,
-            "scaling": cfg.scaling.name,
+            "scaling": cfg.scaling.label,
+            "extend": cfg.extend.name,
         }
-    keys = {"experiment": "experiment_name", "position": "position.kind", "scaling": "scaling.name"}
+    keys = {
+        "experiment": "experiment_name",
+        "position": "position.kind",
+        "scaling": "scaling.name",
+        "extend": "extend.name",
+    }
     out = {}
     for label, key in keys.items():
         try:
@@ -254,6 +297,10 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
         return _summary("not_applicable", f"{exc}; skipped.", **base)
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
+    if job.pretrained is not None:
+        from bench.pretrained.job import run_pretrained_job
+
+        return run_pretrained_job(spec, base, started)
 
     from bench.cache import get_or_train, weights_key
     from bench.corpora import load_corpus
@@ -298,7 +345,7 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
             spec.eval,
             corpus.split("test"),
             train_length=job.train.length,
-            scaling=job.scaling,
+            scaling=spec.scaling,
             device=spec.device,
             seed=job.seed,
         )
@@ -317,7 +364,7 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
         results = run_harness(
             model,
             list(harness.tasks),
-            scaling=job.scaling,
+            scaling=spec.scaling,
             limit=harness.limit,
             device=spec.device,
             metadata={"data": asdict(job.data)},
@@ -337,14 +384,16 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
         "model_id": model_id,
         "position": job.position.kind,
         "position_params": position_params_json(job.position),
-        "scaling": job.scaling.name,
-        "scaling_params": scaling_params_json(job.scaling),
+        "scaling": spec.scaling.label,
+        "scaling_params": scaling_params_json(spec.scaling),
         "train_length": job.train.length,
         "seed": job.seed,
         "corpus": corpus.name,
         "corpus_fingerprint": corpus.fingerprint,
         "code_version": code_version(),
     }
+    if job.extend.active:
+        identity.update(finetune_columns(job, weights_key(base_job(job), corpus)))
     write_results([{**row, **identity} for row in rows], out_path)
     seconds = time.perf_counter() - started
     return _summary(

@@ -44,6 +44,7 @@ __all__ = [
     "PasskeyExample",
     "PasskeyTemplate",
     "answer_matches",
+    "fit_passkey_example",
     "is_digit_token",
     "passkey_template",
     "make_passkey_example",
@@ -73,6 +74,9 @@ class PasskeyTemplate:
     needle: str
     question: str
     answer: str = " {key}"
+    # what follows the answer in training examples, so that a model learns where the key ends
+    # (the verdict requires a non-digit after the key)
+    end: str = "."
 
 
 #: ``landmark`` is Landmark attention's text (also used by PI and YaRN); it needs 253 tokens, so
@@ -144,6 +148,11 @@ class PasskeyExample:
     def input_ids(self) -> list[int]:
         """Prompt followed by answer: the full sequence for teacher-forced scoring/training."""
         return self.prompt_ids + self.answer_ids
+
+    @property
+    def answer_text(self) -> str:
+        """The answer as text (e.g. " 12345"), for verdicts on decoded text."""
+        return passkey_template(self.template).answer.format(key=self.key)
 
 
 def random_key(rng: random.Random) -> int:
@@ -330,14 +339,16 @@ def passkey_grid(
     depths: Iterable[float],
     trials: int,
     seed: int,
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: object = None,
     filler: str = "standard",
     filler_source: object = None,
     template: str | PasskeyTemplate = DEFAULT_TEMPLATE,
 ) -> list[PasskeyExample]:
     """Examples for every (length, depth, trial), ordered length-major, then depth, then trial.
 
-    Each example (key, corpus offset) is a function of (seed, length, depth, trial) only.
+    Each example (key, corpus offset) is a function of (seed, length, depth, trial) only. With a
+    transformers ``tokenizer`` (not a ByteTokenizer) the examples are built as text and fitted to
+    each length in its tokens (:func:`fit_passkey_example`); ``filler_source`` is then text.
     """
     lengths = [int(x) for x in lengths]
     depths = [_check_depth(d) for d in depths]
@@ -346,11 +357,21 @@ def passkey_grid(
     if not lengths or not depths:
         raise ValueError("passkey grid needs at least one length and one depth.")
     examples = []
+    subword = tokenizer is not None and not isinstance(tokenizer, ByteTokenizer)
     for length in lengths:
         for depth in depths:
             for trial in range(int(trials)):
                 rng = _cell_rng(seed, length, depth, trial)
                 key = random_key(rng)
+                if subword:  # a transformers tokenizer: built as text (fit_passkey_example)
+                    text = str(filler_source or "")
+                    offset = rng.randrange(len(text)) if filler == "corpus" and text else 0
+                    examples.append(
+                        fit_passkey_example(
+                            length, depth, key, tokenizer, filler, text, offset, trial, template
+                        )
+                    )
+                    continue
                 examples.append(
                     make_passkey_example(
                         length,
@@ -400,3 +421,81 @@ def is_digit_token(token_id: int, tokenizer: ByteTokenizer | None = None) -> boo
     """Whether a byte token is an ASCII digit (the verdict's "key continues" test)."""
     tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
     return tok.decode([int(token_id)]).isdigit()
+
+
+def fit_passkey_example(
+    total_length: int,
+    depth: float,
+    key: int,
+    tokenizer,
+    filler: str = "standard",
+    filler_text: str = "",
+    offset: int = 0,
+    trial: int = 0,
+    template: str | PasskeyTemplate = DEFAULT_TEMPLATE,
+) -> PasskeyExample:
+    """A passkey example built as text and tokenized with a subword ``tokenizer`` (transformers).
+
+    The prompt text is laid out as in :func:`make_passkey_example`, with ``n`` filler characters
+    of which ``round(depth * n)`` go before the needle (standard filler, or contiguous
+    ``filler_text`` from character ``offset``, wrapping); it is tokenized whole, with the tokenizer's special
+    tokens (e.g. BOS), and the answer without. ``n`` is searched so that prompt + answer has
+    exactly ``total_length`` tokens; where no ``n`` hits it (a merge can skip a count), the example
+    has the largest count below, and its ``length`` says so. Raises ValueError when even ``n = 0``
+    is longer than ``total_length``.
+    """
+    template = passkey_template(template)
+    head, needle, question, answer_text = _fixed_parts(_check_key(key), template)
+    answer = list(tokenizer.encode(answer_text, add_special_tokens=False))
+    if filler == "corpus" and not filler_text:
+        raise ValueError('passkey filler "corpus" needs a filler_text.')
+
+    def parts(n: int) -> tuple[str, str]:
+        n_prefix = round(depth * n)
+        if filler == "standard":  # both start at the stream's beginning, as in Landmark
+            return standard_filler_text(n_prefix), standard_filler_text(n - n_prefix)
+        start = offset % len(filler_text)
+        stream = (filler_text * ((start + n) // len(filler_text) + 1))[start : start + n]
+        return stream[:n_prefix], stream[n_prefix:]
+
+    def build(n: int) -> tuple[list[int], str]:
+        prefix, suffix = parts(n)
+        before = head + prefix + SEPARATOR
+        text = before + needle + SEPARATOR + suffix + SEPARATOR + question
+        return list(tokenizer.encode(text, add_special_tokens=True)), before
+
+    target = int(total_length)
+    cache: dict[int, int] = {}
+
+    def count(n: int) -> int:
+        if n not in cache:
+            cache[n] = len(build(n)[0]) + len(answer)
+        return cache[n]
+
+    if count(0) > target:
+        raise ValueError(
+            f"passkey total_length {target} is too short for the {template.name!r} template with "
+            f"key {key} in this tokenizer; the minimum is {count(0)} tokens."
+        )
+    per_token = 4096 / max(count(4096) - count(0), 1)  # filler characters per token
+    n = 0
+    for _ in range(8):  # Newton steps on the character count, then a local scan
+        step = round((target - count(n)) * per_token)
+        if step == 0:
+            break
+        n = max(0, n + step)
+    while count(n) > target and n > 0:
+        n -= 1
+    while count(n + 1) <= target and count(n) < target:
+        n += 1
+    prompt, before = build(n)
+    return PasskeyExample(
+        prompt_ids=prompt,
+        answer_ids=answer,
+        key=int(key),
+        depth=_check_depth(depth),
+        needle_start=len(tokenizer.encode(before, add_special_tokens=True)),
+        trial=int(trial),
+        filler=filler,
+        template=template.name,
+    )

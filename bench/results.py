@@ -11,6 +11,8 @@ Column conventions after :func:`normalize_results`:
 * ``train_length``, ``eval_length``, ``n``, ``seed`` are int64; ``value`` is float64;
 * ``bucket_lo``, ``bucket_hi``, ``ci_lo``, ``ci_hi`` are float64 (NaN when absent),
   ``layer`` is nullable Int64, ``axis`` is a string or missing;
+* ``finetune_method`` / ``parent_model_id`` are strings and ``finetune_length`` /
+  ``finetune_steps`` nullable Int64, all missing for a model that was not fine-tuned at length;
 * ``axis_value`` is a string or missing: numbers are stored canonically (``128``, ``0.25``) so
   that numeric axes (depth, delta, distance, context) and label axes (region ``inside`` /
   ``beyond``) share one parquet column; use ``pd.to_numeric(..., errors="coerce")`` to plot;
@@ -48,6 +50,13 @@ REQUIRED_COLUMNS: list[str] = [
     "corpus",
     "corpus_fingerprint",
     "code_version",
+]
+#: Optional columns of a model fine-tuned at length (``bench.extend``); empty for the others.
+FINETUNE_COLUMNS: list[str] = [
+    "finetune_method",
+    "finetune_length",
+    "finetune_steps",
+    "parent_model_id",
 ]
 OPTIONAL_COLUMNS: list[str] = [
     "bucket_lo",
@@ -90,6 +99,7 @@ CELL_COLUMNS: list[str] = [
     "axis",
     "axis_value",
     "layer",
+    *FINETUNE_COLUMNS,
 ]
 
 _STRING_COLUMNS = [
@@ -106,6 +116,8 @@ _STRING_COLUMNS = [
 _PARAMS_COLUMNS = ["position_params", "scaling_params"]
 _INT_COLUMNS = ["train_length", "eval_length", "n", "seed"]
 _FLOAT_OPTIONAL = ["bucket_lo", "bucket_hi", "ci_lo", "ci_hi"]
+_INT_OPTIONAL = ["layer", "finetune_length", "finetune_steps"]
+_STRING_OPTIONAL = ["axis", "finetune_method", "parent_model_id"]
 
 
 # ----------------------------------------------------------------------------- canonical JSON
@@ -269,22 +281,20 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
                     f"column {col!r} must hold numbers or be empty, got {df[col].iloc[idx]!r} in row {idx}"
                 )
             df[col] = numeric.astype("float64")
-    if "layer" not in df.columns:
-        df["layer"] = pd.array([pd.NA] * len(df), dtype="Int64")
-    else:
-        layer = pd.to_numeric(df["layer"], errors="coerce")
+    for col in _INT_OPTIONAL:
+        if col not in df.columns:
+            df[col] = pd.array([pd.NA] * len(df), dtype="Int64")
+            continue
+        numeric = pd.to_numeric(df[col], errors="coerce")
         if (
-            (layer.isna() & df["layer"].notna()) | (layer.notna() & (layer != np.floor(layer)))
+            (numeric.isna() & df[col].notna()) | (numeric.notna() & (numeric != np.floor(numeric)))
         ).any():
-            raise ValueError("column 'layer' must hold integers or be empty")
-        df["layer"] = layer.astype("Int64")
-    if "axis" not in df.columns:
-        df["axis"] = pd.Series([None] * len(df), dtype=object, index=df.index)
-    else:
-        df["axis"] = pd.Series(
-            [None if _is_missing(v) else str(v) for v in df["axis"].tolist()],
-            dtype=object,
-            index=df.index,
+            raise ValueError(f"column {col!r} must hold integers or be empty")
+        df[col] = numeric.astype("Int64")
+    for col in _STRING_OPTIONAL:
+        values = df[col].tolist() if col in df.columns else [None] * len(df)
+        df[col] = pd.Series(
+            [None if _is_missing(v) else str(v) for v in values], dtype=object, index=df.index
         )
     if "axis_value" not in df.columns:
         df["axis_value"] = pd.Series([None] * len(df), dtype=object, index=df.index)
@@ -305,7 +315,7 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
         df[TIMESTAMP_COLUMN] = stamps.fillna(pd.Timestamp(datetime.now(timezone.utc)))
     df[TIMESTAMP_COLUMN] = df[TIMESTAMP_COLUMN].astype("datetime64[us, UTC]")
 
-    ordered = REQUIRED_COLUMNS + OPTIONAL_COLUMNS + [TIMESTAMP_COLUMN]
+    ordered = REQUIRED_COLUMNS + OPTIONAL_COLUMNS + FINETUNE_COLUMNS + [TIMESTAMP_COLUMN]
     extras = [c for c in df.columns if c not in ordered]
     return df[ordered + extras]
 

@@ -31,16 +31,20 @@ from bench.batches import PASSKEY_LOSSES
 from bench.corpora import CORPUS_KINDS, DEFAULT_SPLIT_FRACTIONS, SPLITS, _normalize_fractions
 from bench.metrics import EvalConfig, as_eval_config
 from bench.metrics.checks import boolean, choice, integer, number
-from bench.passkey import PASSKEY_FILLERS, min_passkey_length
+from bench.metrics.lengths import parse_length
+from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES, min_passkey_length
+from bench.pretrained.source import PretrainedConfig
 from bench.runtime import PRECISIONS
 from models.positions import PositionConfig
-from models.scaling import SCALING_METHODS, ScalingConfig
+from models.scaling import SCALING_METHODS
+from models.scaling_config import ScalingConfig
 from models.transformer import ModelConfig
 
 __all__ = [
     "SCHEMA_NAME",
     "WEIGHT_DECAY_SCOPES",
     "DataConfig",
+    "ExtendConfig",
     "JobConfig",
     "ModelSchema",
     "PathsConfig",
@@ -137,9 +141,14 @@ class PositionSchema(PositionConfig):
 
 @dataclass
 class ScalingSchema(ScalingConfig):
-    """The ``scaling`` group: :class:`models.scaling.ScalingConfig` with its checks."""
+    """The ``scaling`` group: :class:`models.scaling_config.ScalingConfig` with its checks.
+
+    ``target_length`` may be tokens or ``"<m>x"``; :class:`JobConfig` turns it into tokens.
+    """
 
     params: dict[str, Any] = field(default_factory=dict)
+    # the length a static factor "auto" is set for; null = the run's longest eval length
+    target_length: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -151,6 +160,15 @@ class ScalingSchema(ScalingConfig):
             )
         self.params = dict(self.params)
         self.logn = boolean("scaling.logn", self.logn)
+        self.oracle = boolean("scaling.oracle", self.oracle)
+        if self.target_length is not None:
+            parse_length(self.target_length, 1, "scaling.target_length")
+            if self.oracle:
+                raise ValueError(
+                    "scaling.oracle=true sets the factor for each eval length and "
+                    f"scaling.target_length={self.target_length} sets one for the run; set one "
+                    "of them (the other false or null)."
+                )
 
 
 @dataclass
@@ -247,6 +265,20 @@ class DataConfig:
         return _parse(cls, values, "data")
 
 
+def _decay_steps(section: str, value: Any, steps: int, warmup: int) -> int | None:
+    """``<section>.decay_steps``: null, or 1 .. steps - warmup_steps - 1."""
+    if value is None:
+        return None
+    longest = max(1, steps - warmup - 1)
+    value = integer(f"{section}.decay_steps", value, 1)
+    if value > longest:
+        raise ValueError(
+            f"{section}.decay_steps must be at most steps - warmup_steps - 1 = {longest} "
+            f"(or null), got {value}."
+        )
+    return value
+
+
 @dataclass
 class TrainConfig:
     """The ``train`` group: one training run's recipe (``bench.train.train_model``)."""
@@ -259,6 +291,9 @@ class TrainConfig:
     min_lr: float | None = field(default=None, metadata={WEIGHTS: lambda train: train.final_lr})
     min_lr_ratio: float = field(default=0.1, metadata={WEIGHTS: False})  # folded into min_lr
     warmup_steps: int = 30
+    # updates over which the lr decays to min_lr at the end; None = all after warmup (cosine
+    # schedule), N = constant lr, then the last N updates (warmup-stable-decay)
+    decay_steps: int | None = None
     weight_decay: float = 0.1  # AdamW decoupled decay ...
     weight_decay_scope: str = "matrices"  # ... on the projection matrices only, or on all
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -266,11 +301,15 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     passkey_fraction: float = 0.0  # fraction of training rows that are passkey examples
     passkey_filler: str = "standard"
+    passkey_template: str = "landmark"  # text around the filler (bench.passkey.PASSKEY_TEMPLATES)
     passkey_loss: str = "all"  # all | answer
     # what is measured and shown, never the weights:
     eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
     eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none
     log_every: int = field(default=10, metadata={WEIGHTS: False})  # updates between loss checks
+    # resumable states (bench.cache): every N updates and/or every M minutes; 0 = off
+    save_every: int = field(default=0, metadata={WEIGHTS: False})
+    save_every_minutes: float = field(default=10.0, metadata={WEIGHTS: False})
 
     def __post_init__(self) -> None:
         self.length = integer("train.length", self.length, 2)
@@ -281,6 +320,7 @@ class TrainConfig:
         if self.min_lr is not None:
             self.min_lr = number("train.min_lr", self.min_lr, 0.0, self.lr)
         self.warmup_steps = integer("train.warmup_steps", self.warmup_steps, 0)
+        self.decay_steps = _decay_steps("train", self.decay_steps, self.steps, self.warmup_steps)
         self.weight_decay = number("train.weight_decay", self.weight_decay, 0.0)
         choice("train.weight_decay_scope", self.weight_decay_scope, WEIGHT_DECAY_SCOPES)
         betas = self.betas
@@ -296,15 +336,75 @@ class TrainConfig:
         choice("train.precision", self.precision, PRECISIONS)
         self.passkey_fraction = number("train.passkey_fraction", self.passkey_fraction, 0.0, 1.0)
         choice("train.passkey_filler", self.passkey_filler, PASSKEY_FILLERS)
+        choice("train.passkey_template", self.passkey_template, tuple(PASSKEY_TEMPLATES))
         choice("train.passkey_loss", self.passkey_loss, PASSKEY_LOSSES)
         self.eval_every = integer("train.eval_every", self.eval_every, 0)
         self.eval_batches = integer("train.eval_batches", self.eval_batches, 0)
         self.log_every = integer("train.log_every", self.log_every, 1)
+        self.save_every = integer("train.save_every", self.save_every, 0)
+        self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
 
     @property
     def final_lr(self) -> float:
         """The learning rate at the last update: ``min_lr``, or ``lr * min_lr_ratio``."""
         return self.min_lr if self.min_lr is not None else self.lr * self.min_lr_ratio
+
+
+EXTEND_NONE = "none"  # the extend method that means: no fine-tune (today's models)
+
+
+@dataclass
+class ExtendConfig:
+    """The ``extend`` group: a fine-tune at ``length`` with a scaling method active (bench.extend).
+
+    ``method`` none = no fine-tune; else a scaling method whose "auto" factors are length /
+    train.length (``default`` = raw RoPE at the longer length). ``base_factor`` (method ntk only)
+    multiplies the RoPE base exactly (ABF). :class:`JobConfig` turns ``length`` into tokens and
+    fills ``batch_size`` / ``passkey_fraction`` left null from ``train``.
+    """
+
+    name: str = field(default="none", metadata={WEIGHTS: False})  # label (finetune_method)
+    method: str = EXTEND_NONE
+    params: dict[str, Any] = field(default_factory=dict)  # the method's, as for scaling
+    base_factor: float | None = None
+    length: Any = "4x"  # tokens or "<m>x" of train.length
+    steps: int = 200  # optimizer updates; 0 = the parent's weights with the scaling
+    lr: float = 1.0e-3
+    min_lr_ratio: float = 0.1  # the lr at the last update, as a fraction of lr
+    warmup_steps: int = 20
+    decay_steps: int | None = None  # as train.decay_steps
+    batch_size: int | None = None  # null = train.batch_size
+    passkey_fraction: float | None = None  # null = train.passkey_fraction
+
+    @property
+    def active(self) -> bool:
+        return self.method != EXTEND_NONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"extend.name must be a non-empty label, got {self.name!r}.")
+        choice("extend.method", self.method, (EXTEND_NONE, *SCALING_METHODS))
+        if not isinstance(self.params, Mapping):
+            raise ValueError(f"extend.params must be a mapping of parameters, got {self.params!r}.")
+        self.params = dict(self.params)
+        if self.base_factor is not None:
+            self.base_factor = number("extend.base_factor", self.base_factor, 1.0)
+            if self.method != "ntk" or "alpha" in self.params:
+                raise ValueError(
+                    "extend.base_factor multiplies the RoPE base through method ntk (it sets "
+                    f"alpha); got method {self.method!r} with params {self.params!r}; use "
+                    "extend.method=ntk without params.alpha, or base_factor null."
+                )
+        parse_length(self.length, 1, "extend.length")
+        self.steps = integer("extend.steps", self.steps, 0)
+        self.lr = number("extend.lr", self.lr, 0.0)
+        self.min_lr_ratio = number("extend.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        self.warmup_steps = integer("extend.warmup_steps", self.warmup_steps, 0)
+        self.decay_steps = _decay_steps("extend", self.decay_steps, self.steps, self.warmup_steps)
+        self.batch_size = integer("extend.batch_size", self.batch_size, 1, optional=True)
+        if self.passkey_fraction is not None:
+            what = "extend.passkey_fraction"
+            self.passkey_fraction = number(what, self.passkey_fraction, 0.0, 1.0)
 
 
 @dataclass
@@ -331,6 +431,9 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # a transformers model evaluated instead of a trained one (null = train as usual)
+    pretrained: PretrainedConfig | None = None
+    extend: ExtendConfig = field(default_factory=ExtendConfig)
 
     def __post_init__(self) -> None:
         name = self.experiment_name
@@ -339,6 +442,10 @@ class JobConfig:
         self.seed = integer("seed", self.seed, 0)
         self.threads = integer("threads", self.threads, 1, optional=True)
         self.eval = as_eval_config(self.eval)
+        if self.scaling.target_length is not None:
+            what = "scaling.target_length"
+            tokens = parse_length(self.scaling.target_length, self.train.length, what)
+            self.scaling.target_length = integer(what, tokens, 1)
         self.position.validate(self.model.head_dim, self.model.d_model)
         length = self.train.length
         rows = self.position.max_positions
@@ -347,12 +454,19 @@ class JobConfig:
                 f"position.max_positions {rows} is smaller than train.length {length}; "
                 f"allowed: 0 (= train.length) or at least {length}."
             )
-        fraction = self.train.passkey_fraction
-        if fraction > 0 and length + 1 < min_passkey_length():
+        if self.extend.active:
+            ext, what = self.extend, "extend.length"
+            ext.length = integer(what, parse_length(ext.length, length, what), length)
+            ext.batch_size = ext.batch_size or self.train.batch_size
+            if ext.passkey_fraction is None:
+                ext.passkey_fraction = self.train.passkey_fraction
+        fraction, template = self.train.passkey_fraction, self.train.passkey_template
+        needed = min_passkey_length(template=template) + len(PASSKEY_TEMPLATES[template].end)
+        if fraction > 0 and length + 1 < needed:
             raise ValueError(
                 f"train.length {length} is too short for passkey training examples "
-                f"(train.passkey_fraction={fraction:g}); allowed: train.length >= "
-                f"{min_passkey_length() - 1} or train.passkey_fraction=0."
+                f"(train.passkey_fraction={fraction:g}, template {template!r}); allowed: "
+                f"train.length >= {needed - 1} or train.passkey_fraction=0."
             )
 
     @classmethod

@@ -22,6 +22,8 @@ from tqdm.auto import tqdm
 
 from bench.batches import TrainingStream, validation_batches
 from bench.corpora import Corpus
+from bench.extend import finetune_recipe, finetune_scaling
+from bench.resume import SaveClock, rng_state, set_rng_state
 from bench.runtime import autocast
 from bench.schema import WEIGHT_DECAY_SCOPES, JobConfig, TrainConfig
 from models.transformer import DecoderLM
@@ -56,18 +58,20 @@ def make_model(job: JobConfig) -> DecoderLM:
 
 
 def lr_at(step: int, spec: TrainConfig) -> float:
-    """Learning rate of update ``step`` (0-based): linear warmup, then cosine to ``final_lr``.
+    """Learning rate of update ``step`` (0-based): linear warmup, constant, then cosine to
+    ``final_lr`` over the last ``decay_steps`` updates (all updates after warmup when None).
 
-    Warmup reaches ``lr`` at update ``warmup_steps - 1``; the decay starts at ``lr`` on the first
-    update after warmup and reaches ``min_lr`` exactly on the last update.
+    Warmup reaches ``lr`` at update ``warmup_steps - 1``; the decay starts at ``lr`` and reaches
+    ``min_lr`` exactly on the last update.
     """
     lr, min_lr, warmup, steps = spec.lr, spec.final_lr, spec.warmup_steps, spec.steps
     if step < warmup:
         return lr * (step + 1) / warmup
-    decay_steps = steps - warmup - 1
-    if decay_steps <= 0:
+    span = steps - warmup - 1 if spec.decay_steps is None else spec.decay_steps
+    start = steps - 1 - span  # the last update at the full lr
+    if span <= 0 or step <= start:
         return lr
-    progress = min(1.0, (step - warmup) / decay_steps)
+    progress = min(1.0, (step - start) / span)
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
@@ -205,38 +209,90 @@ class _Validator:
 # --------------------------------------------------------------------------- training
 
 
+def _initial_model(job: JobConfig, init: DecoderLM | None) -> DecoderLM:
+    """The seeded initial model; a fine-tune's holds the parent's weights and its scaling."""
+    torch.manual_seed(job.seed)
+    model = make_model(job)
+    if job.extend.active:
+        model.load_state_dict(init.state_dict())
+        model.set_scaling(finetune_scaling(job))
+    return model
+
+
+def _zero_step_finetune(model: DecoderLM, job: JobConfig, started: float) -> dict[str, Any]:
+    """Stats of a fine-tune with ``extend.steps == 0``: the parent's weights, the scaling set."""
+    return {
+        "steps": 0,
+        "tokens": 0,
+        "tokens_per_s": 0.0,
+        "train_time_s": 0.0,
+        "wall_time_s": time.perf_counter() - started,
+        "final_train_loss": None,
+        "train_losses": {},
+        "val_losses": {},
+        "final_val_loss": None,
+        "n_params": model.num_parameters(),
+        "precision": job.train.precision,
+        "device": "cpu",
+        "num_processes": 1,
+    }
+
+
 def train_model(
     job: JobConfig,
     corpus: Corpus,
     *,
     progress: bool = True,
     accelerator: Any = None,
+    init: DecoderLM | None = None,
+    resume: Any = None,
 ) -> tuple[DecoderLM, dict[str, Any]]:
     """Train a DecoderLM for ``job`` (its model, position, train recipe and seed) on ``corpus``'s
     training split. Under DDP every process builds the same global batch and takes rows
     ``rank::world``, so ``train.batch_size`` must be divisible by the number of processes.
 
+    A fine-tune (``job.extend`` active, :mod:`bench.extend`) starts from ``init``'s weights (the
+    parent model) and runs ``finetune_recipe(job)`` at the extend length with the fine-tune's
+    scaling set on the model, which keeps it. ``resume`` (None, or ``bench.resume.ResumeFile``:
+    ``load() -> state | None`` and ``save(state)``) makes the run resumable: it starts from a
+    loaded state and saves one every ``train.save_every`` updates and/or
+    ``train.save_every_minutes`` (rank 0 writes). A state holds the weights, optimizer and RNG
+    states and the update count, which is also the data position (batches are a pure function of
+    (seed, update)), so a resumed run ends with the same weights as an uninterrupted one on the
+    same machine and thread count.
+
     Returns (model in eval mode on the accelerator's device, train_stats) where train_stats holds
     ``final_train_loss``, ``train_losses`` {update: mean loss of the log window ending there},
     ``val_losses`` {update: validation loss}, ``final_val_loss`` (None without validation),
     ``tokens``, ``tokens_per_s`` (training only), ``train_time_s``, ``wall_time_s``, ``steps``,
-    ``n_params``, ``precision``, ``device``, ``num_processes``.
+    ``n_params``, ``precision``, ``device``, ``num_processes`` and ``resumed_from`` (the update
+    a resumed run started at; 0 = from scratch).
     Raises TrainingDiverged (a ValueError) if the loss becomes NaN or infinite.
     """
     wall_start = time.perf_counter()
-    spec, seed, position_cfg = job.train, job.seed, job.position
+    extended = job.extend.active
+    if extended and init is None:
+        raise ValueError(
+            f"extend.method {job.extend.method!r} fine-tunes a trained model; pass its parent "
+            "model as init= (bench.cache.get_or_train does)."
+        )
+    seed, position_cfg = job.seed, job.position
+    if extended and job.extend.steps == 0:
+        model = _initial_model(job, init)
+        return model.eval(), _zero_step_finetune(model, job, wall_start)
+    spec = finetune_recipe(job) if extended else job.train
     accelerator = _make_accelerator(accelerator, spec.precision)
     _warn_if_emulated_bf16(accelerator.device, spec.precision)
     world, rank = accelerator.num_processes, accelerator.process_index
     steps, batch_size, length = spec.steps, spec.batch_size, spec.length
     if batch_size % world:
+        what = "extend" if extended else "train"
         raise ValueError(
-            f"train.batch_size {batch_size} is not divisible by the {world} processes; "
+            f"{what}.batch_size {batch_size} is not divisible by the {world} processes; "
             f"use a multiple of {world}."
         )
 
-    torch.manual_seed(seed)
-    model = make_model(job)
+    model = _initial_model(job, init)
     n_params = model.num_parameters()
     stream = TrainingStream(
         corpus.split("train"),
@@ -246,6 +302,7 @@ def train_model(
         passkey_fraction=spec.passkey_fraction,
         passkey_filler=spec.passkey_filler,
         passkey_loss=spec.passkey_loss,
+        passkey_template=spec.passkey_template,
     )
     validator = _Validator(corpus, spec, rank, world)
     optimizer = torch.optim.AdamW(
@@ -254,6 +311,12 @@ def train_model(
         betas=tuple(spec.betas),
         eps=ADAM_EPS,
     )
+    state = resume.load() if resume is not None else None
+    if state is not None and not 0 < int(state["step"]) < steps:
+        state = None  # cannot come from this recipe's run
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
     device = accelerator.device
@@ -261,12 +324,27 @@ def train_model(
     losses = torch.zeros(steps, dtype=torch.float32, device=device)
     train_losses: dict[int, float] = {}
     val_losses: dict[int, float] = {}
-    checked = 0  # losses[:checked] are known to be finite
+    start = 0
     train_time = 0.0
     tokens_done = 0
+    if state is not None:
+        start = int(state["step"])
+        losses[:start] = state["losses"].to(device)
+        train_losses = {int(k): float(v) for k, v in state["train_losses"].items()}
+        val_losses = {int(k): float(v) for k, v in state["val_losses"].items()}
+        train_time, tokens_done = float(state["train_time_s"]), int(state["tokens"])
+        set_rng_state(state["rng"])
+    checked = start  # losses[:checked] are known to be finite
+    clock = SaveClock(spec.save_every, spec.save_every_minutes, accelerator)
+    what = (
+        f"finetune {job.extend.name} L={length}"
+        if extended
+        else f"train {position_cfg.kind} L={length}"
+    )
     bar = tqdm(
         total=steps,
-        desc=f"train {position_cfg.kind} L={length}",
+        initial=start,
+        desc=what,
         unit="step",
         disable=not progress or not accelerator.is_main_process,
         dynamic_ncols=True,
@@ -296,8 +374,27 @@ def train_model(
         checked = upto
         return mean
 
+    def save(done: int) -> None:
+        """Write the resumable state after update ``done`` (rank 0; every rank calls this)."""
+        if accelerator.is_main_process:
+            unwrapped = accelerator.unwrap_model(model)
+            resume.save(
+                {
+                    "step": done,
+                    "model": {k: v.detach().cpu() for k, v in unwrapped.state_dict().items()},
+                    "optimizer": optimizer.state_dict(),
+                    "rng": rng_state(),
+                    "losses": losses[:done].cpu(),
+                    "train_losses": train_losses,
+                    "val_losses": val_losses,
+                    "train_time_s": train_time,
+                    "tokens": tokens_done,
+                }
+            )
+        clock.saved()
+
     tick = time.perf_counter()
-    for step in range(steps):
+    for step in range(start, steps):
         batch = stream.batch(step)
         tokens, mask = batch.tokens, batch.loss_mask
         if world > 1:
@@ -342,6 +439,11 @@ def train_model(
                 tok_s=f"{tokens_done / train_time:,.0f}",
             )
             tick = time.perf_counter()
+        if resume is not None and not last and clock.due(done):
+            check(done)  # never save a diverged state
+            train_time += time.perf_counter() - tick
+            save(done)
+            tick = time.perf_counter()
         bar.update(1)
     train_time += time.perf_counter() - tick
     bar.close()
@@ -366,5 +468,6 @@ def train_model(
         "precision": spec.precision,
         "device": str(device),
         "num_processes": world,
+        "resumed_from": start,
     }
     return model, stats

@@ -34,7 +34,9 @@ class PositionConfig:
 
     def validate(self, head_dim: int, d_model: int) -> None:
         if self.kind not in FAMILIES:
-            raise ValueError(f"position kind {self.kind!r} is unknown; allowed: {', '.join(FAMILIES)}.")
+            raise ValueError(
+                f"position kind {self.kind!r} is unknown; allowed: {', '.join(FAMILIES)}."
+            )
         if self.base <= 1:
             raise ValueError(f"position base {self.base} must be greater than 1.")
         if self.kind == "rope":
@@ -55,7 +57,9 @@ class PositionConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}.")
         if self.kind == "learned":
             if self.max_positions < 0:
-                raise ValueError(f"max_positions {self.max_positions} must be >= 0 (0 = training length).")
+                raise ValueError(
+                    f"max_positions {self.max_positions} must be >= 0 (0 = training length)."
+                )
             if self.out_of_range not in OUT_OF_RANGE_POLICIES:
                 raise ValueError(
                     f"out_of_range policy {self.out_of_range!r} is unknown; "
@@ -215,9 +219,7 @@ def _beyond_table(positions: torch.Tensor, n_rows: int) -> str | None:
     )
 
 
-def learned_lookup(
-    table: torch.Tensor, positions: torch.Tensor, out_of_range: str
-) -> torch.Tensor:
+def learned_lookup(table: torch.Tensor, positions: torch.Tensor, out_of_range: str) -> torch.Tensor:
     """Rows of a learned table [P, D] at (possibly fractional) positions; linear between rows.
 
     A position beyond the last row is an error unless the policy is ``clamp``; never a modulo,

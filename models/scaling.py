@@ -6,9 +6,9 @@ turns ``(method name, geometry, method parameters)`` into the inverse frequencie
 the attention factor a rotary layer needs.  Parameter names follow transformers'
 ``rope_parameters`` keys so configs translate one to one; our ``original_length`` (the
 training length) plays transformers' ``original_max_position_embeddings`` (and, for
-``dynamic``, its ``max_position_embeddings``).  :class:`ScalingConfig` is the eval-time
-setting built from these, and :func:`applicable_methods` says which methods mean something for
-which position family.
+``dynamic``, its ``max_position_embeddings``).  :func:`applicable_methods` says which methods
+mean something for which position family; the eval-time setting that names a method and its
+parameters, and the rule that fixes its factor for a run, are in :mod:`models.scaling_config`.
 
 Why the numerics look the way they do:
 
@@ -17,9 +17,12 @@ Why the numerics look the way they do:
   same rounding enters both; the rest is computed in float64 and only the result is
   cast to float32.  The frequencies therefore agree with transformers' to within float32
   rounding, for any rotary dimension.
-* Every parameter is validated up front and errors name the bad value and the allowed
-  ones.  Nothing is silently clamped or defaulted away (transformers, by contrast, only
-  logs warnings, and treats ``beta_fast=0`` or ``mscale=0`` as "unset").
+* Every parameter is validated up front, by transformers' rule: a value its validation
+  accepts silently and its computation can evaluate is accepted and gives transformers'
+  result (also its "0 or None = not set" for YaRN's ``beta_fast``, ``beta_slow``,
+  ``mscale``, ``mscale_all_dim``); a value it warns about, or cannot compute (division by
+  zero, log of a negative, infinite frequencies), is refused with one sentence naming it.
+  Stricter on types only: numbers must be numbers (not bools), ``truncate`` a bool.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
@@ -37,13 +40,11 @@ __all__ = [
     "SCALING_METHODS",
     "SEQ_LEN_DEPENDENT",
     "RopeGeometry",
-    "ScalingConfig",
     "ScalingFn",
     "applicable_methods",
     "default_inv_freq",
     "logn_factor",
     "register_scaling",
-    "resolve_params",
     "rope_parameters",
 ]
 
@@ -61,21 +62,6 @@ class RopeGeometry:
     base: float
     original_length: int
     seq_len: int
-
-
-@dataclass
-class ScalingConfig:
-    """An eval-time context-extension setting: ``name`` labels results, ``method`` picks the function."""
-
-    name: str = "none"
-    method: str = "default"
-    params: dict = field(default_factory=dict)
-    logn: bool = False
-
-    @property
-    def linear_factor(self) -> float | None:
-        """The factor linear position interpolation divides positions by; None for other methods."""
-        return float(self.params.get("factor", 1.0)) if self.method == "linear" else None
 
 
 ScalingFn = Callable[..., tuple[torch.Tensor, float]]
@@ -174,6 +160,25 @@ def _positive(method: str, key: str, value: Any) -> float:
     return x
 
 
+def _nonzero(method: str, key: str, value: Any, why: str) -> float:
+    x = _number(method, key, value)
+    if x == 0:
+        raise ValueError(f"{method}: {key} must be nonzero ({why}), got {value!r}.")
+    return x
+
+
+def _unset_or_positive(method: str, key: str, value: Any, default: float) -> float:
+    """transformers' ``value or default``: 0 or None means the default; negatives are refused."""
+    if value is None:
+        return default
+    x = _number(method, key, value)
+    if x < 0:
+        raise ValueError(
+            f"{method}: {key} must be > 0, or 0 / None for the default {default:g}, got {value!r}."
+        )
+    return x or default
+
+
 def _positive_int(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
         raise ValueError(f"{key} must be a positive integer, got {value!r}.")
@@ -248,8 +253,9 @@ def _dynamic(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, fl
 
     seq' = max(seq_len, L); base' = b * (s * seq'/L - (s - 1))^(r/(r-2)).  ``factor`` is
     a multiplier on the length ratio, not the target ratio: at seq' = L nothing changes.
+    ``factor`` >= 1, as transformers' validation requires.
     """
-    s = _positive("dynamic", "factor", factor)
+    s = _at_least("dynamic", "factor", factor, 1.0)
     r = geometry.rotary_dim
     length = max(geometry.seq_len, geometry.original_length)
     ratio = s * length / geometry.original_length - (s - 1)
@@ -262,8 +268,8 @@ def _yarn(
     geometry: RopeGeometry,
     *,
     factor: float,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
+    beta_fast: float | None = 32.0,
+    beta_slow: float | None = 1.0,
     mscale: float | None = None,
     mscale_all_dim: float | None = None,
     attention_factor: float | None = None,
@@ -275,29 +281,31 @@ def _yarn(
     rotating more than ``beta_fast`` times are kept, with a linear ramp over the index
     range [low, high] in between; ``high`` is clamped to r - 1 (not r/2 - 1), as in
     transformers.  The attention factor multiplies cos and sin, so logits scale by its
-    square: explicit ``attention_factor``, else g(s, mscale)/g(s, mscale_all_dim) when
-    both are given, else g(s, 1).
+    square: explicit ``attention_factor`` (>= 0), else g(s, mscale)/g(s, mscale_all_dim)
+    when both are nonzero, else g(s, 1).  As in transformers' ``_compute_yarn_parameters``,
+    0 or None means "not set": ``beta_fast`` 32, ``beta_slow`` 1, and an unset ``mscale``
+    or ``mscale_all_dim`` (DeepSeek-style ``mscale_all_dim: 0``) leaves g(s, 1).
     """
     s = _at_least("yarn", "factor", factor, 1.0)
-    fast = _positive("yarn", "beta_fast", beta_fast)
-    slow = _positive("yarn", "beta_slow", beta_slow)
+    fast = _unset_or_positive("yarn", "beta_fast", beta_fast, 32.0)
+    slow = _unset_or_positive("yarn", "beta_slow", beta_slow, 1.0)
     if fast < slow:
         raise ValueError(
             f"yarn: beta_fast must be >= beta_slow, got beta_fast={beta_fast!r}, beta_slow={beta_slow!r}."
         )
     if not isinstance(truncate, bool):
         raise ValueError(f"yarn: truncate must be True or False, got {truncate!r}.")
+    m = 0.0 if mscale is None else _number("yarn", "mscale", mscale)
+    m_all = 0.0 if mscale_all_dim is None else _number("yarn", "mscale_all_dim", mscale_all_dim)
 
     if attention_factor is not None:
-        attn = _positive("yarn", "attention_factor", attention_factor)
-    elif mscale is not None or mscale_all_dim is not None:
-        if mscale is None or mscale_all_dim is None:
+        attn = _at_least("yarn", "attention_factor", attention_factor, 0.0)
+    elif m and m_all:
+        if _yarn_mscale(s, m_all) == 0:
             raise ValueError(
-                "yarn: mscale and mscale_all_dim must be given together (transformers ignores one "
-                f"alone), got mscale={mscale!r}, mscale_all_dim={mscale_all_dim!r}."
+                f"yarn: mscale_all_dim={mscale_all_dim!r} makes the attention factor's denominator "
+                f"0.1 * mscale_all_dim * ln(factor) + 1 zero at factor={factor!r}."
             )
-        m = _positive("yarn", "mscale", mscale)
-        m_all = _positive("yarn", "mscale_all_dim", mscale_all_dim)
         attn = _yarn_mscale(s, m) / _yarn_mscale(s, m_all)
     else:
         attn = _yarn_mscale(s)
@@ -330,8 +338,12 @@ def _llama3(
     Defaults are Meta's Llama 3.1 values (1 and 4); transformers has no defaults.
     """
     s = _at_least("llama3", "factor", factor, 1.0)
-    lf = _positive("llama3", "low_freq_factor", low_freq_factor)
-    hf = _positive("llama3", "high_freq_factor", high_freq_factor)
+    lf = _nonzero(
+        "llama3", "low_freq_factor", low_freq_factor, "L / low_freq_factor is a wavelength"
+    )
+    hf = _nonzero(
+        "llama3", "high_freq_factor", high_freq_factor, "L / high_freq_factor is a wavelength"
+    )
     if hf <= lf:
         raise ValueError(
             "llama3: high_freq_factor must be > low_freq_factor, got "
@@ -375,11 +387,14 @@ def _longrope(
             raise ValueError(
                 f"longrope: {key} must have length rotary_dim/2 = {half}, got length {len(values)}."
             )
-        factors[key] = [_positive("longrope", f"{key}[{i}]", v) for i, v in enumerate(values)]
+        factors[key] = [
+            _nonzero("longrope", f"{key}[{i}]", v, "theta_i / 0 is infinite")
+            for i, v in enumerate(values)
+        ]
 
     s = None if factor is None else _at_least("longrope", "factor", factor, 1.0)
     if attention_factor is not None:
-        attn = _positive("longrope", "attention_factor", attention_factor)
+        attn = _at_least("longrope", "attention_factor", attention_factor, 0.0)
     elif s is None:
         raise ValueError(
             "longrope: give factor (target length / original_length, transformers' "
@@ -459,36 +474,11 @@ def rope_parameters(
     return inv_freq.to(torch.float32), float(attention_factor)
 
 
-def resolve_params(
-    scaling: ScalingConfig, *, train_length: int, eval_length: int | None, rotary_pairs: int
-) -> dict:
-    """``scaling.params`` with the config shorthands made concrete.
-
-    ``factor``/``alpha`` "auto" is eval_length / train_length (at least 1): the extension ratio
-    actually needed. LongRoPE's per-dimension factors come from a search on a pretrained model,
-    which tiny models lack: a number is repeated for every one of the ``rotary_pairs``, and "ramp"
-    rises geometrically from 1 (highest frequency, kept) to ``factor`` (lowest, fully interpolated).
-    """
-    params = dict(scaling.params)
-    for key in ("factor", "alpha"):
-        if params.get(key) == "auto":
-            if eval_length is None:
-                raise ValueError(f"scaling {key} 'auto' needs an eval_length to resolve against.")
-            params[key] = max(1.0, eval_length / train_length)
-    if scaling.method == "longrope":
-        for key in ("short_factor", "long_factor"):
-            value = params.get(key)
-            if value == "ramp":
-                top = float(params.get("factor", 1.0))
-                params[key] = [top ** (i / max(rotary_pairs - 1, 1)) for i in range(rotary_pairs)]
-            elif isinstance(value, (int, float)):
-                params[key] = [float(value)] * rotary_pairs
-    return params
-
-
 def logn_factor(seq_len: int, train_length: int) -> float:
-    """Log-n attention scaling: multiply logits by max(1, ln(seq_len) / ln(train_length)).
+    """Log-n attention scaling: max(1, ln(seq_len) / ln(train_length)).
 
+    The factor for a query that attends to ``seq_len`` tokens, i.e. the query at position
+    seq_len - 1 (the model applies it per query: ``models.attention.logn_query_scale``).
     Keeps the attention entropy roughly constant as the number of attended tokens grows
     beyond the training length; at or below it the factor is exactly 1.
     """

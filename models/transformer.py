@@ -1,8 +1,9 @@
 """The decoder-only language model that every position family plugs into.
 
-Pre-norm blocks, attention through ``scaled_dot_product_attention``, explicit position ids everywhere
+Pre-norm blocks, attention from :mod:`models.attention`, explicit position ids everywhere
 (so KV caching, padding and shift probes are correct by construction) and a KV cache that stores
-keys already rotated at their own positions.
+keys already rotated at their own positions. A scaling method that needs a sequence length takes
+each row's own (its largest real position id + 1), never the padded width of the batch.
 
 Shapes: N batch, L new tokens, S keys (cached + new), H query heads, G key/value heads, d head dim,
 D model width, V vocabulary.
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import Attention, AttentionInputs, logn_query_scale
 from models.positions import (
     PositionConfig,
     RotaryTable,
@@ -26,18 +28,15 @@ from models.positions import (
     learned_lookup,
     learned_table_coordinates,
     position_ids_from_attention_mask,
-    rotate,
     sinusoidal_embedding,
 )
 from models.scaling import (
     SCALING_METHODS,
     SEQ_LEN_DEPENDENT,
-    ScalingConfig,
     applicable_methods,
-    logn_factor,
-    resolve_params,
     rope_parameters,
 )
+from models.scaling_config import ScalingConfig, resolve_params
 
 __all__ = [
     "DecoderLM",
@@ -45,12 +44,10 @@ __all__ = [
     "LMOutput",
     "ModelConfig",
     "ScalingConfig",
+    "logn_query_scale",
     "resolve_scaling",
     "scaling_frequencies",
 ]
-
-# Entries of a masked attention logit tile held at once when the mask must be materialised.
-ATTENTION_TILE_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -86,7 +83,9 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}.")
         if self.n_heads % self.kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}.")
+            raise ValueError(
+                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}."
+            )
         if self.mlp not in ("swiglu", "gelu"):
             raise ValueError(f"mlp {self.mlp!r} is unknown; allowed: swiglu, gelu.")
         if self.norm not in ("rms", "layer"):
@@ -99,7 +98,9 @@ class KVCache:
     values: list[torch.Tensor]  # per layer [N, G, S, d]
     positions: torch.Tensor  # [N, S] position id of every cached key
     valid: torch.Tensor  # [N, S] bool, False for padding
-    scaling_len: int  # sequence length the frequencies were chosen for, frozen at prefill
+    row_lengths: (
+        torch.Tensor
+    )  # [N] each row's length for length-dependent scaling, frozen at prefill
 
     @property
     def length(self) -> int:
@@ -118,22 +119,6 @@ class LMOutput:
     attn_entropy: list[torch.Tensor] | None = None  # per layer [N, H, L] float32, nats
 
 
-@dataclass
-class _AttentionInputs:
-    """What every layer's attention needs, computed once per forward pass."""
-
-    cos: torch.Tensor | None  # [N, 1, L, r/2] float32
-    sin: torch.Tensor | None
-    layout: str
-    slopes: torch.Tensor | None  # [H] ALiBi
-    q_pos: torch.Tensor  # [N, L]
-    k_pos: torch.Tensor  # [N, S]
-    k_valid: torch.Tensor | None  # [N, S] bool; None when every key is real
-    past_len: int
-    scale: float
-    want_entropy: bool
-
-
 def resolve_scaling(
     scaling: ScalingConfig | None,
     model_cfg: ModelConfig,
@@ -141,10 +126,12 @@ def resolve_scaling(
     train_length: int,
     eval_length: int | None = None,
 ) -> ScalingConfig:
-    """``scaling`` (None = raw) with its shorthands made concrete for ``eval_length``, checked.
+    """``scaling`` (None = raw) with its shorthands made concrete, checked.
 
-    Raises ValueError (one sentence) for an unknown method, a method that does not apply to the
-    position family, or parameters the method rejects for this geometry. Needs no model.
+    A factor "auto" is set for ``scaling.target_length`` if given (not with ``oracle``), else for
+    ``eval_length`` (``models.scaling_config.resolve_params``). Raises ValueError (one sentence)
+    for an unknown method, a method that does not apply to the position family, or parameters the
+    method rejects for this geometry. Needs no model.
     """
     scaling = scaling or ScalingConfig()
     kind = position_cfg.kind
@@ -190,92 +177,6 @@ def scaling_frequencies(
         rotary_fraction=fraction,
         **method_params,
     )
-
-
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: _AttentionInputs
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
-
-    Plain causal attention goes straight to the fused kernel (no L x S matrix). Padding, ALiBi or an
-    entropy request need an explicit mask or probabilities: those are built in query tiles so that
-    memory stays O(tile x S) however long the sequence.
-    """
-    n, h, length, _ = q.shape
-    s = k.shape[2]
-    gqa = h != k.shape[1]
-    plain = inputs.slopes is None and inputs.k_valid is None and not inputs.want_entropy
-    if plain and (length == s or length == 1):
-        return (
-            F.scaled_dot_product_attention(
-                q, k, v, is_causal=length == s and length > 1, scale=inputs.scale, enable_gqa=gqa
-            ),
-            None,
-        )
-    if gqa:
-        k = k.repeat_interleave(h // k.shape[1], dim=1)
-        v = v.repeat_interleave(h // v.shape[1], dim=1)
-    tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s))
-    key_index = torch.arange(s, device=q.device)
-    outputs, entropies = [], []
-    for start in range(0, length, tile):
-        stop = min(start + tile, length)
-        query_index = inputs.past_len + torch.arange(start, stop, device=q.device)
-        allowed = key_index[None, :] <= query_index[:, None]  # [T, S]
-        allowed = allowed[None, None]  # [1, 1, T, S]
-        if inputs.k_valid is not None:
-            # a padding query still sees itself, so its (ignored) row never becomes all -inf
-            is_self = key_index[None, :] == query_index[:, None]
-            allowed = allowed & (inputs.k_valid[:, None, None, :] | is_self)
-        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
-        bias = bias.masked_fill(~allowed, float("-inf"))
-        if inputs.slopes is not None:
-            distance = inputs.q_pos[:, start:stop, None] - inputs.k_pos[:, None, :]  # [N, T, S]
-            bias = bias - inputs.slopes[None, :, None, None] * distance[:, None].float()
-        q_tile = q[:, :, start:stop]
-        if inputs.want_entropy:
-            logits = torch.einsum("nhtd,nhsd->nhts", q_tile.float(), k.float()) * inputs.scale + bias
-            probs = logits.softmax(dim=-1)
-            entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
-            outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v.float()).to(q.dtype))
-        else:
-            outputs.append(
-                F.scaled_dot_product_attention(
-                    q_tile, k, v, attn_mask=bias.to(q.dtype), scale=inputs.scale
-                )
-            )
-    entropy = torch.cat(entropies, dim=2) if entropies else None
-    return torch.cat(outputs, dim=2), entropy
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        inputs: _AttentionInputs,
-        cached: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
-        n, length, _ = x.shape
-        q = self.q_proj(x).view(n, length, self.n_heads, self.head_dim).transpose(1, 2)  # [N, H, L, d]
-        k, v = (
-            self.kv_proj(x).view(n, length, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        )  # [N, G, L, d] each
-        if inputs.cos is not None:  # RoPE: rotate this layer's queries and keys, never the values
-            q = rotate(q, inputs.cos, inputs.sin, inputs.layout)
-            k = rotate(k, inputs.cos, inputs.sin, inputs.layout)
-        if cached is not None:
-            k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
-            v = torch.cat((cached[1], v), dim=2)
-        out, entropy = attend(q, k, v, inputs)
-        out = out.transpose(1, 2).reshape(n, length, -1)  # [N, L, D]
-        return self.o_proj(out), (k, v), entropy
 
 
 class MLP(nn.Module):
@@ -337,7 +238,11 @@ class DecoderLM(nn.Module):
         # GPT-2 init: residual projections shrink with depth so the stream's variance stays O(1)
         for name, param in self.named_parameters():
             if name.endswith("weight") and param.dim() == 2 and name != "pos_table":
-                std = 0.02 / math.sqrt(2 * self.model_cfg.n_layers) if "o_proj" in name or "down" in name else 0.02
+                std = (
+                    0.02 / math.sqrt(2 * self.model_cfg.n_layers)
+                    if "o_proj" in name or "down" in name
+                    else 0.02
+                )
                 nn.init.normal_(param, std=std)
 
     # ------------------------------------------------------------------ eval-time scaling
@@ -345,7 +250,10 @@ class DecoderLM(nn.Module):
     def set_scaling(self, scaling: ScalingConfig | None, eval_length: int | None = None) -> None:
         """Switch the context-extension method used by later forward passes (None = raw model).
 
-        ``factor: auto`` resolves to eval_length / train_length (at least 1).
+        ``factor: auto`` resolves to target / train_length (at least 1), the target being
+        ``scaling.target_length`` if set, else ``eval_length``. A caller that measures several
+        lengths fixes one factor for the run first (``models.scaling_config.run_scaling``), so that the
+        length passed here changes only an oracle scaling.
         """
         resolved = resolve_scaling(
             scaling, self.model_cfg, self.position_cfg, self.train_length, eval_length
@@ -356,7 +264,7 @@ class DecoderLM(nn.Module):
     def scaled(
         self, scaling: ScalingConfig | None, eval_length: int | None = None
     ) -> Iterator[DecoderLM]:
-        """``with model.scaled(scaling, eval_length):`` the scaling for that length, restored after.
+        """``with model.scaled(scaling, eval_length):`` the scaling at that length, restored after.
 
         The previous scaling comes back on exit, also when the block raises.
         """
@@ -389,6 +297,42 @@ class DecoderLM(nn.Module):
             self._tables[key] = RotaryTable(*self._frequencies(scaling_len))
         return self._tables[key]
 
+    def _length_dependent(self) -> bool:
+        """Whether the position signal depends on the sequence length (and so on each row's)."""
+        kind = self.position_cfg.kind
+        if kind in ("rope", "sinusoidal"):
+            return self.scaling.method in SEQ_LEN_DEPENDENT
+        return (
+            kind == "learned"
+            and self.position_cfg.out_of_range == "interpolate"
+            and self.scaling.linear_factor is None
+        )
+
+    def _per_row_length(
+        self,
+        fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]],
+        position_ids: torch.Tensor,
+        row_lengths: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """``fn(position_ids of some rows [n, L], their length)`` for every row at its own length.
+
+        Rows of equal length are computed together; when nothing depends on the length, ``fn``
+        runs once (with the training length, which it then ignores). Outputs are [N, L, ...].
+        """
+        if not self._length_dependent():
+            return fn(position_ids, self.train_length)
+        lengths = row_lengths.unique().tolist()
+        if len(lengths) == 1:
+            return fn(position_ids, int(lengths[0]))
+        outputs: list[torch.Tensor] = []
+        for length in lengths:
+            rows = row_lengths == length
+            for i, part in enumerate(fn(position_ids[rows], int(length))):
+                if i == len(outputs):
+                    outputs.append(part.new_empty((position_ids.shape[0], *part.shape[1:])))
+                outputs[i][rows] = part
+        return tuple(outputs)
+
     # ------------------------------------------------------------------ forward
 
     def forward(
@@ -417,30 +361,41 @@ class DecoderLM(nn.Module):
         if bool((position_ids < 0).any()):
             raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}.")
         past_len = past.length if past is not None else 0
-        scaling_len = past.scaling_len if past is not None else length
+        if past is None:  # each row's own length: its largest real position id + 1
+            row_lengths = (
+                torch.where(valid, position_ids, -1).max(dim=-1).values.add(1).clamp(min=1)
+            )
+        else:
+            row_lengths = past.row_lengths
         k_pos = position_ids if past is None else torch.cat((past.positions, position_ids), dim=1)
         k_valid = valid if past is None else torch.cat((past.valid, valid), dim=1)
 
         x = self.tok_emb(input_ids)  # [N, L, D]
         if self.position_cfg.kind in ("sinusoidal", "learned"):
-            x = x + self._absolute_positions(position_ids, scaling_len).to(x.dtype)
+            (added,) = self._per_row_length(
+                lambda pos, n: (self._absolute_positions(pos, n),), position_ids, row_lengths
+            )
+            x = x + added.to(x.dtype)
         cos = sin = None
-        if self.position_cfg.kind == "rope":
-            cos, sin = self._table(scaling_len)(position_ids)  # [N, L, r/2], once for all layers
+        if self.position_cfg.kind == "rope":  # [N, L, r/2] each, once for all layers
+            cos, sin = self._per_row_length(
+                lambda pos, n: self._table(n)(pos), position_ids, row_lengths
+            )
             cos, sin = cos[:, None], sin[:, None]  # [N, 1, L, r/2]
-        scale = 1.0 / math.sqrt(self.model_cfg.head_dim)
+        q_scale = None
         if self.scaling.logn:
-            scale *= logn_factor(scaling_len, self.train_length)
-        inputs = _AttentionInputs(
+            q_scale = logn_query_scale(position_ids, self.train_length)[:, None, :, None]
+        inputs = AttentionInputs(
             cos=cos,
             sin=sin,
             layout=self.position_cfg.layout,
             slopes=getattr(self, "slopes", None),
+            q_scale=q_scale,
             q_pos=position_ids,
             k_pos=k_pos,
             k_valid=None if bool(k_valid.all()) else k_valid,
             past_len=past_len,
-            scale=scale,
+            scale=1.0 / math.sqrt(self.model_cfg.head_dim),
             want_entropy=output_attn_entropy,
         )
         hidden_states = [x] if output_hidden_states else None
@@ -456,9 +411,7 @@ class DecoderLM(nn.Module):
             if entropies is not None:
                 entropies.append(entropy)
         logits = self.lm_head(self.final_norm(x)).float()
-        cache = (
-            KVCache(new_keys, new_values, k_pos, k_valid, scaling_len) if use_cache else None
-        )
+        cache = KVCache(new_keys, new_values, k_pos, k_valid, row_lengths) if use_cache else None
         return LMOutput(logits, cache, hidden_states, entropies)
 
     def _absolute_positions(self, position_ids: torch.Tensor, scaling_len: int) -> torch.Tensor:

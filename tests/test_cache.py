@@ -1,5 +1,6 @@
-"""Checkpoint cache: key stability/sensitivity, reuse, locking across processes, kill-and-resume,
-tamper detection, and load_model references."""
+"""Checkpoint cache: key stability/sensitivity, reuse, locking across processes, kill-and-retrain,
+resumable training states (kill-and-resume to identical weights), tamper detection, and
+load_model references."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from bench.cache import (
     weights_key,
 )
 from bench.corpora import Corpus, load_corpus
+from bench.resume import ResumeFile
 from bench.schema import DataConfig, JobConfig, PositionSchema, ScalingSchema
 from bench.train import make_model
 
@@ -138,7 +140,14 @@ def test_weights_fields_are_declared_on_the_schema() -> None:
     position = {"kind", "base", "layout", "rotary_fraction", "max_positions"}
     assert set(weight_fields(PositionSchema)) == position  # not out_of_range
     train = {f.name for f in dataclasses.fields(TrainConfig)} - set(weight_fields(TrainConfig))
-    assert train == {"min_lr_ratio", "eval_every", "eval_batches", "log_every"}
+    assert train == {
+        "min_lr_ratio",
+        "eval_every",
+        "eval_batches",
+        "log_every",
+        "save_every",
+        "save_every_minutes",
+    }
     # a data kind keys on its own settings only (no hf or pycorpus keys for a text corpus)
     data = {"name", "split_fractions", "max_files", "max_bytes", "paths", "suffixes", "root"}
     assert set(weights_config(make_cfg())["data"]) == data
@@ -433,3 +442,108 @@ def test_incomplete_checkpoint_is_reported_by_load_model(tmp_path: Path) -> None
     (directory / "model.pt").write_bytes(b"half")
     with pytest.raises(CheckpointError, match=f"checkpoint {directory} is incomplete"):
         load_model("a" * 16, cache_root=tmp_path)
+
+
+# --------------------------------------------------------------------------- resumable training
+
+
+class Killed(BaseException):
+    """A simulated kill: nothing in lenbench catches a BaseException that is not an Exception."""
+
+
+def kill_after_save(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:
+    """Make the training die right after it wrote the resumable state of update ``at_step``."""
+    original = ResumeFile.save
+
+    def save(self: ResumeFile, state: dict) -> None:
+        original(self, state)
+        if state["step"] == at_step:
+            raise Killed(at_step)
+
+    monkeypatch.setattr(ResumeFile, "save", save)
+
+
+@pytest.mark.parametrize(("save_every", "minutes"), [(2, 0.0), (0, 1e-9)])
+def test_killed_training_resumes_to_identical_weights(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path, save_every: int, minutes: float
+) -> None:
+    """Kill after the state of update 4 of 8, rerun: the weights equal the uninterrupted run's,
+    and only updates 5..8 ran again. States every 2 updates, or every update by the clock."""
+    cfg = make_cfg(
+        corpus_dir,
+        steps=8,
+        warmup_steps=2,
+        eval_batches=0,
+        log_every=1,
+        save_every=save_every,
+        save_every_minutes=minutes,
+    )
+    reference, ref_meta, _ = get_or_train(cfg, corpus, tmp_path / "a", progress=False)
+    # saving states does not change the run: the same job without them
+    quiet = replace(cfg, train=replace(cfg.train, save_every=0, save_every_minutes=0.0))
+    plain, _, _ = get_or_train(quiet, corpus, tmp_path / "plain", progress=False)
+    assert same_weights(reference, plain)
+
+    with pytest.MonkeyPatch.context() as patch:
+        kill_after_save(patch, 4)
+        with pytest.raises(Killed):
+            get_or_train(cfg, corpus, tmp_path / "b", progress=False)
+    directory = tmp_path / "b" / ref_meta["key"]
+    assert not (directory / "DONE").exists() and (directory / "resume.pt").exists()
+    resumed, meta, trained = get_or_train(cfg, corpus, tmp_path / "b", progress=False)
+    assert trained and meta["train_stats"]["resumed_from"] == 4
+    assert ref_meta["train_stats"]["resumed_from"] == 0
+    assert same_weights(resumed, reference)
+    assert meta["train_stats"]["train_losses"] == ref_meta["train_stats"]["train_losses"]
+    assert sorted(p.name for p in directory.iterdir()) == ["DONE", "model.pt"]  # state deleted
+
+
+def test_resuming_from_a_perturbed_optimizer_state_changes_the_weights(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path
+) -> None:
+    """Negative control for the test above: the resumed run does use the stored optimizer state."""
+    cfg = make_cfg(corpus_dir, steps=8, warmup_steps=2, eval_batches=0, save_every=2)
+    reference, meta, _ = get_or_train(cfg, corpus, tmp_path / "a", progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        kill_after_save(patch, 4)
+        with pytest.raises(Killed):
+            get_or_train(cfg, corpus, tmp_path / "b", progress=False)
+    path = tmp_path / "b" / meta["key"] / "resume.pt"
+    payload = torch.load(path, weights_only=True)
+    for moments in payload["state"]["optimizer"]["state"].values():
+        moments["exp_avg_sq"].mul_(4.0)
+    torch.save(payload, path)
+    resumed, meta_b, _ = get_or_train(cfg, corpus, tmp_path / "b", progress=False)
+    assert meta_b["train_stats"]["resumed_from"] == 4
+    assert not same_weights(resumed, reference)
+
+
+def test_resume_state_of_another_config_is_ignored(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path
+) -> None:
+    cfg = make_cfg(corpus_dir, steps=6, eval_batches=0, save_every=2)
+    key = weights_key(cfg, corpus)
+    with pytest.MonkeyPatch.context() as patch:
+        kill_after_save(patch, 2)
+        with pytest.raises(Killed):
+            get_or_train(cfg, corpus, tmp_path, progress=False)
+    path = tmp_path / key / "resume.pt"
+    assert ResumeFile(path, key, weights_config(cfg, corpus)).load()["step"] == 2
+    other = weights_config(make_cfg(corpus_dir, steps=7), corpus)
+    with pytest.warns(UserWarning, match="belongs to another weights config"):
+        assert ResumeFile(path, key, other).load() is None
+    path.write_bytes(b"torn")
+    with pytest.warns(UserWarning, match="cannot be read"):
+        _, meta, trained = get_or_train(cfg, corpus, tmp_path, progress=False)
+    assert trained and meta["train_stats"]["resumed_from"] == 0  # started over
+
+
+def test_done_checkpoint_is_final_whatever_resume_state_is_left(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path
+) -> None:
+    trainer = CountingTrainer()
+    cfg = make_cfg(corpus_dir)
+    _, meta, _ = get_or_train(cfg, corpus, tmp_path, train_fn=trainer)
+    (tmp_path / meta["key"] / "resume.pt").write_bytes(b"stale")  # killed before deleting it
+    _, _, trained = get_or_train(cfg, corpus, tmp_path, train_fn=trainer)
+    assert not trained and trainer.calls == 1

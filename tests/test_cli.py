@@ -32,7 +32,16 @@ GROUPS = {
     "data": ["pycorpus", "text", "hf"],
     "train": ["quick", "standard"],
     "eval": ["standard", "quick"],
-    "experiment": ["quickstart", "smoke", "train_short_test_long", "scaling_study", "base_study"],
+    "experiment": [
+        "quickstart",
+        "smoke",
+        "train_short_test_long",
+        "scaling_study",
+        "base_study",
+        "extend_study",
+        "pretrained",
+    ],
+    "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope"],
     "hydra/launcher": ["basic", "joblib", "submitit_local", "submitit_slurm"],
 }
 
@@ -118,12 +127,18 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     "train_short_test_long": (5, 0),
     "scaling_study": (8, 0),
     "base_study": (6, 0),
+    "extend_study": (7, 9),
+    "pretrained": (3, 0),  # on the tiny local Llama of tests/conftest.py (hf_model_dirs)
 }
 
 
 @pytest.mark.parametrize("experiment", GROUPS["experiment"])
-def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment):
-    cfg = compose_cfg([f"+experiment={experiment}"], hydra=True)
+def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, request):
+    # the pretrained experiment needs a model: the tiny local Llama the tests build
+    extra = []
+    if experiment == "pretrained":
+        extra = [f"pretrained.path={request.getfixturevalue('hf_model_dirs')['llama']}"]
+    cfg = compose_cfg([f"+experiment={experiment}", *extra], hydra=True)
     assert cfg.hydra.mode.name == "MULTIRUN"
     assert cfg.experiment_name == experiment
     header = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()[:12]
@@ -135,7 +150,9 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment):
     for cell in sweep_cells(cfg):
         rest = tuple(c for c in cell if not c.startswith("scaling="))
         if rest not in composed:
-            composed[rest] = JobConfig.from_hydra(compose_cfg([f"+experiment={experiment}", *rest]))
+            composed[rest] = JobConfig.from_hydra(
+                compose_cfg([f"+experiment={experiment}", *extra, *rest])
+            )
         job = composed[rest]
         for c in cell:
             if c.startswith("scaling="):
@@ -257,6 +274,13 @@ BAD_OVERRIDES = [
     (["model.tie_embeddings=maybe"], "model.tie_embeddings must be true or false, got 'maybe'."),
     (["train.steps=10.0"], "train.steps must be an integer, got 10.0."),
     (["threads=0"], "threads must be an integer >= 1 or null, got 0."),
+    (["scaling.oracle=maybe"], "scaling.oracle must be true or false, got 'maybe'."),
+    (["scaling=ntk", "scaling.target_length=abc"], "scaling.target_length 'abc' is invalid"),
+    (["scaling=ntk", "scaling.target_length=0"], "scaling.target_length must be an integer >= 1"),
+    (
+        ["scaling=ntk", "scaling.oracle=true", "scaling.target_length=2x"],
+        "scaling.oracle=true sets the factor for each eval length and scaling.target_length=2x",
+    ),
     (["data.paths=[a.txt]"], "data.paths is a setting of data=text, not of data=pycorpus"),
 ]
 
@@ -358,6 +382,87 @@ def test_valid_single_run_is_not_an_error(in_tmp, monkeypatch, capsys):
     assert code == 0, capsys.readouterr().err
     assert calls == ["alibi"]
     assert len(list((in_tmp / "results" / "smoke").glob("*.parquet"))) == 1
+
+
+# ----------------------------------------------------------------------------- scaling factor per run (issue 11)
+
+
+def spec_of(*overrides):
+    return validate_job(JobConfig.from_hydra(compose_cfg(["train=quick", *overrides])))
+
+
+def test_static_factor_is_one_per_run_recorded_as_a_number_and_oracle_is_labelled():
+    from bench.job import make_run_id, scaling_params_json
+    from models.scaling_config import ORACLE_SUFFIX
+
+    # train=quick: L = 256, eval=standard: 1x..16x, so the run's target is 16x
+    ntk = spec_of("scaling=ntk")
+    assert ntk.job.scaling.params == {"alpha": "auto"} and ntk.scaling.params == {"alpha": 16.0}
+    assert json.loads(scaling_params_json(ntk.scaling)) == {
+        "logn": False,
+        "method": "ntk",
+        "params": {"alpha": 16.0},
+    }
+    assert ntk.scaling.label == "ntk"
+    for target, factor in (("2x", 2.0), (1024, 4.0), ("0.5x", 1.0)):
+        spec = spec_of("scaling=yarn", f"scaling.target_length={target}")
+        assert spec.scaling.params["factor"] == factor
+    longrope = spec_of("scaling=longrope").scaling.params
+    assert longrope["factor"] == 16.0 and longrope["long_factor"] == "ramp"
+    # the oracle keeps "auto" (a factor per eval length) and says so in its label and params
+    oracle = spec_of("scaling=ntk", "scaling.oracle=true")
+    assert oracle.scaling.params == {"alpha": "auto"}
+    assert oracle.scaling.label == "ntk" + ORACLE_SUFFIX
+    assert json.loads(scaling_params_json(oracle.scaling))["oracle"] is True
+    assert make_run_id("m", oracle) != make_run_id("m", ntk)
+    # a method without an "auto" factor is the same run with or without oracle
+    dynamic = spec_of("scaling=dynamic")
+    dynamic_oracle = spec_of("scaling=dynamic", "scaling.oracle=true")
+    assert dynamic.scaling.params == {"factor": 1.0} and dynamic_oracle.scaling.label == "dynamic"
+    assert make_run_id("m", dynamic) == make_run_id("m", dynamic_oracle)
+
+
+def test_result_rows_carry_the_run_factor_and_the_oracle_label(in_tmp, monkeypatch, capsys):
+    """End to end (smoke, rope, linear at 1x and 2x): scaling_params hold factor 2, and an oracle
+    run of the same model is its own series, labelled so in the rows and in the report."""
+    import pandas as pd
+
+    from bench.report import generate_report
+
+    original = cache_module.get_or_train
+    monkeypatch.setattr(
+        cache_module,
+        "get_or_train",
+        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
+    )
+    common = [
+        "+experiment=smoke",
+        "hydra.mode=RUN",
+        "position=rope",
+        "scaling=linear",
+        f"paths.cache={in_tmp / 'cache'}",
+        "hydra.callbacks.report.enabled=false",
+    ]
+    assert main(common) == 0, capsys.readouterr().err
+    assert main([*common, "scaling.oracle=true"]) == 0, capsys.readouterr().err
+    results = in_tmp / "results" / "smoke"
+    df = pd.concat(pd.read_parquet(f) for f in sorted(results.glob("*.parquet")))
+    pairs = zip(df["scaling"], df["scaling_params"], strict=True)
+    params = {name: json.loads(text) for name, text in pairs}
+    assert params == {
+        "linear": {"logn": False, "method": "linear", "params": {"factor": 2.0}},
+        "linear (oracle)": {
+            "logn": False,
+            "method": "linear",
+            "oracle": True,
+            "params": {"factor": "auto"},
+        },
+    }
+    nll = df[(df["metric"] == "nll") & df["bucket_lo"].isna()].set_index(["scaling", "eval_length"])
+    assert nll.loc[("linear", 128), "value"] == nll.loc[("linear (oracle)", 128), "value"]
+    assert nll.loc[("linear", 64), "value"] != nll.loc[("linear (oracle)", 64), "value"]
+    report = generate_report(results, in_tmp / "report").read_text()
+    assert "rope / linear (oracle)" in report
 
 
 # ----------------------------------------------------------------------------- user config dirs

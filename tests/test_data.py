@@ -102,13 +102,18 @@ def test_bad_split_fractions_raise(bad: object) -> None:
         assign_split("a", bad)
 
 
-def test_fingerprint_depends_on_ids_and_sizes_only() -> None:
+def test_fingerprint_depends_on_ids_sizes_and_split_protocol_only(monkeypatch) -> None:
     base = corpus_fingerprint([("a.txt", 3), ("b/c.txt", 10)])
-    assert base == "4bb68aeb82213872"  # golden
+    assert (
+        base == "27aea058856f9422"
+    )  # golden (was 4bb68aeb82213872 before the split protocol entered it)
     assert corpus_fingerprint([("b/c.txt", 10), ("a.txt", 3)]) == base  # order-free
     assert corpus_fingerprint([("a.txt", 4), ("b/c.txt", 10)]) != base
     assert corpus_fingerprint([("a2.txt", 3), ("b/c.txt", 10)]) != base
     assert len(base) == 16
+    # A new way of making splits makes every old checkpoint and result row stale.
+    monkeypatch.setattr("bench.corpora.SPLIT_PROTOCOL", "another-protocol")
+    assert corpus_fingerprint([("a.txt", 3), ("b/c.txt", 10)]) != base
 
 
 # --------------------------------------------------------------------------- text corpus
@@ -409,7 +414,9 @@ def test_passkey_rows_content_and_answer_loss(pycorpus: Corpus) -> None:
         text = TOK.decode(batch.tokens[row])
         if row in batch.passkey_rows.tolist():
             assert STANDARD_FILLER[:19] in text and "The pass key is" in text
-            n_answer = len(text) - len(text.rstrip("0123456789")) + 1  # " K"
+            assert text.endswith(".") and text[-2].isdigit()  # the key, then where it ends
+            body = text[:-1]
+            n_answer = len(body) - len(body.rstrip("0123456789")) + 2  # " K" and the "."
             assert int(batch.loss_mask[row].sum()) == n_answer
             # The first target inside the mask is the answer's leading space.
             first = int(batch.loss_mask[row].nonzero()[0])
@@ -446,3 +453,53 @@ def test_validation_batches_fixed(pycorpus: Corpus) -> None:
     rows = torch.cat(a)
     assert len({tuple(r.tolist()) for r in rows}) == 12  # no duplicate windows
     assert not torch.equal(rows[0], rows[-1])
+
+
+# --------------------------------------------------------------------------- near-duplicates, caps
+
+
+def _train_share(hashes: dict[str, np.ndarray], assignment: dict[str, str]) -> dict[str, float]:
+    """Each test document's share of its (all, unsampled) 32-byte shingles found in train."""
+    from bench.splits import train_overlap
+
+    train = np.sort(np.concatenate([hashes[i] for i, s in assignment.items() if s == "train"]))
+    return {i: train_overlap(hashes[i], train) for i, s in assignment.items() if s == "test"}
+
+
+def test_no_test_document_shares_more_than_a_fifth_of_its_shingles_with_train(pycorpus) -> None:
+    from bench.splits import shingle_hashes
+
+    hashes = {d.id: shingle_hashes(d.tokens) for d in pycorpus.documents}
+    shares = _train_share(hashes, dict(pycorpus.assignment))
+    worst = max(shares, key=shares.get)
+    assert shares[worst] <= 0.2, (worst, shares[worst])
+    assert len(shares) >= 10  # a held-out split worth the name remains
+    # Negative control: hashing paths alone puts generated near-copies (the charmap codecs,
+    # encodings/*.py) on both sides.
+    by_path = {d.id: assign_split(d.id) for d in pycorpus.documents}
+    assert max(_train_share(hashes, by_path).values()) > 0.9
+
+
+def test_shingle_hashes_see_shared_text_and_only_it() -> None:
+    from bench.splits import shingle_hashes, train_overlap
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, 4000)
+    b = np.concatenate([a[:2000], rng.integers(0, 256, 2000)])  # half of a
+    ha, hb = shingle_hashes(a), shingle_hashes(b)
+    assert ha.size == a.size - 31  # random bytes: every 32-byte window is distinct
+    assert 0.45 < train_overlap(hb, ha) < 0.55
+    assert train_overlap(shingle_hashes(rng.integers(0, 256, 4000)), ha) == 0.0  # control
+
+
+@pytest.mark.parametrize("max_files", [50, 200, 500])
+def test_file_caps_keep_every_split(max_files: int) -> None:
+    capped = load_corpus(DataConfig(max_files=max_files))
+    stats = capped.stats()
+    assert stats["train_docs"] + stats["validation_docs"] + stats["test_docs"] == max_files
+    assert stats["validation_docs"] > 0 and stats["test_docs"] > 0, stats
+    # Negative control: taking files in the split hash's own order (the old cap) leaves the
+    # held-out splits empty, because that order lists every train file first.
+    ids = sorted(capped.assignment) + [d.id for d in load_corpus(DataConfig()).documents]
+    old = sorted(set(ids), key=lambda i: hashlib.sha256(i.encode("utf-8")).digest())[:max_files]
+    assert {assign_split(i) for i in old} == {"train"}

@@ -4,6 +4,7 @@ import dataclasses
 import logging
 import math
 import re
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from torch import nn
 
+from bench.corpora import Document
 from bench.evaluate import evaluate_model, parse_length
 from bench.metrics import METRICS, EvalConfig, EvalContext, as_eval_config
 from bench.metrics.nll import nll_rows, nll_windows
@@ -221,6 +223,108 @@ def test_short_docs_are_skipped_and_counted(caplog, tiny_model, random_docs):
     assert "no test document has the 257 tokens" in caplog.text
 
 
+# ---------------------------------------------------------------- one document set per run
+
+#: 1x = 32 and 4x = 128 tokens: every document is long enough for 1x, doc5 also for 2x, only doc1,
+#: doc3, doc4 and doc6 (>= 129 tokens) for 4x, so a per-length choice and a per-run choice differ.
+MIXED = [40, 200, 45, 150, 300, 100, 140]
+LONG_ENOUGH = ["doc1", "doc3", "doc4", "doc6"]
+DOC_METRICS = {  # every metric that reads test documents, with settings that run at 1x..4x
+    "nll": {"max_docs": 3, "bootstrap": 0},
+    "shift_dnll": {"lengths": None, "max_docs": 3, "deltas": [16]},
+    "order_dnll": {"max_docs": 3, "block": 8},
+    "context_nll": {"max_docs": 3, "block": 8, "contexts": [0, 8]},
+    "attn_entropy": {"lengths": None, "max_docs": 3},
+    "position_probe_r2": {"lengths": None, "fit_docs": 2, "test_docs": 2},
+}
+
+
+@pytest.fixture
+def documents_read(monkeypatch):
+    """Ids of the documents whose tokens were read, by slice width (eval length or length + 1)."""
+    read = defaultdict(set)
+    tensor = Document.tensor
+
+    def spy(doc, start=0, end=None):
+        out = tensor(doc, start, end)
+        read[out.numel()].add(doc.id)
+        return out
+
+    monkeypatch.setattr(Document, "tensor", spy)
+    return read
+
+
+def by_length(read, lengths):
+    """Document ids read at each eval length (windows of L or L + 1 tokens)."""
+    return {length: read.get(length, set()) | read.get(length + 1, set()) for length in lengths}
+
+
+@pytest.mark.parametrize("metric", list(DOC_METRICS))
+def test_every_length_reads_the_same_documents(metric, documents_read, tiny_model, random_docs):
+    cfg = only(**{metric: DOC_METRICS[metric]}) | {"lengths": ["1x", "2x", "4x"]}
+    model = tiny_model()
+    rows = evaluate_model(model, cfg, random_docs(MIXED), train_length=TRAIN, progress=False)
+    assert {r["eval_length"] for r in rows} == {32, 64, 128}
+    read = by_length(documents_read, [32, 64, 128])
+    assert read[32] == read[64] == read[128]
+    assert read[128] <= set(LONG_ENOUGH) and len(read[128]) >= 2  # capped by its own max_docs
+    # control: when 4x is not an eval length, the shorter documents long enough for 2x are read
+    documents_read.clear()
+    cfg["lengths"] = ["1x", "2x"]
+    evaluate_model(model, cfg, random_docs(MIXED), train_length=TRAIN, progress=False)
+    assert by_length(documents_read, [32])[32] - set(LONG_ENOUGH)
+
+
+def test_nll_at_each_length_is_the_mean_over_the_common_documents(tiny_model, random_docs):
+    model, docs = tiny_model(), random_docs(MIXED)
+    cfg = only(nll={"max_docs": 10, "bootstrap": 0}) | {"lengths": ["1x", "4x"]}
+    rows = evaluate_model(model, cfg, docs, train_length=TRAIN, progress=False)
+    whole = {r["eval_length"]: r for r in rows if "bucket_lo" not in r}
+    common = [d for d in docs if d.id in LONG_ENOUGH]
+    for length in (32, 128):
+        by_hand = torch.cat([manual_nll(model, d, 0, length) for d in common]).mean().item()
+        assert whole[length]["value"] == pytest.approx(by_hand, abs=1e-5)
+        assert whole[length]["axis"] == "docs" and whole[length]["axis_value"] == len(common)
+        assert whole[length]["n"] == len(common) * length
+    # negative control: the 1x mean over every document (today's per-length set) is another number
+    every = torch.cat([manual_nll(model, d, 0, 32) for d in docs]).mean().item()
+    assert abs(every - whole[32]["value"]) > 1e-4
+
+
+def test_a_document_too_short_for_the_longest_length_is_read_at_no_length(
+    documents_read, tiny_model, random_docs
+):
+    model, docs = tiny_model(), random_docs([200, 200, 100, 200])  # doc2: 65..128 tokens
+    cfg = only(nll={"bootstrap": 0}) | {"lengths": ["1x", "2x", "4x"]}
+    rows = evaluate_model(model, cfg, docs, train_length=TRAIN, progress=False)
+    assert [r["axis_value"] for r in rows if r.get("axis") == "docs"] == [3, 3, 3]
+    assert all("doc2" not in ids for ids in documents_read.values())
+    # control: without 4x, doc2 is long enough and is read at every length
+    documents_read.clear()
+    rows = evaluate_model(
+        model, cfg | {"lengths": ["1x", "2x"]}, docs, train_length=TRAIN, progress=False
+    )
+    assert [r["axis_value"] for r in rows if r.get("axis") == "docs"] == [4, 4]
+    assert all("doc2" in ids for ids in documents_read.values())
+
+
+def test_no_document_long_enough_for_the_longest_length_raises_before_any_work(
+    documents_read, tiny_model, random_docs
+):
+    cfg = only(nll={"bootstrap": 0}, shift_dnll={}) | {"lengths": ["1x", "4x"]}
+    with pytest.raises(ValueError) as error:
+        evaluate_model(
+            tiny_model(), cfg, random_docs([40, 100]), train_length=TRAIN, progress=False
+        )
+    text = str(error.value)
+    assert "129 tokens" in text and "eval length 128" in text and "2 test documents" in text
+    assert "\n" not in text and text.endswith(".") and text.count(". ") == 0  # one sentence
+    assert not documents_read  # raised before any metric read a document
+    # control: a run that reads no document (passkey with its generated filler) needs none
+    passkey_only = only(passkey={"trials": 1, "depths": 1}) | {"lengths": [300]}
+    assert evaluate_model(PasskeyOracle(), passkey_only, [], train_length=TRAIN, progress=False)
+
+
 # ---------------------------------------------------------------- passkey
 
 
@@ -407,3 +511,71 @@ def test_a_resolved_config_runs_as_its_mapping_and_must_match_the_training_lengt
     assert rows == evaluate_model(model, cfg, docs, train_length=TRAIN, progress=False)
     with pytest.raises(ValueError, match="resolved for train_length 32, not 64"):
         evaluate_model(model, run, docs, train_length=64, progress=False)
+
+
+# ---------------------------------------------------------------- one scaling factor per run (issue 11, item 2)
+
+STUDY = only(  # the scaling_study protocol in small: every continuous metric, 1x..4x
+    nll={"max_docs": 3, "bootstrap": 0},
+    order_dnll={"max_docs": 2, "block": 16},
+    context_nll={"max_docs": 2, "block": 16, "contexts": [0, 16, 48, 112]},
+    attn_entropy={"lengths": None, "max_docs": 1},
+) | {"lengths": ["1x", "2x", "4x"]}
+NTK = ScalingConfig(name="ntk", method="ntk", params={"alpha": "auto"})
+DYNAMIC = ScalingConfig(name="dynamic", method="dynamic", params={"factor": 1.0})
+CELL = ("metric", "eval_length", "bucket_lo", "bucket_hi", "axis", "axis_value", "layer")
+
+
+def cells(rows):
+    """{(metric, eval_length, bucket, axis value, layer): value} of result rows."""
+    out = {tuple(r.get(k) for k in CELL): r["value"] for r in rows}
+    assert len(out) == len(rows)
+    return out
+
+
+def study(model, docs, scaling, cfg=STUDY):
+    return cells(
+        evaluate_model(model, cfg, docs, train_length=TRAIN, scaling=scaling, progress=False)
+    )
+
+
+def test_static_ntk_keeps_one_factor_and_differs_from_dynamic_below_the_target(
+    tiny_model, random_docs
+):
+    """Static NTK (alpha auto = 4x / 1x = 4 for the whole run) against dynamic NTK (the base from
+    the length read): equal only where dynamic reads the target length, different everywhere else."""
+    model, docs = tiny_model("rope"), random_docs([200] * 3)
+    static, dynamic = study(model, docs, NTK), study(model, docs, DYNAMIC)
+    assert static.keys() == dynamic.keys() and len(static) > 60
+    target, block = 4 * TRAIN, 16
+    same, gaps = 0, []
+    for key, value in static.items():
+        metric, length, _, bucket_hi, _, context, _ = key
+        if bucket_hi == 1:
+            continue  # position 0 is never rotated: no frequency can change it
+        reads = context + block if metric == "context_nll" else length  # tokens the model reads
+        if reads == target:  # dynamic's base at 128 tokens = static's base for alpha 128 / 32
+            assert value == dynamic[key], key
+            same += 1
+        else:  # bit-identical before issue 11 wherever dynamic reads the eval length
+            assert value != dynamic[key], key
+            gaps.append(abs(value - dynamic[key]))
+    assert same >= 10 and len(gaps) >= 30 and max(gaps) > 1e-3
+
+
+def test_oracle_factor_follows_each_eval_length_as_before(tiny_model, random_docs):
+    """Control: ``oracle=True`` gives each eval length its own factor (the rule before issue 11),
+    so its whole-window NLL is the dynamic method's again, at every length."""
+    model, docs = tiny_model("rope"), random_docs([200] * 3)
+    oracle = dataclasses.replace(NTK, oracle=True)
+    per_length = study(model, docs, oracle)
+    for multiple in (1, 2, 4):
+        length = multiple * TRAIN
+        fixed = ScalingConfig(name="ntk", method="ntk", params={"alpha": float(multiple)})
+        alone = study(model, docs, fixed, STUDY | {"lengths": [length]})
+        assert alone == {k: v for k, v in per_length.items() if k[1] == length}
+    dynamic = study(model, docs, DYNAMIC)
+    whole = [k for k in per_length if k[0] == "nll" and k[2] is None]
+    assert len(whole) == 3 and all(per_length[k] == dynamic[k] for k in whole)
+    static = study(model, docs, NTK)  # negative control: the run factor differs below 4x
+    assert all(static[k] != per_length[k] for k in whole if k[1] < 4 * TRAIN)

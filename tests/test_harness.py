@@ -373,6 +373,38 @@ def test_generate_until_equals_kv_cache_greedy_decoding():
         assert text == TOK.decode(ids)
 
 
+# --------------------------------------------------------------------------- run factor (issue 11, item 2)
+
+
+def test_auto_factor_is_one_per_run_for_the_longest_request_unless_oracle():
+    """A static ``factor: auto`` is set once, for the longest request (or ``eval_length``), and
+    used for every request, as lenbench's own metrics do; ``oracle=true`` keeps one per length."""
+    model = tiny_model(seed=1)  # trained length 64
+    line = "x = [i * i for i in range(10)]  # squares\n"
+    texts = [(line * 8)[:128], (line * 8)[:256]]
+    requests = [request("loglikelihood_rolling", t) for t in texts]
+
+    def expected(factors):
+        out = []
+        for text, factor in zip(texts, factors, strict=True):
+            model.set_scaling(ScalingConfig(name="yarn", method="yarn", params={"factor": factor}))
+            out.append(-native_bits_per_byte(model, [text]) * math.log(2) * len(text))
+            model.set_scaling(None)
+        return out
+
+    run = LenbenchLM(pretrained=model, scaling="yarn").loglikelihood_rolling(requests)
+    assert run == pytest.approx(expected([4.0, 4.0]), rel=1e-5)  # 256 / 64 for both texts
+    oracle = LenbenchLM(pretrained=model, scaling="yarn", oracle="true")
+    assert oracle.scaling.label == "yarn (oracle)"
+    per_length = oracle.loglikelihood_rolling(requests)
+    assert per_length == pytest.approx(expected([2.0, 4.0]), rel=1e-5)  # control: today's rule
+    assert per_length[0] != pytest.approx(run[0], rel=1e-4)  # the two rules differ below 256
+    told = LenbenchLM(pretrained=model, scaling="yarn", eval_length=512)
+    assert told.loglikelihood_rolling(requests) == pytest.approx(expected([8.0, 8.0]), rel=1e-5)
+    with pytest.raises(ValueError, match="eval_length=512 .* oracle=true"):
+        LenbenchLM(pretrained=model, scaling="yarn", oracle=True, eval_length=512)
+
+
 # --------------------------------------------------------------------------- task data
 
 
@@ -479,7 +511,7 @@ def test_harness_bits_per_byte_equals_native_nll(text_corpus):
     native = passkey_verdicts(model, examples, batch_size=2)
     assert results["results"]["lenbench_passkey_256"]["acc,none"] == pytest.approx(sum(native) / 3)
 
-    # YaRN with factor auto: resolved against each task's length (512 / 64 = 8), as natively
+    # YaRN with factor auto: one factor for the run's longest request (512 / 64 = 8), as natively
     scaled = run_harness(
         model,
         "lenbench_ppl_512",

@@ -254,3 +254,62 @@ def test_position_probe_has_no_beyond_row_at_the_training_length(tiny_model, ran
             positions_per_doc=16,
             ridge=1e-3,
         )
+
+
+# ---------------------------------------------------------------- context_nll: one length rule (issue 11, item 4)
+
+
+def periodic_docs(n_docs: int, period: int, length: int) -> list:
+    """Random documents that repeat every ``period`` tokens: the tokens ending at eval length L
+    and at L + k * period are the same, so context_nll reads identical inputs at both."""
+    from bench.corpora import Document
+
+    rng = np.random.default_rng(7)
+    return [
+        Document(f"doc{i}", np.resize(rng.integers(0, 256, size=period), length).astype(np.int16))
+        for i in range(n_docs)
+    ]
+
+
+def context_curves(model, docs, scaling):
+    from bench.evaluate import evaluate_model
+    from bench.metrics import METRICS
+
+    cfg = {name: {"enabled": False} for name in METRICS}
+    cfg["context_nll"] = {"max_docs": 2, "block": 16, "contexts": [0, 16, 48], "bootstrap": 0}
+    cfg["lengths"] = [2 * TRAIN, 4 * TRAIN]
+    rows = evaluate_model(model, cfg, docs, train_length=TRAIN, scaling=scaling, progress=False)
+    return {(r["eval_length"], r["axis_value"]): r["value"] for r in rows}
+
+
+@pytest.mark.parametrize(
+    "method, params, logn",
+    [
+        ("ntk", {"alpha": "auto"}, False),
+        ("linear", {"factor": "auto"}, False),
+        ("yarn", {"factor": "auto"}, False),
+        ("longrope", {"short_factor": 1.0, "long_factor": "ramp", "factor": "auto"}, False),
+        ("dynamic", {"factor": 1.0}, False),
+        ("default", {}, True),
+    ],
+)
+def test_context_nll_curve_does_not_depend_on_the_eval_length(tiny_model, method, params, logn):
+    """Same c, same tokens read: the same NLL at eval length 2x and 4x, for a static method (its
+    run factor) as for a length-dependent one (the c + block tokens it reads)."""
+    from models.scaling_config import ScalingConfig
+
+    model = tiny_model("rope")
+    docs = periodic_docs(2, TRAIN, 300)
+    scaling = ScalingConfig(name=method, method=method, params=params, logn=logn)
+    curves = context_curves(model, docs, scaling)
+    for c in (0, 16, 48):
+        assert curves[(2 * TRAIN, c)] == pytest.approx(curves[(4 * TRAIN, c)], rel=1e-6, abs=1e-7)
+    if params.get("alpha") == "auto" or params.get("factor") == "auto":
+        # negative control: a factor per eval length (the oracle) moves the same curve
+        oracle = context_curves(
+            model, docs, ScalingConfig(method=method, params=params, oracle=True)
+        )
+        assert all(
+            oracle[(2 * TRAIN, c)] != pytest.approx(oracle[(4 * TRAIN, c)], rel=1e-5)
+            for c in (0, 16, 48)
+        )

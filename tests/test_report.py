@@ -590,3 +590,22 @@ def test_python_m_bench_report_help() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("usage: lenbench-report") and "--out" in run.stdout
+
+
+def test_perplexity_section_states_the_documents_per_run(tmp_path: Path) -> None:
+    rows = [r for r in synthetic_rows(seeds=[0, 1]) if r["metric"] == "nll"]
+    write_sweep(tmp_path / "res", rows)
+    report = generate_report(tmp_path / "res", tmp_path / "out")
+    t = pd.read_csv(tmp_path / "out" / "tables" / "perplexity.csv")
+    assert set(t["docs"]) == {8}  # the whole-window rows' axis="docs", axis_value=8
+    assert "| series | docs |" in (tmp_path / "out" / "tables" / "perplexity.md").read_text()
+    assert "documents per run, 8 in every run" in report.read_text()
+    # control: a run that read other documents shows both counts, and no single count is claimed
+    for r in rows:
+        if r["position"] == "alibi" and r["seed"] == 1 and r.get("axis") == "docs" and r["n"]:
+            r["axis_value"] = 7
+    write_sweep(tmp_path / "res2", rows)
+    report = generate_report(tmp_path / "res2", tmp_path / "out2")
+    t = pd.read_csv(tmp_path / "out2" / "tables" / "perplexity.csv")
+    assert set(t.loc[t["position"] == "alibi", "docs"]) == {"7/8"}
+    assert "in every run" not in report.read_text()

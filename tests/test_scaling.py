@@ -17,7 +17,9 @@ Things learned from the 5.24 oracle:
 * ``longrope`` without ``factor`` derives it as max_position_embeddings / original; ours
   takes that ratio as ``factor`` and the two agree.
 * YaRN's ``mscale`` / ``mscale_all_dim`` only count when both are truthy, and
-  ``beta_fast=0`` means 32; we reject those inputs instead (see the error tests).
+  ``beta_fast=0`` means 32; we do the same.  Which values transformers accepts (its
+  validation silent, its computation finite) is asked of transformers itself, case by
+  case, in ``test_accepts_exactly_what_transformers_accepts``.
 """
 
 from __future__ import annotations
@@ -177,6 +179,8 @@ def method_params(method: str, setting: dict[str, Any]) -> list[dict[str, Any]]:
             {"factor": s, "truncate": False},
             {"factor": s, "beta_fast": 16.0, "beta_slow": 2.0},
             {"factor": s, "mscale": 1.0, "mscale_all_dim": 0.5},
+            {"factor": s, "mscale": 0.707, "mscale_all_dim": 0},  # DeepSeek style: 0 = not set
+            {"factor": s, "mscale": 0.707},  # one alone: transformers ignores it
             {"factor": s, "attention_factor": 1.25},
         ]
     if method == "llama3":
@@ -616,7 +620,7 @@ def _call(name: str, **overrides: Any) -> Callable[[], object]:
         (_call("linear", factor=0.5), r"factor must be >= 1, got 0.5"),
         (_call("yarn", factor=0.5), r"yarn: factor must be >= 1, got 0.5"),
         (_call("llama3", factor=0.9), r"llama3: factor must be >= 1, got 0.9"),
-        (_call("dynamic", factor=0), r"dynamic: factor must be > 0, got 0"),
+        (_call("dynamic", factor=0), r"dynamic: factor must be >= 1, got 0"),
         (_call("dynamic", factor=-2.0), r"got -2.0"),
         (_call("ntk", alpha=0.0), r"ntk: alpha must be > 0, got 0.0"),
         (_call("linear", factor="auto"), r"finite number, got 'auto'"),
@@ -639,14 +643,25 @@ def _call(name: str, **overrides: Any) -> Callable[[], object]:
         ),
         (
             _call("longrope", short_factor=[0.0] * 32, long_factor=LONG, factor=4.0),
-            r"short_factor\[0\] must be > 0",
+            r"short_factor\[0\] must be nonzero \(theta_i / 0 is infinite\), got 0.0",
         ),
-        (_call("yarn", factor=4.0, beta_fast=0), r"beta_fast must be > 0, got 0"),
+        (
+            _call("yarn", factor=4.0, beta_fast=-1),
+            r"beta_fast must be > 0, or 0 / None for the default 32, got -1",
+        ),
         (_call("yarn", factor=4.0, beta_fast=1, beta_slow=32), r"beta_fast=1, beta_slow=32"),
-        (_call("yarn", factor=4.0, mscale=0.7), r"together.*mscale=0.7, mscale_all_dim=None"),
+        (
+            _call("yarn", factor=4.0, mscale=0.7, mscale_all_dim=-10 / math.log(4.0)),
+            r"mscale_all_dim=-7.21.* denominator .* zero at factor=4.0",
+        ),
         (
             _call("yarn", factor=4.0, attention_factor=-1.0),
-            r"attention_factor must be > 0, got -1.0",
+            r"attention_factor must be >= 0, got -1.0",
+        ),
+        (_call("yarn", factor=4.0, truncate=None), r"truncate must be True or False, got None"),
+        (
+            _call("llama3", factor=8.0, low_freq_factor=0.0),
+            r"low_freq_factor must be nonzero \(L / low_freq_factor is a wavelength\), got 0.0",
         ),
         (_call("yarn", factor=4.0, truncate="yes"), r"truncate must be True or False, got 'yes'"),
         (
@@ -682,6 +697,107 @@ def test_valid_baseline_of_error_cases_passes() -> None:
         _call(name, **params)()
 
 
+# ----------------------------------------------------------------------------- what transformers accepts
+
+_ACCEPTED_BY_TRANSFORMERS = [
+    ("yarn", {"factor": 4.0, "mscale": 0.707, "mscale_all_dim": 0}),  # DeepSeek style
+    ("yarn", {"factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    ("yarn", {"factor": 4.0, "mscale": 0.707, "mscale_all_dim": 0.707}),
+    ("yarn", {"factor": 4.0, "mscale": 0, "mscale_all_dim": 1.0}),
+    ("yarn", {"factor": 4.0, "mscale": 0.707}),
+    ("yarn", {"factor": 4.0, "mscale_all_dim": 0.707}),
+    ("yarn", {"factor": 4.0, "mscale": -1.0, "mscale_all_dim": 0.5}),
+    ("yarn", {"factor": 4.0, "mscale": None, "mscale_all_dim": None}),
+    ("yarn", {"factor": 1.0, "mscale": 2.0, "mscale_all_dim": 3.0}),
+    ("yarn", {"factor": 4.0, "beta_fast": 0, "beta_slow": 0}),
+    ("yarn", {"factor": 4.0, "beta_fast": None, "beta_slow": None}),
+    ("yarn", {"factor": 4.0, "beta_fast": 16, "beta_slow": 16}),
+    ("yarn", {"factor": 4.0, "attention_factor": 0.0}),
+    ("yarn", {"factor": 4.0, "attention_factor": 0.5, "mscale": 1.0, "mscale_all_dim": 0.5}),
+    ("dynamic", {"factor": 1.0}),
+    ("llama3", {"factor": 4.0, "low_freq_factor": -1.0, "high_freq_factor": 4.0}),
+    (
+        "longrope",
+        {"factor": 4.0, "short_factor": SHORT, "long_factor": LONG, "attention_factor": 0.0},
+    ),
+    ("longrope", {"factor": 4.0, "short_factor": SHORT, "long_factor": [-x for x in LONG]}),
+]
+_REFUSED_BY_TRANSFORMERS = [  # it warns, or its computation fails or is not finite
+    ("yarn", {"factor": 0.5}),
+    ("yarn", {"factor": 4.0, "beta_fast": -1}),
+    ("yarn", {"factor": 4.0, "beta_slow": -1}),
+    ("yarn", {"factor": 4.0, "beta_fast": 1, "beta_slow": 32}),
+    ("yarn", {"factor": 4.0, "attention_factor": -1.0}),
+    ("yarn", {"factor": 4.0, "mscale": 1.0, "mscale_all_dim": -10 / math.log(4.0)}),
+    ("linear", {"factor": 0.5}),
+    ("dynamic", {"factor": 0.5}),
+    ("llama3", {"factor": 4.0, "low_freq_factor": 0.0, "high_freq_factor": 4.0}),
+    ("llama3", {"factor": 4.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0}),
+    ("longrope", {"factor": 4.0, "short_factor": SHORT, "long_factor": [0.0] + LONG[1:]}),
+    ("longrope", {"factor": 0.5, "short_factor": SHORT, "long_factor": LONG}),
+    (
+        "longrope",
+        {"factor": 4.0, "short_factor": SHORT, "long_factor": LONG, "attention_factor": -1.0},
+    ),
+]
+
+
+def hf_verdict(hf: Any, method: str, params: dict[str, Any]) -> list[str]:
+    """transformers' objections to ``params`` at GEOM: its validation warnings, plus an error
+    or non-finite result of its computation. Empty = transformers accepts them."""
+    from unittest import mock
+
+    from transformers import modeling_rope_utils as rope_utils
+
+    length = GEOM["original_length"]
+    rope: dict[str, Any] = {"rope_type": method, "rope_theta": GEOM["base"], **params}
+    if method != "dynamic":  # dynamic reads L from max_position_embeddings
+        rope["original_max_position_embeddings"] = length
+    max_pos = length if method == "dynamic" else int(length * max(params["factor"], 1.0))
+    objections: list[str] = []
+    with (
+        mock.patch.object(rope_utils.logger, "warning", side_effect=objections.append),
+        mock.patch.object(rope_utils.logger, "warning_once", side_effect=objections.append),
+    ):
+        cfg = hf.LlamaConfig(
+            hidden_size=2 * GEOM["head_dim"],
+            num_attention_heads=2,
+            head_dim=GEOM["head_dim"],
+            max_position_embeddings=max_pos,
+            rope_parameters={"rope_type": "default", "rope_theta": GEOM["base"]},
+        )
+        cfg.rope_parameters = rope
+        cfg.standardize_rope_params()
+        cfg.validate_rope()
+        try:
+            inv, attn = rope_utils.ROPE_INIT_FUNCTIONS[method](cfg, "cpu", seq_len=GEOM["seq_len"])
+            if not (bool(inv.isfinite().all()) and math.isfinite(attn)):
+                objections.append("not finite")
+        except (ValueError, ZeroDivisionError) as error:
+            objections.append(f"{type(error).__name__}: {error}")
+    return objections
+
+
+@pytest.mark.parametrize(("method", "params"), _ACCEPTED_BY_TRANSFORMERS)
+def test_accepts_exactly_what_transformers_accepts(
+    hf: Any, method: str, params: dict[str, Any]
+) -> None:
+    assert hf_verdict(hf, method, params) == []  # the case really is one transformers accepts
+    ours = rope_parameters(method, **GEOM, **params)
+    assert_rope_matches(ours, hf_rope(hf, method, **GEOM, **params), f"{method} {params}")
+
+
+@pytest.mark.parametrize(("method", "params"), _REFUSED_BY_TRANSFORMERS)
+def test_refuses_what_transformers_refuses_in_one_sentence(
+    hf: Any, method: str, params: dict[str, Any]
+) -> None:
+    assert hf_verdict(hf, method, params) != []  # negative control: transformers objects too
+    with pytest.raises(ValueError) as error:
+        rope_parameters(method, **GEOM, **params)
+    message = str(error.value)
+    assert message.startswith(f"{method}: ") and message.endswith(".") and "\n" not in message
+
+
 # ----------------------------------------------------------------------------- logn
 
 
@@ -698,3 +814,64 @@ def test_logn_factor(length: int) -> None:
         logn_factor(10, 1)
     with pytest.raises(ValueError, match="seq_len must be a positive integer, got 0"):
         logn_factor(0, length)
+
+
+# ----------------------------------------------------------------------------- run factor (issue 11, item 2)
+# A static method's "auto" factor is fixed once per run, for scaling.target_length or else the
+# run's longest eval length; oracle=True keeps one factor per eval length (an upper bound).
+
+
+def test_run_scaling_fixes_one_factor_for_the_longest_length() -> None:
+    from models.scaling_config import ScalingConfig, resolve_params, run_scaling
+
+    ntk = ScalingConfig(name="ntk", method="ntk", params={"alpha": "auto"})
+    run = run_scaling(ntk, train_length=32, lengths=[64, 32, 128])
+    assert run.params == {"alpha": 4.0} and run.target_length == 128 and run.label == "ntk"
+    # the resolved factor no longer follows the length it is applied at
+    for length in (32, 64, 128):
+        assert resolve_params(run, train_length=32, eval_length=length, rotary_pairs=4) == {
+            "alpha": 4.0
+        }
+    # an explicit target wins over the longest length; never below 1
+    target = ScalingConfig(name="yarn", method="yarn", params={"factor": "auto"}, target_length=64)
+    assert run_scaling(target, train_length=32, lengths=[32, 128]).params == {"factor": 2.0}
+    short = ScalingConfig(name="linear", method="linear", params={"factor": "auto"})
+    assert run_scaling(short, train_length=32, lengths=[16]).params == {"factor": 1.0}
+    # longrope: the factor is fixed, the ramp is still built from it per model
+    longrope = ScalingConfig(
+        name="longrope",
+        method="longrope",
+        params={"short_factor": 1.0, "long_factor": "ramp", "factor": "auto"},
+    )
+    fixed = run_scaling(longrope, train_length=32, lengths=[32, 256])
+    assert fixed.params == {"short_factor": 1.0, "long_factor": "ramp", "factor": 8.0}
+    ramp = resolve_params(fixed, train_length=32, eval_length=64, rotary_pairs=3)["long_factor"]
+    assert ramp == pytest.approx([1.0, 8.0**0.5, 8.0])
+
+
+def test_run_scaling_leaves_oracle_fixed_and_dynamic_settings_alone() -> None:
+    from models.scaling_config import ScalingConfig, resolve_params, run_scaling
+
+    oracle = ScalingConfig(name="ntk", method="ntk", params={"alpha": "auto"}, oracle=True)
+    assert run_scaling(oracle, train_length=32, lengths=[32, 128]) == oracle
+    assert oracle.per_length and oracle.label == "ntk (oracle)"
+    per_length = [
+        resolve_params(oracle, train_length=32, eval_length=n, rotary_pairs=4)["alpha"]
+        for n in (32, 64, 128)
+    ]
+    assert per_length == [1.0, 2.0, 4.0]  # control: the oracle follows each eval length
+    for cfg in (
+        ScalingConfig(name="ntk8", method="ntk", params={"alpha": 8.0}),
+        ScalingConfig(name="dynamic", method="dynamic", params={"factor": 1.0}),
+        ScalingConfig(name="logn", logn=True),
+        ScalingConfig(name="dynamic", method="dynamic", params={"factor": 1.0}, oracle=True),
+    ):
+        assert run_scaling(cfg, train_length=32, lengths=[32, 128]) == cfg
+        assert not cfg.per_length and cfg.label == cfg.name  # oracle means nothing without auto
+    both = ScalingConfig(method="ntk", params={"alpha": "auto"}, oracle=True, target_length=64)
+    with pytest.raises(ValueError, match="oracle=True .* target_length=64"):
+        run_scaling(both, train_length=32, lengths=[32])
+    with pytest.raises(ValueError, match="needs an eval length"):
+        run_scaling(
+            ScalingConfig(method="ntk", params={"alpha": "auto"}), train_length=32, lengths=[]
+        )

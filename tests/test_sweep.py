@@ -122,7 +122,11 @@ def test_smoke_sweep_trains_each_checkpoint_once_and_writes_results(smoke, capsy
         ("alibi", "none"),
     }
     linear = df[df["scaling"] == "linear"]["scaling_params"].iloc[0]
-    assert json.loads(linear) == {"logn": False, "method": "linear", "params": {"factor": "auto"}}
+    assert json.loads(linear) == {
+        "logn": False,
+        "method": "linear",
+        "params": {"factor": 2},
+    }  # L=64, longest 2x
     assert (root / "reports" / "smoke" / "report.md").is_file()
 
 

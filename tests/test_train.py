@@ -225,6 +225,25 @@ def test_lr_schedule_warmup_cosine_and_min_lr_forms() -> None:
     assert lr_at(0, TrainConfig(lr=2.0, warmup_steps=0, steps=1)) == 2.0
 
 
+def test_lr_schedule_warmup_stable_decay() -> None:
+    spec = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=4, steps=14, decay_steps=4)
+    lrs = [lr_at(s, spec) for s in range(14)]
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4:10] == pytest.approx([1.0] * 6)  # stable until the last 4 updates
+    assert lrs[10:] == pytest.approx(
+        [0.1 + 0.45 * (1 + math.cos(math.pi * k / 4)) for k in (1, 2, 3, 4)]
+    )
+    # decay_steps = steps - warmup - 1 is the cosine schedule itself (control)
+    full = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=4, steps=14, decay_steps=9)
+    cosine = TrainConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=4, steps=14)
+    assert [lr_at(s, full) for s in range(14)] == pytest.approx(
+        [lr_at(s, cosine) for s in range(14)]
+    )
+    assert weights_dict(spec) != weights_dict(cosine)  # a different recipe, another checkpoint
+    with pytest.raises(ValueError, match=r"train.decay_steps must be at most .* got 10"):
+        TrainConfig(warmup_steps=4, steps=14, decay_steps=10)
+
+
 def test_weight_decay_only_on_projection_matrices() -> None:
     cfg = replace(tiny_cfg(), position=PositionSchema(kind="learned"))
     model = make_model(cfg)

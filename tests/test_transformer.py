@@ -1,11 +1,21 @@
 """The decoder LM: KV cache, padding, position families, eval-time scaling; each with a negative control."""
 
+import copy
+import math
+
 import pytest
 import torch
 
-import models.transformer as transformer_module
+import models.attention as attention_module
 from models.positions import PositionConfig, rotate
-from models.transformer import DecoderLM, ModelConfig, ScalingConfig, resolve_scaling
+from models.scaling import logn_factor
+from models.transformer import (
+    DecoderLM,
+    ModelConfig,
+    ScalingConfig,
+    logn_query_scale,
+    resolve_scaling,
+)
 
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4, mlp="swiglu")
 
@@ -62,7 +72,7 @@ def test_decode_that_restarts_positions_at_zero_is_detected():
     assert (full - torch.cat(pieces, dim=1)).abs().max() > 1e-2
 
 
-class ReRotatingAttention(transformer_module.Attention):
+class ReRotatingAttention(attention_module.Attention):
     """The seed's bug: rotate the whole cached history again with the current step's angle."""
 
     def forward(self, x, inputs, cached):
@@ -190,7 +200,7 @@ def test_tiled_attention_path_matches_fused_kernel(kind, monkeypatch):
     tokens = random_tokens(2, 24)
     fused = model(tokens).logits
     monkeypatch.setattr(
-        transformer_module, "ATTENTION_TILE_ELEMENTS", 2 * 4 * 24 * 5
+        attention_module, "ATTENTION_TILE_ELEMENTS", 2 * 4 * 24 * 5
     )  # 5-query tiles
     out = model(tokens, output_attn_entropy=True, output_hidden_states=True)
     torch.testing.assert_close(out.logits, fused, atol=1e-4, rtol=1e-4)
@@ -222,7 +232,7 @@ def test_scaling_applies_where_meaningful_and_errors_otherwise():
         learned.set_scaling(ScalingConfig("yarn", "yarn", {"factor": 4.0}))
     with pytest.raises(ValueError, match="'teleport' is unknown"):
         learned.set_scaling(ScalingConfig("x", "teleport"))
-    with pytest.raises(ValueError, match="needs an eval_length"):
+    with pytest.raises(ValueError, match="'auto' needs an eval"):
         rope.set_scaling(ScalingConfig("yarn", "yarn", {"factor": "auto"}))
 
 
@@ -233,6 +243,136 @@ def test_logn_changes_logits_only_beyond_training_length():
     model.set_scaling(ScalingConfig("logn", "default", {}, logn=True))
     torch.testing.assert_close(model(short).logits, raw_short)
     assert not torch.allclose(model(long).logits, raw_long, atol=1e-4)
+
+
+# ---------------------------------------------------------------- log-n per query (issue 11, item 1)
+
+LOGN = ScalingConfig("logn", "default", {}, logn=True)
+
+
+def test_logn_query_scale_is_qwens_logn_list():
+    # Qwen-7B: logn_list = [math.log(i, seq_length) if i > seq_length else 1 for i in range(1, ...)],
+    # indexed by the query's position j (i = j + 1)
+    for length in (16, 256):
+        qwen = [math.log(i, length) if i > length else 1 for i in range(1, 20 * length)]
+        ours = logn_query_scale(torch.arange(20 * length - 1), length)
+        torch.testing.assert_close(ours, torch.tensor(qwen), rtol=1e-7, atol=0)
+        assert bool((ours[:length] == 1).all()) and bool((ours[length:] > 1).all())
+        assert ours[5 * length - 1].item() == pytest.approx(logn_factor(5 * length, length))
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_logn_leaves_positions_before_the_training_length_alone(kind):
+    # causal: what position p < L predicts does not depend on how many tokens follow it
+    model = tiny_model(kind, train_length=16)
+    tokens = random_tokens(1, 16 * 16)
+    raw = model(tokens).logits
+    model.set_scaling(LOGN)
+    window_l, window_16l = model(tokens[:, :16]).logits, model(tokens).logits
+    torch.testing.assert_close(window_16l[:, :16], window_l, atol=1e-5, rtol=0)
+    torch.testing.assert_close(window_16l[:, :16], raw[:, :16], atol=1e-5, rtol=0)
+    # control: from position L on, log-n does change the logits
+    assert not torch.allclose(window_16l[:, 16:], raw[:, 16:], atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_logn_scales_the_query_at_position_j_by_log_base_l_of_j_plus_1(kind):
+    length, p = 16, 40
+    model = tiny_model(kind, train_length=length)
+    tokens = random_tokens(1, length + 1)
+    prefix = model(tokens[:, :length], use_cache=True).past  # queries < L: log-n leaves them alone
+    at_p = torch.tensor([[p]])  # one query at position p, explicit (a gap after the prefix)
+    model.set_scaling(LOGN)
+    out = model(tokens[:, length:], past=prefix, position_ids=at_p).logits
+    model.set_scaling(None)
+
+    def raw_with(query_factor, bias_factor=1.0):
+        """The raw model with every query (and optionally the ALiBi bias) multiplied by a factor."""
+        scaled = copy.deepcopy(model)
+        with torch.no_grad():
+            for block in scaled.blocks:
+                block.attn.q_proj.weight.mul_(query_factor)
+            if kind == "alibi":
+                scaled.slopes.mul_(bias_factor)
+        return scaled(tokens[:, length:], past=prefix, position_ids=at_p).logits
+
+    torch.testing.assert_close(out, raw_with(math.log(p + 1) / math.log(length)))
+    # controls: the off-by-one log(p)/log(L), and no scaling at all, are told apart
+    assert not torch.allclose(out, raw_with(math.log(p) / math.log(length)), atol=1e-4)
+    assert not torch.allclose(out, raw_with(1.0), atol=1e-4)
+    if kind == "alibi":  # log-n scales q.k only, never the ALiBi distance bias
+        factor = math.log(p + 1) / math.log(length)
+        assert not torch.allclose(out, raw_with(factor, bias_factor=factor), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_logn_with_kv_cache_equals_the_full_forward(kind):
+    model = tiny_model(kind, train_length=8)
+    model.set_scaling(LOGN)
+    tokens = random_tokens(2, 40)
+    full = model(tokens).logits
+    assert (full - incremental_logits(model, tokens, prefill=5)).abs().max().item() < 1e-4
+    # control: the decoded positions 8..39 are really scaled
+    model.set_scaling(None)
+    assert not torch.allclose(model(tokens).logits[:, 8:], full[:, 8:], atol=1e-3)
+
+
+# ---------------------------------------------------------------- padding x length-dependent scaling (item 3)
+
+DYNAMIC = ScalingConfig("dynamic", "dynamic", {"factor": 2.0})
+LONGROPE = ScalingConfig(
+    "longrope", "longrope", {"factor": "auto", "short_factor": 1.0, "long_factor": "ramp"}
+)
+
+
+def left_pad(rows, pad=258):
+    """Rows of different lengths, left-padded to the longest -> (ids [N, W], attention_mask [N, W])."""
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat((torch.full((width - len(r),), pad), r)) for r in rows])
+    mask = torch.stack([torch.cat((torch.zeros(width - len(r)), torch.ones(len(r)))) for r in rows])
+    return ids, mask
+
+
+@pytest.mark.parametrize(
+    ("kind", "scaling"),
+    [
+        ("rope", None),  # control: the raw model never depended on the padded width
+        ("rope", DYNAMIC),
+        ("rope", LONGROPE),
+        ("rope", LOGN),
+        ("alibi", LOGN),
+        ("sinusoidal", DYNAMIC),
+    ],
+    ids=[
+        "rope-raw",
+        "rope-dynamic",
+        "rope-longrope",
+        "rope-logn",
+        "alibi-logn",
+        "sinusoidal-dynamic",
+    ],
+)
+def test_a_left_padded_row_equals_the_same_row_alone(kind, scaling):
+    # each row's length-dependent scaling follows its own length, never its batch neighbours'
+    model = tiny_model(kind, train_length=16)
+    model.set_scaling(scaling, eval_length=64)
+    rows = [random_tokens(1, n, seed=n)[0] for n in (64, 24, 12)]
+    ids, mask = left_pad(rows)
+    batched = model(ids, attention_mask=mask).logits
+    for i, row in enumerate(rows):
+        alone = model(row[None]).logits[0]
+        torch.testing.assert_close(batched[i, 64 - len(row) :], alone, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scaling", [DYNAMIC, LOGN], ids=["dynamic", "logn"])
+def test_greedy_generation_of_a_left_padded_batch_equals_each_row_alone(scaling):
+    model = tiny_model("rope", train_length=16)
+    model.set_scaling(scaling)
+    rows = [random_tokens(1, n, seed=n)[0] for n in (30, 20, 9)]
+    ids, mask = left_pad(rows)
+    generated = model.generate_greedy(ids, max_new_tokens=6, attention_mask=mask)
+    for i, row in enumerate(rows):
+        assert torch.equal(generated[i], model.generate_greedy(row[None], max_new_tokens=6)[0])
 
 
 @pytest.mark.parametrize("kind", ["rope", "sinusoidal"])

@@ -26,6 +26,7 @@ MODEL_ARGS = (
     "scaling",
     "scaling_name",
     "logn",
+    "oracle",
     "eval_length",
     "max_length",
     "prefix_token",
@@ -119,7 +120,12 @@ def scaling_presets() -> dict[str, dict]:
 
 
 def parse_scaling(
-    scaling: Any = None, *, logn: Any = False, name: str | None = None, **params: Any
+    scaling: Any = None,
+    *,
+    logn: Any = False,
+    name: str | None = None,
+    oracle: Any = False,
+    **params: Any,
 ) -> ScalingConfig | None:
     """A ``ScalingConfig`` from string-friendly arguments (None = the raw model).
 
@@ -127,29 +133,37 @@ def parse_scaling(
     none, linear, ntk, dynamic, yarn, llama3, longrope, logn; the same presets as lenbench's
     ``scaling=<name>``, e.g. yarn has ``factor: auto``); else a method registered in
     ``models.scaling.SCALING_METHODS`` (its parameters then all come from ``params``); a
-    ``ScalingConfig``; or a mapping with keys name/method/params/logn. ``params`` override the
-    preset's and are checked against the method's signature here (values are checked when the
-    model applies them). ``logn=True`` adds log-n scaling; ``name`` sets the results label.
+    ``ScalingConfig``; or a mapping with keys name/method/params/logn/target_length/oracle.
+    ``params`` override the preset's and are checked against the method's signature here (values
+    are checked when the model applies them). ``logn=True`` adds log-n scaling; ``name`` sets the
+    results label; ``oracle=True`` sets a factor "auto" for each request's length instead of one
+    for the run (``LenbenchLM``).
     """
     logn = _coerce_param("logn", logn) if isinstance(logn, str) else bool(logn)
+    oracle = bool(_coerce_param("oracle", oracle) if isinstance(oracle, str) else oracle)
     if isinstance(scaling, ScalingConfig):
-        if params or logn:
+        if params or logn or oracle:
             raise ValueError(
-                "scaling is a ScalingConfig; put its parameters and logn inside it, not beside it."
+                "scaling is a ScalingConfig; put its parameters, logn and oracle inside it, not "
+                "beside it."
             )
         return scaling
     if isinstance(scaling, Mapping):
         scaling = dict(OmegaConf.to_container(OmegaConf.create(dict(scaling)), resolve=True))
-        unknown = sorted(set(scaling) - {"name", "method", "params", "logn"})
+        keys = ("name", "method", "params", "logn", "target_length", "oracle")
+        unknown = sorted(set(scaling) - set(keys))
         if unknown:
             raise ValueError(
-                f"scaling mapping has unknown keys {unknown}; allowed keys: name, method, params, logn."
+                f"scaling mapping has unknown keys {unknown}; allowed keys: {', '.join(keys)}."
             )
+        target = scaling.get("target_length")
         return _scaling_config(
             str(scaling.get("method", "default")),
             {**dict(scaling.get("params") or {}), **params},
             bool(scaling.get("logn", False)) or bool(logn),
             name or scaling.get("name"),
+            oracle=bool(scaling.get("oracle", False)) or oracle,
+            target_length=None if target is None else positive_int(target, "target_length"),
         )
     key = "none" if scaling in (None, "") else str(scaling)
     presets = scaling_presets()
@@ -163,15 +177,22 @@ def parse_scaling(
             or (
                 str(preset.get("name", key)) + ("+logn" if logn and not preset.get("logn") else "")
             ),
+            oracle=oracle,
         )
     if key not in SCALING_METHODS:
         allowed = sorted(set(presets) | set(SCALING_METHODS) | {"none", "logn"})
         raise ValueError(f"scaling {scaling!r} is unknown; allowed: {', '.join(allowed)}.")
-    return _scaling_config(key, params, bool(logn), name)
+    return _scaling_config(key, params, bool(logn), name, oracle=oracle)
 
 
 def _scaling_config(
-    method: str, params: dict, logn: bool, name: str | None
+    method: str,
+    params: dict,
+    logn: bool,
+    name: str | None,
+    *,
+    oracle: bool = False,
+    target_length: int | None = None,
 ) -> ScalingConfig | None:
     if method not in SCALING_METHODS:
         raise ValueError(
@@ -189,4 +210,11 @@ def _scaling_config(
     if method == "default" and not logn:
         return None
     label = name or ("logn" if method == "default" else method + ("+logn" if logn else ""))
-    return ScalingConfig(name=label, method=method, params=coerced, logn=bool(logn))
+    return ScalingConfig(
+        name=label,
+        method=method,
+        params=coerced,
+        logn=bool(logn),
+        target_length=target_length,
+        oracle=oracle,
+    )

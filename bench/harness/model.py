@@ -1,15 +1,17 @@
 """``LenbenchLM``: a lenbench ``DecoderLM`` as the lm-eval model ``lenbench``.
 
-Requests are batched only with others of the same token length (and the same ``factor: auto``
-length), so no padding ever changes a result and length-dependent scaling methods see each
-sequence's true length. Tokens are UTF-8 bytes; contexts are never truncated.
+Requests are batched only with others of the same token length, so no padding ever changes a
+result and length-dependent scaling methods see each sequence's true length. A static
+``factor: auto`` is set once, as lenbench's own metrics set it: for ``eval_length`` (or the
+scaling's ``target_length``), else for the longest request; ``oracle=true`` sets it for each
+request's length instead. Tokens are UTF-8 bytes; contexts are never truncated.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (fills lm-eval's lazy model table before we register ours)
@@ -24,6 +26,7 @@ from tqdm.auto import tqdm
 from bench.harness.args import batch_rows, optional_length, parse_scaling, positive_int
 from bench.runtime import autocast, resolve_device
 from bench.tokenizer import ByteTokenizer
+from models.transformer import ScalingConfig
 
 MODEL_NAME = "lenbench"
 PREFIX_TOKENS = ("eos", "bos")
@@ -50,8 +53,9 @@ class LenbenchLM(LM):
     """lm-eval model over a lenbench ``DecoderLM``; arguments as ``--model_args`` (README).
 
     ``pretrained`` is a checkpoint cache key, a checkpoint path or a ``DecoderLM``; ``scaling``,
-    ``scaling_name``, ``logn`` and any further keyword (a parameter of the scaling method) go to
-    :func:`bench.harness.args.parse_scaling`.
+    ``scaling_name``, ``logn``, ``oracle`` and any further keyword (a parameter of the scaling
+    method) go to :func:`bench.harness.args.parse_scaling`. ``eval_length`` is the length a
+    static ``factor: auto`` is set for (default: the longest request; not with ``oracle``).
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class LenbenchLM(LM):
         scaling: Any = None,
         scaling_name: str | None = None,
         logn: Any = False,
+        oracle: Any = False,
         eval_length: Any = None,
         max_length: Any = None,
         prefix_token: str = "eos",
@@ -72,7 +77,9 @@ class LenbenchLM(LM):
         **scaling_params: Any,
     ) -> None:
         super().__init__()
-        self.scaling = parse_scaling(scaling, logn=logn, name=scaling_name, **scaling_params)
+        self.scaling = parse_scaling(
+            scaling, logn=logn, name=scaling_name, oracle=oracle, **scaling_params
+        )
         if prefix_token not in PREFIX_TOKENS:
             raise ValueError(
                 f"prefix_token {prefix_token!r} is unknown; allowed: {', '.join(PREFIX_TOKENS)}."
@@ -89,10 +96,22 @@ class LenbenchLM(LM):
         self.model, self.meta = _load_model(pretrained, cache_root, self._device)
         self.model.to(self._device).eval()
         self.train_length = int(getattr(self.model, "train_length", self.meta.get("train_length")))
-        self._auto_factor = self.scaling is not None and "auto" in (
-            self.scaling.params.get("factor"),
-            self.scaling.params.get("alpha"),
-        )
+        trained = self.meta.get("scaling")  # a fine-tuned checkpoint's scaling, as trained
+        if trained:
+            if self.scaling is not None:
+                raise ValueError(
+                    f"checkpoint {pretrained} was fine-tuned with scaling {trained.get('name')!r} "
+                    "and is evaluated with it; drop the scaling arguments."
+                )
+            self.scaling = ScalingConfig(**trained)
+        self._auto_factor = self.scaling is not None and self.scaling.auto_factor
+        if self._auto_factor and self.eval_length:
+            if self.scaling.oracle:
+                raise ValueError(
+                    f"eval_length={self.eval_length} sets one factor for every request and "
+                    "oracle=true one per request length; give one of them."
+                )
+            self.scaling = replace(self.scaling, target_length=self.eval_length)
         self._scaling_len: int | None = None
         # validates the method and its parameters against the model now, not mid-evaluation
         self.model.set_scaling(self.scaling, self.eval_length or self.train_length)
@@ -137,19 +156,31 @@ class LenbenchLM(LM):
         return max(1, rows)
 
     def _scaling_length(self, doc: Any, n_input: int, whole: bool = True) -> int:
-        """The length ``factor: auto`` resolves against; n_input when the scaling has no auto factor.
-
-        First of: the ``eval_length`` argument; the document's ``eval_length`` (the task's length)
-        when the request is read whole; the number of tokens the model reads.
-        """
+        """A request's own length: the document's ``eval_length`` (the task's length) when the
+        request is read whole, else the number of tokens the model reads (n_input)."""
         if not self._auto_factor:
             return n_input
-        if self.eval_length:
-            return self.eval_length
         doc_length = doc.get("eval_length") if isinstance(doc, Mapping) else None
         if whole and isinstance(doc_length, (int, np.integer)) and doc_length >= n_input:
             return int(doc_length)
         return n_input
+
+    def _factor_lengths(self, lengths: list[int]) -> list[int]:
+        """The length each request's ``factor: auto`` is set for, given the requests' own lengths:
+        each its own with ``oracle``; else one for all, the scaling's ``target_length`` (set from
+        ``eval_length``) or the longest request of the call (lm-eval hands every request of one
+        kind to one call)."""
+        if not self._auto_factor or self.scaling.oracle:
+            return lengths
+        target = self.scaling.target_length or max(lengths, default=self.train_length)
+        return [target] * len(lengths)
+
+    def _with_factor_lengths(
+        self, items: list[tuple[list[int], list[int], int]]
+    ) -> list[tuple[list[int], list[int], int]]:
+        """(context, continuation, own length) items with the own length made the factor length."""
+        lengths = self._factor_lengths([length for _, _, length in items])
+        return [(c, k, n) for (c, k, _), n in zip(items, lengths, strict=True)]
 
     def _use_scaling_length(self, length: int) -> None:
         if self._auto_factor and length != self._scaling_len:
@@ -235,7 +266,7 @@ class LenbenchLM(LM):
             cont_ids = self.tok_encode(continuation)
             n_input = len(ctx_ids) + len(cont_ids) - 1
             items.append((ctx_ids, cont_ids, self._scaling_length(req.doc, n_input)))
-        results = self._score(items, "loglikelihood")
+        results = self._score(self._with_factor_lengths(items), "loglikelihood")
         for req, result in zip(requests, results, strict=True):
             self.cache_hook.add_partial("loglikelihood", req.args, result)
         return results
@@ -271,7 +302,8 @@ class LenbenchLM(LM):
                 )
                 owner.append(r)
         totals = [0.0] * len(requests)
-        for r, (logprob, _) in zip(owner, self._score(items, "loglikelihood_rolling"), strict=True):
+        scored = self._score(self._with_factor_lengths(items), "loglikelihood_rolling")
+        for r, (logprob, _) in zip(owner, scored, strict=True):
             totals[r] += logprob
         for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
@@ -308,17 +340,20 @@ class LenbenchLM(LM):
         """Greedy continuation of each context, cut before the first stop string.
 
         A row stops at EOS, at a stop string or after ``max_gen_toks``. Length-dependent scaling
-        (``dynamic``, ``longrope``, ``logn``) is frozen at the prompt length when the cache fills.
+        (``dynamic``, ``longrope``) is frozen at the prompt length when the cache fills; log-n
+        scales each new token's query at its own position.
         """
-        prepared = []
-        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for i, req in enumerate(requests):
+        prepared, own_lengths = [], []
+        for req in requests:
             context, gen_kwargs = req.args[0], req.args[1]
             until, max_gen = self._generation_settings(gen_kwargs)
             ids = self.tok_encode(context) or [self.prefix_token_id]
             self._check_length(len(ids), "generation context")
             prepared.append((ids, until, max_gen))
-            groups[(len(ids), self._scaling_length(req.doc, len(ids)))].append(i)
+            own_lengths.append(self._scaling_length(req.doc, len(ids)))
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, scaling_len in enumerate(self._factor_lengths(own_lengths)):
+            groups[(len(prepared[i][0]), scaling_len)].append(i)
         outputs: list[str | None] = [None] * len(requests)
         disable = disable_tqdm or len(requests) < 2
         for _length, chunk in self._batches(groups, "generate_until", disable):

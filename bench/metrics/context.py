@@ -1,7 +1,8 @@
 """What every metric shares: the evaluation context and the measurement primitives.
 
 :class:`EvalContext` runs the model (device, precision, batch sizing, progress bars, batched
-per-token NLL); the helpers pick documents, cut windows into position buckets, bootstrap over
+per-token NLL); the helpers pick the run's document set (one for every eval length, so numbers at
+different lengths are on the same documents), cut windows into position buckets, bootstrap over
 documents and build result rows ``{"metric", "value", "n", "eval_length"}`` + optional
 ``{"bucket_lo", "bucket_hi", "axis", "axis_value", "layer", "ci_lo", "ci_hi"}``.
 """
@@ -13,6 +14,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +33,7 @@ __all__ = [
     "ci_bounds",
     "first_windows",
     "make_row",
+    "run_documents",
     "select_documents",
     "warn_no_docs",
 ]
@@ -50,6 +53,9 @@ class EvalContext:
     progress: bool = True
     train_length: int | None = None
     seed: int = 0
+    # a transformers tokenizer for a pretrained model (passkey prompts are then built as text);
+    # None = lenbench's byte tokens
+    tokenizer: Any = None
 
     def __post_init__(self) -> None:
         self.autocast()  # an unknown precision fails here, not at the first forward pass
@@ -76,6 +82,11 @@ class EvalContext:
         """Why the model cannot embed positions up to ``max_position`` (its own hook), or None."""
         hook = getattr(self.model, "position_range_error", None)
         return None if hook is None else hook(int(max_position), int(seq_len))
+
+    def position_ids_error(self) -> str | None:
+        """Why the model cannot take explicit position ids (its own hook), or None."""
+        hook = getattr(self.model, "position_ids_error", None)
+        return None if hook is None else hook()
 
     def token_nll(self, tokens: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
         """Per-token NLL (nats, float32, CPU) of windows ``tokens`` [N, L+1] -> [N, L].
@@ -134,13 +145,43 @@ def bucket_index(edges: np.ndarray, length: int) -> np.ndarray:
     return np.searchsorted(edges, np.arange(length), side="right") - 1
 
 
+def run_documents(docs: Sequence[Document], longest_length: int) -> list[Document]:
+    """The run's document set: the documents with a window of ``longest_length`` tokens plus its
+    last target (``longest_length + 1`` tokens), in their given order.
+
+    Every metric reads only these, at every eval length, each truncated to that length. Raises a
+    one-sentence ValueError if there is none.
+    """
+    need = int(longest_length) + 1
+    selected = [d for d in docs if len(d) >= need]
+    if not selected:
+        raise ValueError(
+            f"none of the {len(docs)} test documents has the {need} tokens needed for the longest "
+            f"eval length {int(longest_length)} (the longest has "
+            f"{max((len(d) for d in docs), default=0)} tokens); lower eval.lengths or use longer "
+            "documents."
+        )
+    if len(selected) < len(docs):
+        logger.info(
+            "%d of %d test documents have the %d tokens of the longest eval length %d; every "
+            "metric reads only these, at every eval length.",
+            len(selected),
+            len(docs),
+            need,
+            int(longest_length),
+        )
+    return selected
+
+
 def select_documents(
     docs: Sequence[Document], min_tokens: int, count: int
 ) -> tuple[list[Document], int]:
     """Up to ``count`` documents with at least ``min_tokens`` tokens, spread evenly over the list.
 
     Returns (selected, number eligible). Evenly spaced picks (not the first ``count``) span the
-    whole corpus order, and are deterministic without a seed.
+    whole corpus order, and are deterministic without a seed. Given the run's document set
+    (:func:`run_documents`), every document is eligible at every eval length of the run, so a
+    metric reads the same documents at each of them.
     """
     eligible = [d for d in docs if len(d) >= int(min_tokens)]
     n = len(eligible)

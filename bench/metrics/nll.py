@@ -3,8 +3,11 @@
 Rows at each eval length: one per position bucket [bucket_lo, bucket_hi) of the window (value =
 mean NLL in nats, n = scored tokens, ci = bootstrap over documents), plus one whole-window row
 without bucket columns, ``axis="docs"`` and ``axis_value`` = documents used. The bucket rows' ``n``
-add up to the whole-window row's. If no test document is long enough, the whole-window row is
-still written with value NaN, n=0 and axis_value=0, and a warning is logged (never padding).
+add up to the whole-window row's. ``docs`` is the run's document set (``bench.evaluate``), so
+every length reads the same documents (up to ``max_docs``), each truncated to the length. Called
+directly with a document too short for the length, it skips it; with none long enough, the
+whole-window row is still written with value NaN, n=0 and axis_value=0, and a warning is logged
+(never padding).
 """
 
 from __future__ import annotations

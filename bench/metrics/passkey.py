@@ -8,6 +8,10 @@ same decision as greedy decoding of ``len(answer) + 1`` tokens, which
 :func:`greedy_passkey_verdicts` computes with the KV cache so the two can be cross-checked.
 Examples of the same length (a passkey grid cell's length) batch together without padding.
 
+With a transformers tokenizer on the context (a pretrained model), the examples are built as
+text and fitted to each length in its tokens, and :func:`text_passkey_verdicts` decodes greedily
+and compares the answer as text (``bench.passkey.answer_matches``).
+
 Rows: ``passkey_acc`` per depth (axis="depth") and per length (no axis) at each eval length, and
 once per run ``passkey_context``: the largest tested length whose accuracy is >= the configured
 threshold (axis="threshold", axis_value = that threshold), computed only here.
@@ -34,6 +38,7 @@ from bench.passkey import (
     PASSKEY_FILLERS,
     PASSKEY_TEMPLATES,
     PasskeyExample,
+    answer_matches,
     min_passkey_length,
     passkey_grid,
 )
@@ -46,6 +51,7 @@ __all__ = [
     "passkey_context_row",
     "passkey_rows",
     "passkey_verdicts",
+    "text_passkey_verdicts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,6 +80,11 @@ class PasskeyConfig(MetricConfig):
         self.filler = choice(self.key("filler"), self.filler, PASSKEY_FILLERS)
         self.threshold = number(self.key("threshold"), self.threshold, 0.0, 1.0)
         self.template = choice(self.key("template"), self.template, tuple(PASSKEY_TEMPLATES))
+
+    @property
+    def reads_documents(self) -> bool:
+        """Only the corpus filler reads test documents; the standard filler is generated."""
+        return self.filler == "corpus"
 
     @staticmethod
     def _depth_list(depths: Any) -> bool:
@@ -194,6 +205,32 @@ def greedy_passkey_verdicts(
     return verdicts
 
 
+@torch.no_grad()
+def text_passkey_verdicts(ctx: EvalContext, examples: Sequence[PasskeyExample]) -> list[bool]:
+    """Verdicts on text, for a subword tokenizer (``ctx.tokenizer``): greedy decoding (the model's
+    ``generate_greedy``, KV cache) of ``len(answer_ids) + 2`` tokens after each prompt (+ 1 where
+    a learned position table ends), decoded
+    and compared with ``answer_matches`` (the answer text, then no digit). Prompts of equal
+    length batch together."""
+    verdicts = [False] * len(examples)
+    for length, indices in _groups(examples, lambda e: len(e.prompt_ids)).items():
+        step = ctx.rows_per_batch(length)
+        for start in range(0, len(indices), step):
+            chunk = indices[start : start + step]
+            prompts = torch.tensor([examples[i].prompt_ids for i in chunk], device=ctx.device)
+            new = max(len(examples[i].answer_ids) for i in chunk) + 2
+            if ctx.position_range_error(length + new - 2, length + new - 1) is not None:
+                new -= 1  # at a learned table's end: the answer and the token after it only
+            with ctx.autocast():
+                generated = ctx.model.generate_greedy(prompts, max_new_tokens=new).cpu()
+            for i, row in zip(chunk, generated.tolist(), strict=True):
+                text = ctx.tokenizer.decode(
+                    row, skip_special_tokens=True, clean_up_tokenization_spaces=False
+                )
+                verdicts[i] = answer_matches(text, examples[i].answer_text)
+    return verdicts
+
+
 def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:
     """Test-document text for ``filler: corpus``, capped so that each example copies little."""
     budget = max(8 * int(length), 1 << 16)
@@ -223,8 +260,9 @@ def passkey_rows(
 
     Lengths below the template's minimum are skipped with a logged warning (no rows).
     """
+    tok = ctx.tokenizer
     minimum = min_passkey_length(template=template)
-    if length < minimum:
+    if tok is None and length < minimum:
         logger.warning(
             "passkey at eval length %d skipped: the passkey template needs at least %d tokens.",
             length,
@@ -232,15 +270,36 @@ def passkey_rows(
         )
         return []
     source = _filler_source(docs, length) if filler == "corpus" else None
-    examples = passkey_grid(
-        [length], depths, trials, seed, filler=filler, filler_source=source, template=template
-    )
+    if tok is not None and source is not None:
+        source = tok.decode(source.tolist(), skip_special_tokens=True)
+    try:
+        examples = passkey_grid(
+            [length], depths, trials, seed, tok, filler, source, template=template
+        )
+    except ValueError as exc:
+        if tok is None:
+            raise
+        logger.warning("passkey at eval length %d skipped: %s", length, exc)
+        return []
+    off = sum(e.length != length for e in examples)
+    if off:
+        logger.warning(
+            "passkey at eval length %d: %d of %d examples have fewer tokens (no filler length "
+            "gives exactly %d tokens with this tokenizer).",
+            length,
+            off,
+            len(examples),
+            length,
+        )
     verdicts = []
     with ctx.bar(len(examples), f"passkey L={length}", unit="ex") as bar:
         step = max(1, ctx.rows_per_batch(length))
         for start in range(0, len(examples), step):
             chunk = examples[start : start + step]
-            verdicts += passkey_verdicts(ctx.model, chunk, step, ctx.device, ctx=ctx)
+            if tok is None:
+                verdicts += passkey_verdicts(ctx.model, chunk, step, ctx.device, ctx=ctx)
+            else:
+                verdicts += text_passkey_verdicts(ctx, chunk)
             bar.update(len(chunk))
     by_depth: dict[float, list[bool]] = defaultdict(list)
     for example, verdict in zip(examples, verdicts, strict=True):

@@ -6,8 +6,10 @@
 * ``context_nll``  NLL of a fixed final block given c tokens of visible context (axis="context");
 * ``attn_entropy`` mean attention entropy per layer and query-position bucket (layer + bucket).
 
-Everything is batched over windows (no per-token Python loops); the fused attention path is used
-everywhere except attention entropy, which asks the model for tile-computed entropies.
+Each probe reads the first tokens of up to ``max_docs`` documents of the run's document set
+(``bench.evaluate``), the same documents at every eval length. Everything is batched over windows
+(no per-token Python loops); the fused attention path is used everywhere except attention
+entropy, which asks the model for tile-computed entropies.
 """
 
 from __future__ import annotations
@@ -205,8 +207,13 @@ def shift_dnll_rows(
 
     Same tokens (the first L+1 of each document), same windows; relative encodings (rope, alibi,
     nope) give 0 up to float error. A delta the model cannot embed (a learned table with
-    ``out_of_range: error``) is skipped with a logged warning and gives no row.
+    ``out_of_range: error``) is skipped with a logged warning and gives no row; a model that
+    takes no position ids (its ``position_ids_error``) gives no rows.
     """
+    problem = ctx.position_ids_error()
+    if problem is not None:  # e.g. a pretrained ALiBi model, which computes positions itself
+        logger.warning("shift_dnll at eval length %d not applicable: %s.", length, problem)
+        return []
     selected, _ = select_documents(docs, length + 1, max_docs)
     if not selected:
         warn_no_docs("shift_dnll", length, length + 1, len(docs))
@@ -215,7 +222,7 @@ def shift_dnll_rows(
     base = ctx.window_nll(windows, 0, desc=f"shift_dnll L={length} base")
     variants = {}
     for delta in sorted({int(d) for d in deltas if int(d) > 0}):
-        problem = ctx.position_range_error(delta + length - 1, length)
+        problem = ctx.position_range_error(delta + length - 1, delta + length)
         if problem is not None:
             logger.warning(
                 "shift_dnll delta=%d at eval length %d skipped: %s", delta, length, problem
@@ -321,6 +328,13 @@ def context_nll_rows(
     The scored block is fixed (targets L-block+1..L of the document); the model reads the c tokens
     before the block plus the block, as a fresh sequence from position 0. ``contexts=None`` means
     0, the powers of two below L - block, and L - block (the whole window).
+
+    Scaling follows one rule for every method, as in the other metrics: the model is scaled as
+    deployed and reads c + block tokens. A static method keeps the run's factor (set for the run's
+    target length, not for L), and one that reads the current sequence (dynamic NTK, LongRoPE's
+    short/long switch, log-n) sees the c + block tokens it reads, at positions 0..c+block-1. So
+    the same c and block tokens give the same value at every eval length L; only an oracle
+    scaling (a factor per L) differs.
     """
     top = length - block
     if top < 0:

@@ -2,7 +2,8 @@
 
 A ridge probe is fitted on one layer's hidden states at positions inside the training length and
 scored (R^2) on other documents inside (axis_value "inside") and beyond it ("beyond"), so the
-rows show whether a model keeps an absolute position signal past its trained range.
+rows show whether a model keeps an absolute position signal past its trained range. The documents
+come from the run's document set (``bench.evaluate``), so they are the same at every eval length.
 """
 
 from __future__ import annotations

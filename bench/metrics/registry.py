@@ -54,6 +54,11 @@ class MetricConfig:
 
     section: ClassVar[str] = ""  # the YAML section name, set by register_metric
 
+    @property
+    def reads_documents(self) -> bool:
+        """Whether the metric reads test documents (they must be long enough for its lengths)."""
+        return True
+
     def __post_init__(self) -> None:
         self.enabled = boolean(self.key("enabled"), self.enabled)
         check_grid(self.lengths, self.key("lengths"))
@@ -86,7 +91,7 @@ class MetricConfig:
 class BootstrapConfig(MetricConfig):
     """A metric over a sample of test documents with a bootstrap CI over documents."""
 
-    max_docs: int = 16  # test documents per length
+    max_docs: int = 16  # documents taken from the run's set (long enough for every length)
     bootstrap: int = 1000  # bootstrap resamples over documents for ci_lo/ci_hi (0 = no CI)
     ci: float = 0.95  # CI level
 

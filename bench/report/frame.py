@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from models.scaling_config import ORACLE_SUFFIX
+
 POSITION_ORDER = ["rope", "sinusoidal", "learned", "alibi", "nope"]
 SCALING_ORDER = ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"]
 SERIES_KEYS = [
@@ -44,8 +46,40 @@ def rank(value: str, order: list[str]) -> int:
     return order.index(value) if value in order else len(order)
 
 
+#: Scaling-label parts that tell a model fine-tuned at length ("pi ft@4x", bench.extend) from
+#: eval-time scaling of a model that was not ("linear (zero-shot)").
+FINETUNE_MARK = " ft@"
+ZERO_SHOT = " (zero-shot)"
+
+
+def finetune_labels(df: pd.DataFrame) -> list[str]:
+    """``scaling_label`` with fine-tunes marked: "<label> ft@<m>x" (m = finetune_length /
+    train_length; ", <n> steps" too where one label has several step counts), and
+    "<label> (zero-shot)" for other scalings than none where the frame has fine-tunes."""
+    labels = df["scaling_label"].tolist()
+    if "finetune_method" not in df.columns or not df["finetune_method"].notna().any():
+        return labels
+    tuned = df["finetune_method"].notna().tolist()
+    out = []
+    for label, is_tuned, scaling, length, train_length in zip(
+        labels, tuned, df["scaling"], df["finetune_length"], df["train_length"], strict=True
+    ):
+        if is_tuned:
+            out.append(f"{label}{FINETUNE_MARK}{float(length) / float(train_length):g}x")
+        else:
+            out.append(label if scaling == "none" else label + ZERO_SHOT)
+    frame = pd.DataFrame({"label": out, "steps": df["finetune_steps"].tolist(), "tuned": tuned})
+    n_steps = frame[frame["tuned"]].groupby("label")["steps"].nunique()
+    several = set(n_steps[n_steps > 1].index)
+    return [
+        f"{label}, {int(steps)} steps" if is_tuned and label in several else label
+        for label, steps, is_tuned in zip(out, frame["steps"], tuned, strict=True)
+    ]
+
+
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """Add ``position_label``, ``scaling_label``, ``series`` (legend text) and ``series_rank``."""
+    """Add ``position_label``, ``scaling_label`` (fine-tunes marked: :func:`finetune_labels`),
+    ``series`` (legend text) and ``series_rank``."""
     df = df.copy()
     for kind in ("position", "scaling"):
         n_params = df.groupby(kind)[f"{kind}_params"].nunique()
@@ -55,6 +89,7 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
             text = params_text(params)
             labels.append(f"{name} ({text})" if name in varied and text else name)
         df[f"{kind}_label"] = labels
+    df["scaling_label"] = finetune_labels(df)
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:
         series = series + " L=" + df["train_length"].astype(str)
@@ -66,7 +101,10 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
         .drop_duplicates()
         .assign(
             _pr=lambda d: [rank(p, POSITION_ORDER) for p in d["position"]],
-            _sr=lambda d: [rank(s, SCALING_ORDER) for s in d["scaling"]],
+            # an oracle series (a factor per eval length) right after its method's
+            _sr=lambda d: [
+                rank(s.removesuffix(ORACLE_SUFFIX), SCALING_ORDER) for s in d["scaling"]
+            ],
         )
         .sort_values(
             ["_pr", "position_label", "_sr", "scaling_label", "train_length", "experiment"]

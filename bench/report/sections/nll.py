@@ -1,7 +1,8 @@
 """NLL sections: perplexity vs evaluation length, extrapolation ratio, NLL by position bucket.
 
 Perplexity uses each run's whole-window NLL rows where stored, else the token-weighted mean of
-its position buckets, so no token is counted twice.
+its position buckets, so no token is counted twice; its ``docs`` column is the number of test
+documents per run, read from the whole-window rows (axis="docs").
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bench.report.frame import (
     GROUP_KEYS,
     SERIES_KEYS,
     aggregate,
+    numeric_axis,
     pivot,
     sort_series,
     summary_or_detail,
@@ -31,14 +33,36 @@ from bench.report.frame import (
 from bench.report.markdown import ReportDir, figure_md, note, write_table
 
 
+def _doc_counts(df: pd.DataFrame) -> pd.DataFrame:
+    """The whole-window ``nll`` rows that record their documents, with ``docs`` as a number."""
+    counted = df[
+        (df["metric"] == "nll")
+        & df["bucket_lo"].isna()
+        & df["bucket_hi"].isna()
+        & (df["axis"] == "docs")
+        & (df["n"] > 0)
+    ]
+    return counted.assign(docs=numeric_axis(counted["axis_value"]))
+
+
+def _counts_text(values: pd.Series) -> str:
+    """Distinct document counts as text: "24", or "19/24" when pooled runs differ; "" if none."""
+    return "/".join(str(int(v)) for v in sorted(set(values.dropna())))
+
+
 def nll_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Perplexity per series x eval length: whole-window rows, else token-weighted buckets."""
+    """Perplexity per series x eval length: whole-window rows, else token-weighted buckets.
+
+    ``docs``: test documents per run (see :func:`_counts_text`), from the whole-window rows.
+    """
     nll = df[df["metric"] == "nll"]
     window = nll["bucket_lo"].isna() & nll["bucket_hi"].isna()
     keys = [*GROUP_KEYS, "eval_length"]
     t = summary_or_detail(nll, keys, window, ("whole window", "bucket mean"))
     if t.empty:
         return t
+    docs = _doc_counts(nll).groupby(keys, dropna=False)["docs"].agg(_counts_text)
+    t = t.merge(docs.reset_index(), on=keys, how="left")
     t = t.rename(columns={"value": "nll"})
     t["k"] = t["eval_length"] / t["train_length"]
     t["ppl"] = np.exp(t["nll"])
@@ -54,6 +78,7 @@ def nll_table(df: pd.DataFrame) -> pd.DataFrame:
         "ppl_lo",
         "ppl_hi",
         "n",
+        "docs",
         "n_seeds",
         "n_rows",
         "row_ids",
@@ -70,6 +95,11 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
         )
     wide = pivot(t, index=["series_rank", "series"], columns="eval_length", values="ppl")
     wide.columns = [f"L={c}" for c in wide.columns]
+    counted = _doc_counts(df)
+    docs = counted.groupby("series")["docs"].agg(_counts_text)
+    wide.insert(0, "docs", docs.reindex(wide.index))
+    counts = _counts_text(counted["docs"])
+    every_run = f", {counts} in every run" if counts and "/" not in counts else ""
     md = write_table(rep, "perplexity", t, wide, index=True)
     plot = t.assign(x=t["eval_length"], value=t["nll"])
     span = np.nanmax(t["ppl"].replace(np.inf, np.nan)) / max(np.nanmin(t["ppl"]), 1e-12)
@@ -95,7 +125,10 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
             "extrapolates. Shaded bands are the stored confidence intervals.",
         ),
         "Perplexity (exp of the token-weighted mean NLL; whole-window rows where present, else the "
-        "token-weighted mean over position buckets; seeds pooled). Source: `tables/perplexity.csv`.",
+        "token-weighted mean over position buckets; seeds pooled). Each run reads one set of test "
+        "documents at every length (those long enough for its longest eval length, each truncated "
+        f"to the length); column `docs`: documents per run{every_run}. "
+        "Source: `tables/perplexity.csv`.",
         md,
     ]
     # extrapolation ratio

@@ -1,0 +1,343 @@
+"""A transformers causal LM seen through the interface lenbench's metrics use on a ``DecoderLM``.
+
+:class:`PretrainedLM` gives ``forward(input_ids, position_ids, attention_mask,
+output_hidden_states, output_attn_entropy) -> LMOutput``, ``scaled(scaling, eval_length)``,
+``position_range_error``, ``generate_greedy`` and ``model_cfg.n_layers``. Scaling methods that
+transformers implements (linear, dynamic, yarn, llama3, longrope) are applied through the model's
+own rope parameters: a rotary module is rebuilt from a copy of the config with lenbench's
+parameters and swapped in, and the original comes back on exit. Attention entropy runs through a
+registered attention function that computes it in query tiles (memory linear in length) on models
+that use transformers' attention interface, and through ``output_attentions`` on the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from bench.job import NotApplicable
+from bench.pretrained.source import position_family, rope_geometry
+from models.attention import ATTENTION_TILE_ELEMENTS
+from models.scaling import rope_parameters
+from models.scaling_config import ScalingConfig, resolve_params
+from models.transformer import LMOutput
+
+__all__ = [
+    "TRANSFORMERS_METHODS",
+    "PretrainedLM",
+    "check_pretrained_scaling",
+    "pretrained_methods",
+    "rope_for",
+]
+
+#: lenbench scaling methods that transformers implements as a rope type of the same name.
+TRANSFORMERS_METHODS = ("linear", "dynamic", "yarn", "llama3", "longrope")
+_MISSING = {
+    "ntk": "transformers has no static NTK-aware rope type (use dynamic or yarn)",
+    "logn": "transformers models have no log-n attention scaling hook",
+}
+ENTROPY_ATTENTION = "lenbench_entropy"
+
+
+def pretrained_methods(family: str) -> tuple[str, ...]:
+    """Scaling methods a pretrained model of ``family`` accepts ("default" = as shipped)."""
+    return ("default", *TRANSFORMERS_METHODS) if family == "rope" else ("default",)
+
+
+def check_pretrained_scaling(family: str, scaling: ScalingConfig | None) -> None:
+    """Raise :class:`NotApplicable` (one line) when ``scaling`` cannot run on a ``family`` model."""
+    if scaling is None:
+        return
+    if scaling.logn:
+        raise NotApplicable(
+            f"scaling {scaling.name} is not applicable to a pretrained model: {_MISSING['logn']}"
+        )
+    if scaling.method in _MISSING and family == "rope":
+        raise NotApplicable(
+            f"scaling {scaling.name} (method {scaling.method}) is not applicable to a pretrained "
+            f"model: {_MISSING[scaling.method]}"
+        )
+    allowed = pretrained_methods(family)
+    if scaling.method not in allowed:
+        raise NotApplicable(
+            f"scaling {scaling.name} (method {scaling.method}) does not apply to position "
+            f"{family}; methods for a pretrained {family} model: {', '.join(allowed)}"
+        )
+
+
+def rope_for(
+    config, train_length: int, scaling: ScalingConfig, eval_length: int | None
+) -> tuple[dict, dict]:
+    """(transformers rope parameters, lenbench params) that apply ``scaling`` to a rope model.
+
+    The parameters are lenbench's (``factor: auto`` resolved for ``eval_length`` or the scaling's
+    target), checked by ``models.scaling.rope_parameters`` (one sentence each) before transformers
+    sees them; ``original_max_position_embeddings`` is the model's training length.
+    """
+    geometry = rope_geometry(config)
+    pairs = int(geometry["head_dim"] * geometry["rotary_fraction"]) // 2
+    params = resolve_params(
+        scaling, train_length=train_length, eval_length=eval_length, rotary_pairs=pairs
+    )
+    rope_parameters(
+        scaling.method,
+        head_dim=geometry["head_dim"],
+        base=geometry["base"],
+        original_length=train_length,
+        seq_len=eval_length or train_length,
+        rotary_fraction=geometry["rotary_fraction"],
+        **params,
+    )
+    rope = {"rope_type": scaling.method, "rope_theta": geometry["base"], **params}
+    if geometry["rotary_fraction"] != 1.0:
+        rope["partial_rotary_factor"] = geometry["rotary_fraction"]
+    if scaling.method in ("yarn", "llama3", "longrope"):
+        rope["original_max_position_embeddings"] = int(train_length)
+    return rope, params
+
+
+@dataclass(frozen=True)
+class PretrainedGeometry:
+    """The dimensions metrics read off ``model.model_cfg``."""
+
+    n_layers: int
+    d_model: int
+    vocab_size: int
+
+
+# --------------------------------------------------------------------------- entropy attention
+
+
+def _entropy_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """Attention of q [N, H, L, d] over k, v [N, G, S, d] in query tiles, storing each query's
+    attention entropy [N, H, L] (nats, float32) on ``module``; returns ([N, L, H, d], None)."""
+    if getattr(module, "sinks", None) is not None:
+        raise ValueError("attention entropy does not support attention sinks.")
+    n, h, length, d = query.shape
+    s = key.shape[2]
+    if key.shape[1] != h:
+        key = key.repeat_interleave(h // key.shape[1], dim=1)
+        value = value.repeat_interleave(h // value.shape[1], dim=1)
+    scale = d**-0.5 if scaling is None else float(scaling)
+    softcap = kwargs.get("softcap")
+    tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s))
+    key_index = torch.arange(s, device=query.device)
+    outputs, entropies = [], []
+    for start in range(0, length, tile):
+        stop = min(start + tile, length)
+        logits = (
+            torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), key.float()) * scale
+        )
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        if attention_mask is None:  # plain causal; the queries are the last L of S positions
+            query_index = s - length + torch.arange(start, stop, device=query.device)
+            logits = logits.masked_fill(key_index[None, :] > query_index[:, None], float("-inf"))
+        else:
+            mask = attention_mask[:, :, start:stop, :s]
+            if mask.dtype == torch.bool:
+                logits = logits.masked_fill(~mask, float("-inf"))
+            else:
+                logits = logits + mask.float()
+        probs = logits.softmax(dim=-1)  # [N, H, T, S]
+        entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+        outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, value.float()).to(query.dtype))
+    module._lenbench_entropy = torch.cat(entropies, dim=2)
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _register_entropy_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if ENTROPY_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ENTROPY_ATTENTION, _entropy_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ENTROPY_ATTENTION, sdpa_mask)
+
+
+def _uses_attention_interface(model: nn.Module) -> bool:
+    """Whether the model's code dispatches attention through transformers' AttentionInterface."""
+    module = sys.modules.get(type(model).__module__) or inspect.getmodule(type(model))
+    return module is not None and "ALL_ATTENTION_FUNCTIONS" in vars(module)
+
+
+# --------------------------------------------------------------------------- the adapter
+
+
+class PretrainedLM(nn.Module):
+    """A transformers causal LM with the DecoderLM interface lenbench's metrics use (module doc)."""
+
+    def __init__(self, model: nn.Module, tokenizer, train_length: int, family: str | None = None):
+        super().__init__()
+        self.hf = model
+        self.tokenizer = tokenizer
+        self.train_length = int(train_length)
+        self.family = family or position_family(model.config, model)
+        config = model.config
+        layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+        width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+        self.model_cfg = PretrainedGeometry(int(layers), int(width), int(config.vocab_size))
+        forward_args = inspect.signature(model.forward).parameters
+        self.accepts_position_ids = self.family != "alibi" and "position_ids" in forward_args
+        self.scaling = ScalingConfig()
+
+    # ------------------------------------------------------------------ positions and scaling
+
+    def position_ids_error(self) -> str | None:
+        """Why this model cannot take explicit position ids, or None."""
+        if self.accepts_position_ids:
+            return None
+        return (
+            f"this pretrained {self.family} model ({type(self.hf).__name__}) computes its positions "
+            "itself and takes no position ids"
+        )
+
+    def position_range_error(self, max_position: int, seq_len: int) -> str | None:
+        """Why positions up to ``max_position`` cannot be embedded (a learned table's end), or None."""
+        if self.family != "learned":
+            return None
+        rows = next(
+            (
+                m.num_embeddings
+                for name, m in self.hf.named_modules()
+                if isinstance(m, nn.Embedding)
+                and name.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings")
+            ),
+            None,
+        )
+        if rows is None or max_position < rows:
+            return None
+        return f"position {max_position} is beyond the learned position table ({rows} rows)"
+
+    def _rotary_modules(self) -> list[tuple[nn.Module, str, nn.Module]]:
+        """(parent, attribute, module) of every rotary embedding module."""
+        found = []
+        for _, parent in self.hf.named_modules():
+            for attr, child in parent.named_children():
+                if type(child).__name__.endswith("RotaryEmbedding") and hasattr(child, "rope_type"):
+                    found.append((parent, attr, child))
+        return found
+
+    @contextlib.contextmanager
+    def scaled(
+        self, scaling: ScalingConfig | None, eval_length: int | None = None
+    ) -> Iterator[PretrainedLM]:
+        """``with model.scaled(scaling, eval_length):`` the scaling applied, the shipped rope after.
+
+        Method ``default`` is the model as shipped (its own rope parameters, scaled or not); any
+        other replaces them. Raises NotApplicable (see :func:`check_pretrained_scaling`).
+        """
+        check_pretrained_scaling(self.family, scaling)
+        if scaling is None or scaling.method == "default":
+            yield self
+            return
+        rope, params = rope_for(self.hf.config, self.train_length, scaling, eval_length)
+        if any(isinstance(v, dict) for v in (self.hf.config.rope_parameters or {}).values()):
+            raise ValueError("models with per-layer rope parameters are not supported for scaling.")
+        config = copy.deepcopy(self.hf.config)
+        config.rope_parameters = rope
+        if scaling.method == "dynamic":  # transformers' dynamic reads the original length here
+            config.max_position_embeddings = self.train_length
+        swapped = []
+        previous = self.scaling
+        try:
+            for parent, attr, old in self._rotary_modules():
+                new = type(old)(config).to(old.inv_freq.device)
+                setattr(parent, attr, new)
+                swapped.append((parent, attr, old))
+            if not swapped:
+                raise ValueError(f"no rotary embedding module found in {type(self.hf).__name__}.")
+            self.scaling = replace(scaling, params=params)
+            yield self
+        finally:
+            for parent, attr, old in swapped:
+                setattr(parent, attr, old)
+            self.scaling = previous
+
+    def _reset_dynamic(self) -> None:
+        """Make dynamic rope stateless: frequencies follow this forward pass's length only."""
+        for _, _, rotary in self._rotary_modules():
+            if "dynamic" in str(rotary.rope_type):
+                rotary.register_buffer(
+                    "inv_freq", rotary.original_inv_freq.clone(), persistent=False
+                )
+                rotary.max_seq_len_cached = rotary.original_max_seq_len
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attn_entropy: bool = False,
+    ) -> LMOutput:
+        """input_ids [N, L] -> LMOutput(logits [N, L, V] float32, hidden_states, attn_entropy)."""
+        n, length = input_ids.shape
+        kwargs = {
+            "attention_mask": attention_mask,
+            "output_hidden_states": output_hidden_states,
+            "use_cache": False,
+        }
+        if position_ids is not None:
+            problem = self.position_ids_error()
+            if problem is not None:
+                raise ValueError(f"{problem}.")
+            kwargs["position_ids"] = position_ids.to(input_ids.device).long().expand(n, length)
+        self._reset_dynamic()
+        if not output_attn_entropy:
+            out = self.hf(input_ids, **kwargs)
+            entropy = None
+        elif _uses_attention_interface(self.hf):
+            out, entropy = self._entropy_forward(input_ids, kwargs)
+        else:  # e.g. BLOOM: its own attention code; the probabilities come back per layer
+            out = self.hf(input_ids, output_attentions=True, **kwargs)
+            entropy = [-torch.special.xlogy(a.float(), a.float()).sum(-1) for a in out.attentions]
+        hidden = list(out.hidden_states) if output_hidden_states else None
+        return LMOutput(out.logits.float(), None, hidden, entropy)
+
+    def _entropy_forward(self, input_ids: torch.Tensor, kwargs: dict):
+        _register_entropy_attention()
+        config = self.hf.config
+        before = config._attn_implementation
+        config._attn_implementation = ENTROPY_ATTENTION
+        try:
+            out = self.hf(input_ids, **kwargs)
+        finally:
+            config._attn_implementation = before
+        entropy = []
+        for module in self.hf.modules():
+            value = module.__dict__.pop("_lenbench_entropy", None)
+            if value is not None:
+                entropy.append(value)
+        return out, entropy
+
+    @torch.no_grad()
+    def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy decoding with the model's KV cache -> [N, max_new_tokens] (no early stop)."""
+        self._reset_dynamic()
+        # transformers >= 5.24 names the KV cache ``cache``; older model code ``past_key_values``
+        name = (
+            "cache"
+            if "cache" in inspect.signature(self.hf.forward).parameters
+            else "past_key_values"
+        )
+        out = self.hf(input_ids, use_cache=True)
+        generated = []
+        for _ in range(int(max_new_tokens)):
+            next_token = out.logits[:, -1].argmax(dim=-1, keepdim=True)  # [N, 1]
+            generated.append(next_token)
+            if len(generated) == max_new_tokens:
+                break
+            out = self.hf(next_token, use_cache=True, **{name: getattr(out, name)})
+        return torch.cat(generated, dim=1)

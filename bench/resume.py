@@ -1,0 +1,147 @@
+"""Resumable training states: what one holds, when one is written, and where it lives.
+
+While a checkpoint trains (:mod:`bench.train`), a state is written to ``<cache>/<key>/resume.pt``
+(:mod:`bench.cache`): the weights, the optimizer state, every global RNG state and the update
+count, which is also the data position (batch k is a pure function of (seed, k),
+:mod:`bench.batches`). Only a checkpoint with its DONE marker is final; a state is a partial run,
+used only by a run of the same weights config, and deleted once the checkpoint is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.results import canonical_json
+
+__all__ = [
+    "RESUME_FILE",
+    "TMP_PREFIX",
+    "ResumeFile",
+    "SaveClock",
+    "atomic_write",
+    "rng_state",
+    "set_rng_state",
+]
+
+RESUME_FILE = "resume.pt"
+TMP_PREFIX = ".tmp-"  # temp files of interrupted writers start with it
+
+
+def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    """write(file object) into a temp file next to ``path``, fsync, then os.replace onto it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ResumeFile:
+    """The resumable state of one unfinished checkpoint, tagged with its key and weights config.
+
+    ``load()`` returns the state a :meth:`save` wrote for the same key and config, else None (a
+    missing file; an unreadable or foreign one with a warning: training then starts over and
+    overwrites it). ``clear()`` deletes it.
+    """
+
+    def __init__(self, path: Path, key: str, weights_config: Mapping[str, Any]):
+        self.path, self.key, self.config = Path(path), key, canonical_json(weights_config)
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        try:
+            payload = torch.load(self.path, map_location="cpu", weights_only=True)
+            ok = payload["key"] == self.key and payload["config"] == self.config
+        except Exception as err:  # noqa: BLE001 - any unreadable state means: start over
+            warnings.warn(
+                f"resume state {self.path} cannot be read ({err}); training from scratch.",
+                stacklevel=2,
+            )
+            return None
+        if not ok:
+            warnings.warn(
+                f"resume state {self.path} belongs to another weights config; training from scratch.",
+                stacklevel=2,
+            )
+            return None
+        return payload["state"]
+
+    def save(self, state: Mapping[str, Any]) -> None:
+        payload = {"key": self.key, "config": self.config, "state": dict(state)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, lambda handle: torch.save(payload, handle))
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global RNG a training step may draw from (dropout: torch's), as torch.save-able data."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    """random.setstate wants the nested tuples random.getstate gave (a round trip may give lists)."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+class SaveClock:
+    """When to save: every ``every`` updates and/or every ``minutes`` (0 = off for either).
+
+    Under DDP rank 0's clock decides for every rank (one broadcast per update, only when a time
+    limit is set), so all ranks agree on the updates at which a state is written.
+    """
+
+    def __init__(self, every: int, minutes: float, accelerator: Any):
+        self.every, self.seconds, self.accelerator = every, minutes * 60.0, accelerator
+        self.last = time.monotonic()
+
+    def due(self, done: int) -> bool:
+        if self.every > 0 and done % self.every == 0:
+            return True
+        if self.seconds <= 0:
+            return False
+        due = time.monotonic() - self.last >= self.seconds
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast
+
+            flag = torch.tensor([int(due)], device=self.accelerator.device)
+            due = bool(broadcast(flag, from_process=0).item())
+        return due
+
+    def saved(self) -> None:
+        self.last = time.monotonic()

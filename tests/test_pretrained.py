@@ -1,0 +1,398 @@
+"""Pretrained transformers models through lenbench's loading, scaling methods and metrics.
+
+Every model is built locally (``tests/hf_fixtures.py``): nothing is downloaded. Parity: a lenbench
+``DecoderLM`` copied into an equivalent ``LlamaForCausalLM`` gives the same metric rows through
+both paths; a different rope layout breaks it (negative control).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hf_fixtures import byte_tokenizer, load_adapter, one_sentence, save_model, small_eval
+
+from bench.evaluate import evaluate_model
+from bench.job import NotApplicable
+from bench.metrics import METRICS
+from bench.passkey import fit_passkey_example
+from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling
+from bench.pretrained.documents import retokenize
+from bench.pretrained.source import (
+    PretrainedConfig,
+    load_config,
+    model_id,
+    position_family,
+    train_length_of,
+)
+from models.scaling_config import ScalingConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TRAIN = 32  # the parity models' training length
+# |value(DecoderLM) - value(LlamaForCausalLM)| of every metric row; measured <= 1.3e-6 (longrope)
+PARITY_TOL = 1e-5
+
+SCALINGS = {
+    "none": ScalingConfig(),
+    "linear": ScalingConfig(name="linear", method="linear", params={"factor": "auto"}),
+    "yarn": ScalingConfig(
+        name="yarn", method="yarn", params={"factor": "auto", "beta_fast": 32.0, "beta_slow": 1.0}
+    ),
+    "dynamic": ScalingConfig(name="dynamic", method="dynamic", params={"factor": 1.0}),
+    "llama3": ScalingConfig(
+        name="llama3",
+        method="llama3",
+        params={"factor": "auto", "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    ),
+    "longrope": ScalingConfig(
+        name="longrope",
+        method="longrope",
+        params={"short_factor": 1.0, "long_factor": "ramp", "factor": "auto"},
+    ),
+}
+
+
+def by_key(rows):
+    keys = ("metric", "eval_length", "bucket_lo", "bucket_hi", "axis", "axis_value", "layer")
+    out = {tuple(r.get(k) for k in keys): r for r in rows}
+    assert len(out) == len(rows), "rows must be unique per key"
+    return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_loading_detects_family_length_and_identity(hf_model_dirs):
+    expected = {
+        "llama": ("rope", 64),
+        "llama_yarn": ("rope", 32),  # original_max_position_embeddings, not the YaRN-extended 128
+        "neox": ("rope", 64),
+        "gpt2": ("learned", 64),
+        "bloom": ("alibi", 64),
+    }
+    ids = set()
+    for arch, (family, length) in expected.items():
+        cfg = PretrainedConfig(path=str(hf_model_dirs[arch]))
+        config = load_config(cfg)
+        lm = load_adapter(hf_model_dirs[arch])
+        assert (position_family(config), lm.family, lm.train_length) == (family, family, length)
+        assert train_length_of(config, 40) == 40  # overridable
+        assert model_id(cfg) == model_id(PretrainedConfig(path=str(hf_model_dirs[arch])))
+        ids.add(model_id(cfg))
+    assert len(ids) == len(expected)  # the weights' hashes differ
+    hub = [model_id(PretrainedConfig(path="org/model", revision=r)) for r in (None, "main", "v2")]
+    assert hub[0] == hub[1] != hub[2]
+
+
+def test_model_id_follows_the_weights(hf_model_dirs, tmp_path, hf_bpe):
+    a = save_model("gpt2", tmp_path / "a", hf_bpe, seed=0)
+    b = save_model("gpt2", tmp_path / "b", hf_bpe, seed=1)
+    assert model_id(PretrainedConfig(path=str(a))) == model_id(
+        PretrainedConfig(path=str(hf_model_dirs["gpt2"]))
+    )
+    assert model_id(PretrainedConfig(path=str(a))) != model_id(PretrainedConfig(path=str(b)))
+
+
+def test_bad_input_stops_withone_sentence(tmp_path, monkeypatch):
+    from transformers import T5Config
+
+    with pytest.raises(ValueError, match="does not exist") as missing:
+        load_config(PretrainedConfig(path=str(tmp_path / "nowhere")))
+    one_sentence(str(missing.value))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="without config.json") as empty:
+        load_config(PretrainedConfig(path=str(tmp_path / "empty")))
+    one_sentence(str(empty.value))
+    T5Config(vocab_size=100, d_model=16, num_layers=1, num_heads=2, d_ff=32).save_pretrained(
+        tmp_path / "t5"
+    )
+    with pytest.raises(ValueError, match="not a causal language model") as t5:
+        load_config(PretrainedConfig(path=str(tmp_path / "t5")))
+    one_sentence(str(t5.value))
+
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    with pytest.raises(ValueError, match="offline") as offline:
+        load_config(PretrainedConfig(path="lenbench-test/no-such-model"))
+    one_sentence(str(offline.value))
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def test_scaled_equals_transformers_own_rope_parameters_and_restores(hf_model_dirs):
+    """Scaling through the adapter = loading the model with those rope parameters in its config."""
+    from transformers import AutoModelForCausalLM
+
+    lm = load_adapter(hf_model_dirs["llama"])
+    tokens = torch.randint(0, 300, (2, 200))
+    raw = lm(tokens).logits
+    yarn = ScalingConfig(name="yarn", method="yarn", params={"factor": "auto"})
+    with lm.scaled(yarn, 256):
+        scaled = lm(tokens).logits
+    assert torch.allclose(lm(tokens).logits, raw, atol=1e-5)  # restored on exit
+    reference = AutoModelForCausalLM.from_pretrained(
+        hf_model_dirs["llama"],
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 4.0,  # auto: 256 / 64
+            "original_max_position_embeddings": 64,
+            "rope_theta": 10000.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
+    ).eval()
+    with torch.no_grad():
+        expected = reference(tokens).logits
+    assert torch.allclose(scaled, expected, atol=1e-5)
+    assert (scaled - raw).abs().max() > 1e-2  # negative control: the scaling changes something
+
+
+def test_none_keeps_the_shipped_rope_scaling(hf_model_dirs):
+    lm = load_adapter(hf_model_dirs["llama_yarn"])  # ships with YaRN factor 4 over 32 tokens
+    tokens = torch.randint(0, 300, (1, 120))
+    shipped = lm(tokens).logits
+    with lm.scaled(ScalingConfig(), 128):
+        assert torch.allclose(lm(tokens).logits, shipped)
+    same = ScalingConfig(name="yarn", method="yarn", params={"factor": 4.0})
+    other = ScalingConfig(name="linear", method="linear", params={"factor": 4.0})
+    with lm.scaled(same, 128):
+        assert torch.allclose(lm(tokens).logits, shipped, atol=1e-5)
+    with lm.scaled(other, 128):
+        assert (lm(tokens).logits - shipped).abs().max() > 1e-3
+
+
+def test_scalings_that_do_not_apply_are_reported(hf_model_dirs):
+    ntk = ScalingConfig(name="ntk", method="ntk", params={"alpha": 2.0})
+    logn = ScalingConfig(name="logn", logn=True)
+    yarn = ScalingConfig(name="yarn", method="yarn", params={"factor": 2.0})
+    linear = ScalingConfig(name="linear", method="linear", params={"factor": 2.0})
+    for family, scaling, reason in [
+        ("rope", ntk, "no static NTK"),
+        ("rope", logn, "log-n"),
+        ("learned", yarn, "does not apply to position learned"),
+        ("learned", linear, "does not apply to position learned"),
+        ("alibi", yarn, "does not apply to position alibi"),
+    ]:
+        with pytest.raises(NotApplicable, match=reason) as info:
+            check_pretrained_scaling(family, scaling)
+        assert "\n" not in str(info.value)
+    check_pretrained_scaling("rope", yarn)  # negative control: applies
+    lm = load_adapter(hf_model_dirs["gpt2"])
+    with pytest.raises(NotApplicable), lm.scaled(yarn, 128):
+        pass
+
+
+def test_dynamic_rope_is_stateless_across_lengths(hf_model_dirs):
+    """transformers' dynamic rope caches the longest length seen; the adapter resets it per pass."""
+    lm = load_adapter(hf_model_dirs["llama"])
+    tokens = torch.randint(0, 300, (1, 100))
+    dynamic = SCALINGS["dynamic"]
+    with lm.scaled(dynamic, 256):
+        first = lm(tokens).logits
+        lm(torch.randint(0, 300, (1, 256)))  # a longer pass in between
+        again = lm(tokens).logits
+    assert torch.allclose(first, again, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- documents and passkey
+
+
+def test_retokenize_counts_the_models_tokens(hf_text_docs, hf_bpe):
+    docs = retokenize(hf_text_docs, hf_bpe)
+    assert [d.id for d in docs] == [d.id for d in hf_text_docs]
+    for byte_doc, doc in zip(hf_text_docs, docs, strict=True):
+        text = bytes(byte_doc.tokens.astype(np.uint8)).decode()
+        assert hf_bpe.decode(doc.tokens.tolist()) == text
+        assert len(doc) < len(byte_doc)  # subwords: fewer tokens than bytes
+    bytes_again = retokenize(hf_text_docs, byte_tokenizer())  # negative control: one token per byte
+    assert all(
+        np.array_equal(a.tokens, b.tokens) for a, b in zip(bytes_again, hf_text_docs, strict=True)
+    )
+
+
+def test_passkey_examples_have_the_eval_length_in_model_tokens(hf_bpe):
+    for length in (100, 257, 1000):
+        for depth in (0.0, 0.5, 1.0):
+            example = fit_passkey_example(length, depth, 31337, hf_bpe, template="short")
+            assert example.length == length
+            text = hf_bpe.decode(example.prompt_ids)
+            assert "pass key: 31337." in text and text.endswith("pass key:")
+            assert example.answer_text == " 31337" and hf_bpe.decode(example.answer_ids) == " 31337"
+    with pytest.raises(ValueError, match="too short"):
+        fit_passkey_example(10, 0.5, 31337, hf_bpe, template="short")
+
+
+class _Oracle(torch.nn.Module):
+    """Answers every passkey prompt with the key in its needle (+ ``extra`` text)."""
+
+    def __init__(self, tokenizer, extra: str):
+        super().__init__()
+        self.tokenizer, self.extra = tokenizer, extra
+
+    def generate_greedy(self, prompts, max_new_tokens):
+        rows = []
+        for prompt in prompts.tolist():
+            key = self.tokenizer.decode(prompt).split("pass key: ")[1].split(".")[0]
+            ids = self.tokenizer.encode(f" {key}{self.extra}", add_special_tokens=False)
+            rows.append((ids + [0] * max_new_tokens)[:max_new_tokens])
+        return torch.tensor(rows)
+
+
+@pytest.mark.parametrize(("extra", "accuracy"), [(". Done", 1.0), ("7", 0.0)])
+def test_passkey_verdict_compares_text(hf_bpe, extra, accuracy):
+    from bench.metrics import EvalContext
+    from bench.metrics.passkey import passkey_rows
+
+    ctx = EvalContext(_Oracle(hf_bpe, extra), progress=False, tokenizer=hf_bpe)
+    rows = passkey_rows(ctx, 150, depths=[0.0, 1.0], trials=2, seed=0, template="short")
+    overall = [r for r in rows if "axis" not in r]
+    assert overall[0]["value"] == accuracy and overall[0]["n"] == 4
+
+
+# --------------------------------------------------------------------------- metrics on architectures
+
+
+@pytest.mark.parametrize("arch", ["llama", "neox", "gpt2", "bloom"])
+def test_every_metric_runs_on_the_architecture(arch, hf_model_dirs, hf_text_docs, caplog):
+    train = 16 if arch == "gpt2" else 32  # 4x within GPT-2's 64-row position table
+    lm = load_adapter(hf_model_dirs[arch], train_length=train)
+    docs = retokenize(hf_text_docs, lm.tokenizer)
+    with caplog.at_level(logging.WARNING):
+        rows = evaluate_model(
+            lm, small_eval(["4x"]), docs, train_length=train, progress=False, tokenizer=lm.tokenizer
+        )
+    metrics = Counter(r["metric"] for r in rows)
+    expected = {
+        "nll",
+        "passkey_acc",
+        "passkey_context",
+        "order_dnll",
+        "context_nll",
+        "attn_entropy",
+        "position_probe_r2",
+    }
+    assert expected <= set(metrics)
+    assert all(math.isfinite(r["value"]) for r in rows if r["metric"] != "position_probe_r2")
+    shift = [r for r in rows if r["metric"] == "shift_dnll"]
+    if arch == "bloom":  # ALiBi from the attention mask: no position ids to offset
+        assert not shift and "takes no position ids" in caplog.text
+    elif arch == "gpt2":  # learned table: offsets change the input
+        assert shift and max(abs(r["value"]) for r in shift) > 1e-3
+    else:  # rope: relative, so offsets change nothing but float error
+        assert shift and max(abs(r["value"]) for r in shift) < 1e-4
+    layers = {r["layer"] for r in rows if r["metric"] == "attn_entropy"}
+    assert layers == {0, 1}
+    # nll buckets: the whole-window row's n counts the model's tokens
+    whole = [r for r in rows if r["metric"] == "nll" and r.get("axis") == "docs"]
+    assert [r["eval_length"] for r in whole] == [train, 2 * train, 4 * train]
+
+
+def test_learned_table_skips_lengths_beyond_it(hf_model_dirs, hf_text_docs, caplog):
+    lm = load_adapter(hf_model_dirs["gpt2"])  # 64 positions
+    docs = retokenize(hf_text_docs, lm.tokenizer)
+    cfg = {"lengths": ["1x", "2x"], **{name: {"enabled": name == "nll"} for name in METRICS}}
+    with caplog.at_level(logging.WARNING):
+        rows = evaluate_model(lm, cfg, docs, train_length=32, progress=False)
+    assert {r["eval_length"] for r in rows} == {32, 64}
+    with caplog.at_level(logging.WARNING):
+        rows = evaluate_model(
+            lm, {**cfg, "lengths": ["1x", "4x"]}, docs, train_length=32, progress=False
+        )
+    assert {r["eval_length"] for r in rows} == {
+        32
+    } and "beyond the learned position table" in caplog.text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_attention_entropy_matches_eager_attention_probabilities(arch, hf_model_dirs):
+    """The tiled entropy of the adapter vs entropies of transformers' own eager probabilities."""
+    from transformers import AutoModelForCausalLM
+
+    lm = load_adapter(hf_model_dirs[arch])
+    tokens = torch.randint(0, 300, (2, 50))
+    with torch.no_grad():
+        ours = lm(tokens, output_attn_entropy=True).attn_entropy
+        eager = AutoModelForCausalLM.from_pretrained(
+            hf_model_dirs[arch], attn_implementation="eager"
+        ).eval()
+        probs = eager(tokens, output_attentions=True).attentions
+    for mine, p in zip(ours, probs, strict=True):
+        reference = -torch.special.xlogy(p, p).sum(-1)  # [N, H, L]
+        assert torch.allclose(mine, reference, atol=1e-4)
+    assert (ours[0][:, :, 1:] > 0.1).any()  # negative control: not trivially zero
+
+
+# --------------------------------------------------------------------------- parity with DecoderLM
+
+
+def _parity_pair(layout: str):
+    """A DecoderLM (rope, ``layout``) and a LlamaForCausalLM holding the same weights."""
+    from conftest import TINY, _tiny_model
+    from perf.bench_train import build_llama, copy_weights
+
+    ours = _tiny_model("rope", seed=3, train_length=TRAIN, model_cfg=TINY, layout=layout)
+    args = argparse.Namespace(
+        width=TINY.d_model, layers=TINY.n_layers, heads=TINY.n_heads, seq=TRAIN, base=10000.0
+    )
+    llama = build_llama(args, ours).eval()
+    copy_weights(ours, llama)
+    return ours, PretrainedLM(llama, byte_tokenizer(), TRAIN)
+
+
+def _both_paths(layout, scaling, hf_text_docs, cfg):
+    ours, lm = _parity_pair(layout)
+    docs = retokenize(hf_text_docs, lm.tokenizer)
+    assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(docs, hf_text_docs, strict=True))
+    a = evaluate_model(ours, cfg, hf_text_docs, train_length=TRAIN, scaling=scaling, progress=False)
+    b = evaluate_model(
+        lm, cfg, docs, train_length=TRAIN, scaling=scaling, progress=False, tokenizer=lm.tokenizer
+    )
+    return by_key(a), by_key(b)
+
+
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+def test_parity_decoderlm_and_llama_give_the_same_rows(scaling, hf_text_docs):
+    a, b = _both_paths("half", SCALINGS[scaling], hf_text_docs, small_eval(["4x"]))
+    assert a.keys() == b.keys()
+    assert {k[0] for k in a} >= {
+        "nll",
+        "passkey_acc",
+        "shift_dnll",
+        "order_dnll",
+        "context_nll",
+        "attn_entropy",
+        "position_probe_r2",
+    }
+    for key, row in a.items():
+        other = b[key]
+        assert row["n"] == other["n"], key
+        tol = PARITY_TOL * (100 if key[0] == "position_probe_r2" else 1)  # a refit ridge probe
+        assert abs(row["value"] - other["value"]) <= tol, (key, row["value"], other["value"])
+
+
+def test_parity_greedy_generations_are_identical(hf_text_docs):
+    """The passkey verdicts of both paths come from the same continuations (a stronger check than
+    their accuracy, which a random model keeps at 0)."""
+    ours, lm = _parity_pair("half")
+    example = fit_passkey_example(4 * TRAIN, 0.5, 4242, lm.tokenizer, template="short")
+    prompt = torch.tensor([example.prompt_ids])
+    with torch.no_grad():
+        assert torch.equal(ours.generate_greedy(prompt, 8), lm.generate_greedy(prompt, 8))
+
+
+def test_parity_negative_control_other_rope_layout_breaks_it(hf_text_docs):
+    cfg = small_eval(**{name: {"enabled": name == "nll"} for name in METRICS})
+    a, b = _both_paths("interleaved", SCALINGS["none"], hf_text_docs, cfg)
+    # measured: up to 4e-3 nats on these nll rows (1e-2 on order_dnll and attn_entropy)
+    assert max(abs(a[k]["value"] - b[k]["value"]) for k in a) > 100 * PARITY_TOL

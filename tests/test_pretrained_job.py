@@ -1,0 +1,123 @@
+"""Pretrained transformers models as lenbench jobs: rows, statuses, the report and the config.
+
+Every model is built locally (``tests/hf_fixtures.py``): nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hf_fixtures import one_sentence, small_eval
+
+from bench.corpora import stdlib_root
+from bench.pretrained.source import PretrainedConfig, model_id
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# --------------------------------------------------------------------------- jobs and the report
+
+
+def _job(model_path, tmp_path, scaling="none", **pretrained):
+    import yaml
+
+    from bench.schema import JobConfig
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / "scaling"
+    files = [
+        "textwrap.py",
+        "shlex.py",
+        "bisect.py",
+        "heapq.py",
+        "string.py",
+        "glob.py",
+        "fnmatch.py",
+    ]
+    return JobConfig.from_hydra(
+        {
+            "experiment_name": "pretrained_test",
+            "paths": {"results": str(tmp_path / "results"), "reports": str(tmp_path / "reports")},
+            "device": "cpu",
+            "pretrained": {"path": str(model_path), **pretrained},
+            "scaling": yaml.safe_load((conf / f"{scaling}.yaml").read_text()),
+            "data": {
+                "name": "text",
+                "paths": [str(stdlib_root() / f) for f in files],
+                "split_fractions": {"train": 0.01, "validation": 0.01, "test": 0.98},
+            },
+            "eval": small_eval(
+                ["4x"],
+                **{
+                    m: {"enabled": False}
+                    for m in ("order_dnll", "context_nll", "position_probe_r2")
+                },
+            ),
+        }
+    )
+
+
+def test_job_writes_rows_that_the_report_draws(hf_model_dirs, tmp_path):
+    import pandas as pd
+
+    from bench.job import run_job
+    from bench.report import generate_report
+
+    done = run_job(_job(hf_model_dirs["llama"], tmp_path))
+    assert done["status"] == "done", done
+    rows = pd.read_parquet(done["results_path"])
+    assert set(rows["position"]) == {"rope"} and set(rows["train_length"]) == {64}
+    assert set(rows["model_id"]) == {model_id(PretrainedConfig(path=str(hf_model_dirs["llama"])))}
+    assert set(rows["corpus"]) == {"text"} and set(rows["scaling"]) == {"none"}
+    assert '"pretrained":"llama"' in rows["position_params"].iloc[0]
+    assert {"nll", "passkey_acc", "shift_dnll", "attn_entropy"} <= set(rows["metric"])
+    assert run_job(_job(hf_model_dirs["llama"], tmp_path))["status"] == "cached"  # the dedup rule
+    yarn = run_job(_job(hf_model_dirs["llama"], tmp_path, "yarn"))
+    assert yarn["status"] == "done" and yarn["run_id"] != done["run_id"]
+    params = json.loads(pd.read_parquet(yarn["results_path"])["scaling_params"].iloc[0])
+    assert params["params"]["factor"] == 4.0  # one factor per run: 256 / 64
+    gpt2 = run_job(_job(hf_model_dirs["gpt2"], tmp_path, train_length=32))
+    assert gpt2["status"] == "done", gpt2
+    report = generate_report([tmp_path / "results" / "pretrained_test"], tmp_path / "report")
+    text = report.read_text()
+    assert "llama" in text and "gpt2" in text  # each model is its own series
+    assert any((tmp_path / "report" / "plots").glob("ppl_vs_length*.png"))
+
+
+def test_job_statuses_for_bad_input_and_inapplicable_scaling(hf_model_dirs, tmp_path):
+    from bench.job import run_job
+
+    for arch, scaling, status, words in [
+        ("llama", "ntk", "not_applicable", "no static NTK"),
+        ("llama", "logn", "not_applicable", "log-n"),
+        ("gpt2", "yarn", "not_applicable", "does not apply to position learned"),
+        ("bloom", "linear", "not_applicable", "does not apply to position alibi"),
+    ]:
+        summary = run_job(_job(hf_model_dirs[arch], tmp_path, scaling))
+        assert summary["status"] == status and words in summary["message"], summary
+    missing = run_job(_job(tmp_path / "no-model", tmp_path))
+    assert missing["status"] == "invalid" and "does not exist" in missing["message"]
+    one_sentence(missing["message"])
+    assert not (tmp_path / "results").exists()  # nothing written for any of them
+
+
+def test_experiment_config_composes(hf_model_dirs):
+    from hydra import compose, initialize_config_module
+
+    from bench.schema import JobConfig
+
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=["+experiment=pretrained", f"pretrained.path={hf_model_dirs['llama']}"],
+            return_hydra_config=True,
+        )
+        without = compose("config", overrides=["+experiment=pretrained"])
+    assert str(cfg.hydra.sweeper.params.scaling) == "none,linear,yarn"
+    job = JobConfig.from_hydra(cfg)
+    assert (
+        job.pretrained.path == str(hf_model_dirs["llama"]) and job.experiment_name == "pretrained"
+    )
+    with pytest.raises(ValueError, match="pretrained.path is required"):
+        JobConfig.from_hydra(without)
