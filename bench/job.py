@@ -15,7 +15,7 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,9 @@ def validate_job(job: JobConfig) -> JobSpec:
         return validate_pretrained_job(job)
     check_applicable(job.position.kind, job.scaling)
     resolved = job.eval.resolve(job.train.length)
+    passkey = resolved.metrics.get("passkey")
+    if passkey is not None and passkey.template is None:  # evaluate with the trained template
+        resolved.metrics["passkey"] = replace(passkey, template=job.train.passkey_template)
     if job.extend.active:
         scaling = finetuned_scaling(job)
     else:

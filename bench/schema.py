@@ -13,8 +13,7 @@ import functools
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import MISSING as NO_DEFAULT
-from dataclasses import Field, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -27,14 +26,22 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from bench.batches import PASSKEY_LOSSES
 from bench.corpora import CORPUS_KINDS, DEFAULT_SPLIT_FRACTIONS, SPLITS, _normalize_fractions
 from bench.metrics import EvalConfig, as_eval_config
 from bench.metrics.checks import boolean, choice, integer, number
 from bench.metrics.lengths import parse_length
-from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES, min_passkey_length
+from bench.passkey import PASSKEY_TEMPLATES, min_passkey_length
 from bench.pretrained.source import PretrainedConfig
-from bench.runtime import PRECISIONS
+from bench.recipe import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
+from bench.schema_fields import (
+    FAMILIES,
+    KINDS,
+    WEIGHTS,
+    _default,
+    _only,
+    weight_fields,
+    weights_dict,
+)
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS
 from models.scaling_config import ScalingConfig
@@ -57,38 +64,6 @@ __all__ = [
 ]
 
 SCHEMA_NAME = "lenbench_schema"  # the first entry of conf/config.yaml's defaults list
-WEIGHT_DECAY_SCOPES = ("matrices", "all")
-
-# Field metadata keys.
-WEIGHTS = "weights"  # False: not in the checkpoint key; fn(section): the value that enters it
-KINDS = "kinds"  # data kinds (DataConfig.name) the field belongs to; absent = every kind
-FAMILIES = "families"  # position families whose parameters include the field (position_params)
-
-
-def _only(*kinds: str, **kwargs: Any) -> Any:
-    return field(metadata={KINDS: kinds}, **kwargs)
-
-
-def weights_dict(section: Any) -> dict[str, Any]:
-    """The fields of a config section that enter the checkpoint key, as they enter it."""
-    out = {}
-    for f in fields(section):
-        rule = f.metadata.get(WEIGHTS, True)
-        kinds = f.metadata.get(KINDS)
-        if rule is False or (kinds and section.name not in kinds):
-            continue
-        out[f.name] = rule(section) if callable(rule) else getattr(section, f.name)
-    return out
-
-
-def weight_fields(schema: type) -> tuple[str, ...]:
-    """Names of the fields of ``schema`` that may enter the checkpoint key."""
-    return tuple(f.name for f in fields(schema) if f.metadata.get(WEIGHTS, True) is not False)
-
-
-def _default(f: Field) -> Any:
-    return f.default_factory() if f.default_factory is not NO_DEFAULT else f.default
-
 
 # --------------------------------------------------------------------------- groups
 
@@ -263,148 +238,6 @@ class DataConfig:
     def from_mapping(cls, values: Mapping[str, Any]) -> DataConfig:
         """The config from plain data (or a DictConfig), checked as Hydra checks the group."""
         return _parse(cls, values, "data")
-
-
-def _decay_steps(section: str, value: Any, steps: int, warmup: int) -> int | None:
-    """``<section>.decay_steps``: null, or 1 .. steps - warmup_steps - 1."""
-    if value is None:
-        return None
-    longest = max(1, steps - warmup - 1)
-    value = integer(f"{section}.decay_steps", value, 1)
-    if value > longest:
-        raise ValueError(
-            f"{section}.decay_steps must be at most steps - warmup_steps - 1 = {longest} "
-            f"(or null), got {value}."
-        )
-    return value
-
-
-@dataclass
-class TrainConfig:
-    """The ``train`` group: one training run's recipe (``bench.train.train_model``)."""
-
-    length: int = 256  # training sequence length (the model's train_length)
-    steps: int = 300  # optimizer updates
-    batch_size: int = 16  # sequences per update (global: split across processes)
-    lr: float = 3.0e-3  # peak learning rate (linear warmup, then cosine decay to min_lr)
-    # the learning rate at the last update; None = lr * min_lr_ratio (the key holds the value)
-    min_lr: float | None = field(default=None, metadata={WEIGHTS: lambda train: train.final_lr})
-    min_lr_ratio: float = field(default=0.1, metadata={WEIGHTS: False})  # folded into min_lr
-    warmup_steps: int = 30
-    # updates over which the lr decays to min_lr at the end; None = all after warmup (cosine
-    # schedule), N = constant lr, then the last N updates (warmup-stable-decay)
-    decay_steps: int | None = None
-    weight_decay: float = 0.1  # AdamW decoupled decay ...
-    weight_decay_scope: str = "matrices"  # ... on the projection matrices only, or on all
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
-    passkey_fraction: float = 0.0  # fraction of training rows that are passkey examples
-    passkey_filler: str = "standard"
-    passkey_template: str = "landmark"  # text around the filler (bench.passkey.PASSKEY_TEMPLATES)
-    passkey_loss: str = "all"  # all | answer
-    # what is measured and shown, never the weights:
-    eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
-    eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none
-    log_every: int = field(default=10, metadata={WEIGHTS: False})  # updates between loss checks
-    # resumable states (bench.cache): every N updates and/or every M minutes; 0 = off
-    save_every: int = field(default=0, metadata={WEIGHTS: False})
-    save_every_minutes: float = field(default=10.0, metadata={WEIGHTS: False})
-
-    def __post_init__(self) -> None:
-        self.length = integer("train.length", self.length, 2)
-        self.steps = integer("train.steps", self.steps, 1)
-        self.batch_size = integer("train.batch_size", self.batch_size, 1)
-        self.lr = number("train.lr", self.lr, 0.0)
-        self.min_lr_ratio = number("train.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        if self.min_lr is not None:
-            self.min_lr = number("train.min_lr", self.min_lr, 0.0, self.lr)
-        self.warmup_steps = integer("train.warmup_steps", self.warmup_steps, 0)
-        self.decay_steps = _decay_steps("train", self.decay_steps, self.steps, self.warmup_steps)
-        self.weight_decay = number("train.weight_decay", self.weight_decay, 0.0)
-        choice("train.weight_decay_scope", self.weight_decay_scope, WEIGHT_DECAY_SCOPES)
-        betas = self.betas
-        if (
-            not isinstance(betas, (list, tuple))
-            or len(betas) != 2
-            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
-            or not all(0.0 <= b < 1.0 for b in betas)
-        ):
-            raise ValueError(f"train.betas must be two numbers in [0, 1), got {betas!r}.")
-        self.betas = [float(b) for b in betas]
-        self.grad_clip = number("train.grad_clip", self.grad_clip, 0.0)
-        choice("train.precision", self.precision, PRECISIONS)
-        self.passkey_fraction = number("train.passkey_fraction", self.passkey_fraction, 0.0, 1.0)
-        choice("train.passkey_filler", self.passkey_filler, PASSKEY_FILLERS)
-        choice("train.passkey_template", self.passkey_template, tuple(PASSKEY_TEMPLATES))
-        choice("train.passkey_loss", self.passkey_loss, PASSKEY_LOSSES)
-        self.eval_every = integer("train.eval_every", self.eval_every, 0)
-        self.eval_batches = integer("train.eval_batches", self.eval_batches, 0)
-        self.log_every = integer("train.log_every", self.log_every, 1)
-        self.save_every = integer("train.save_every", self.save_every, 0)
-        self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
-
-    @property
-    def final_lr(self) -> float:
-        """The learning rate at the last update: ``min_lr``, or ``lr * min_lr_ratio``."""
-        return self.min_lr if self.min_lr is not None else self.lr * self.min_lr_ratio
-
-
-EXTEND_NONE = "none"  # the extend method that means: no fine-tune (today's models)
-
-
-@dataclass
-class ExtendConfig:
-    """The ``extend`` group: a fine-tune at ``length`` with a scaling method active (bench.extend).
-
-    ``method`` none = no fine-tune; else a scaling method whose "auto" factors are length /
-    train.length (``default`` = raw RoPE at the longer length). ``base_factor`` (method ntk only)
-    multiplies the RoPE base exactly (ABF). :class:`JobConfig` turns ``length`` into tokens and
-    fills ``batch_size`` / ``passkey_fraction`` left null from ``train``.
-    """
-
-    name: str = field(default="none", metadata={WEIGHTS: False})  # label (finetune_method)
-    method: str = EXTEND_NONE
-    params: dict[str, Any] = field(default_factory=dict)  # the method's, as for scaling
-    base_factor: float | None = None
-    length: Any = "4x"  # tokens or "<m>x" of train.length
-    steps: int = 200  # optimizer updates; 0 = the parent's weights with the scaling
-    lr: float = 1.0e-3
-    min_lr_ratio: float = 0.1  # the lr at the last update, as a fraction of lr
-    warmup_steps: int = 20
-    decay_steps: int | None = None  # as train.decay_steps
-    batch_size: int | None = None  # null = train.batch_size
-    passkey_fraction: float | None = None  # null = train.passkey_fraction
-
-    @property
-    def active(self) -> bool:
-        return self.method != EXTEND_NONE
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError(f"extend.name must be a non-empty label, got {self.name!r}.")
-        choice("extend.method", self.method, (EXTEND_NONE, *SCALING_METHODS))
-        if not isinstance(self.params, Mapping):
-            raise ValueError(f"extend.params must be a mapping of parameters, got {self.params!r}.")
-        self.params = dict(self.params)
-        if self.base_factor is not None:
-            self.base_factor = number("extend.base_factor", self.base_factor, 1.0)
-            if self.method != "ntk" or "alpha" in self.params:
-                raise ValueError(
-                    "extend.base_factor multiplies the RoPE base through method ntk (it sets "
-                    f"alpha); got method {self.method!r} with params {self.params!r}; use "
-                    "extend.method=ntk without params.alpha, or base_factor null."
-                )
-        parse_length(self.length, 1, "extend.length")
-        self.steps = integer("extend.steps", self.steps, 0)
-        self.lr = number("extend.lr", self.lr, 0.0)
-        self.min_lr_ratio = number("extend.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        self.warmup_steps = integer("extend.warmup_steps", self.warmup_steps, 0)
-        self.decay_steps = _decay_steps("extend", self.decay_steps, self.steps, self.warmup_steps)
-        self.batch_size = integer("extend.batch_size", self.batch_size, 1, optional=True)
-        if self.passkey_fraction is not None:
-            what = "extend.passkey_fraction"
-            self.passkey_fraction = number(what, self.passkey_fraction, 0.0, 1.0)
 
 
 @dataclass

@@ -255,7 +255,11 @@ BAD_OVERRIDES = [
     (["position=learned", "scaling=ntk"], "does not apply to position learned"),
     (["scaling.method=warp"], "scaling.method must be one of default, linear"),
     (
-        ["train.passkey_fraction=0.2", "train.length=128"],
+        ["train.passkey_fraction=0.2", "train.length=64"],
+        "train.length 64 is too short for passkey",
+    ),
+    (
+        ["train.passkey_fraction=0.2", "train.length=128", "train.passkey_template=landmark"],
         "train.length 128 is too short for passkey",
     ),
     (["position.bogus=1"], "position.bogus is an unknown key; allowed keys: kind, base"),
@@ -653,3 +657,14 @@ def test_accelerate_launch_runs_one_job(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(list((tmp_path / "results").glob("*/*.parquet"))) == 1
     assert len(list((tmp_path / "cache").glob("*/DONE"))) == 1
+
+
+def test_passkey_is_evaluated_with_the_template_the_model_was_trained_with():
+    def template(*overrides):
+        job = JobConfig.from_hydra(compose_cfg(["train.passkey_fraction=0.5", *overrides]))
+        return validate_job(job).eval.metrics["passkey"].template
+
+    assert template("train.passkey_template=short") == "short"
+    assert template("train.passkey_template=landmark") == "landmark"
+    # control: an explicit eval template wins over the training one
+    assert template("train.passkey_template=short", "eval.passkey.template=landmark") == "landmark"

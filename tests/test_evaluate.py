@@ -411,7 +411,8 @@ def test_passkey_rows_and_context_through_evaluate_model():
     rows = evaluate_model(oracle, cfg, [], train_length=130, scaling=None, progress=False)
     acc = [r for r in rows if r["metric"] == "passkey_acc"]
     assert {r["eval_length"] for r in acc} == {260, 290, 400}  # 64 is below the template minimum
-    overall = {r["eval_length"]: r["value"] for r in acc if "axis" not in r}
+    overall = {r["eval_length"]: r["value"] for r in acc if r.get("axis") == "template"}
+    assert all(r["axis_value"] == "landmark" for r in acc if r.get("axis") == "template")
     for length in (260, 290):  # the oracle's own rule, on the same seeded grid
         keys = [e.key for e in passkey_grid([length], [0.0, 1.0], 3, seed=0)]
         assert overall[length] == pytest.approx(np.mean([k % 3 != 0 and k % 5 != 0 for k in keys]))

@@ -495,3 +495,19 @@ def test_train_model_needs_the_parent_of_a_finetune(corpus: Corpus, corpus_dir: 
         ValueError, match="fine-tunes a trained model; pass its parent model as init="
     ):
         train_model(make_cfg(corpus_dir, extend=pi()), corpus, progress=False)
+
+
+def test_harness_evaluates_a_finetuned_checkpoint_with_its_trained_scaling(
+    corpus: Corpus, corpus_dir: Path, tmp_path: Path
+) -> None:
+    from bench.cache import weights_key
+    from bench.harness import LenbenchLM
+
+    job = make_cfg(corpus_dir, extend=pi(steps=2, warmup_steps=1), steps=2)
+    get_or_train(job, corpus, tmp_path, progress=False)
+    key = weights_key(job, corpus)
+    lm = LenbenchLM(pretrained=key, cache_root=str(tmp_path), device="cpu")
+    assert lm.scaling == finetune_scaling(job) and lm.model.scaling == finetune_scaling(job)
+    # control: asking for another scaling on a fine-tuned checkpoint is one clear error
+    with pytest.raises(ValueError, match="was fine-tuned with scaling"):
+        LenbenchLM(pretrained=key, cache_root=str(tmp_path), device="cpu", scaling="yarn")

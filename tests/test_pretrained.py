@@ -256,8 +256,9 @@ def test_passkey_verdict_compares_text(hf_bpe, extra, accuracy):
 
     ctx = EvalContext(_Oracle(hf_bpe, extra), progress=False, tokenizer=hf_bpe)
     rows = passkey_rows(ctx, 150, depths=[0.0, 1.0], trials=2, seed=0, template="short")
-    overall = [r for r in rows if "axis" not in r]
+    overall = [r for r in rows if r.get("axis") == "template"]
     assert overall[0]["value"] == accuracy and overall[0]["n"] == 4
+    assert overall[0]["axis_value"] == "short"  # the row names the template it measured
 
 
 # --------------------------------------------------------------------------- metrics on architectures

@@ -12,7 +12,8 @@ With a transformers tokenizer on the context (a pretrained model), the examples 
 text and fitted to each length in its tokens, and :func:`text_passkey_verdicts` decodes greedily
 and compares the answer as text (``bench.passkey.answer_matches``).
 
-Rows: ``passkey_acc`` per depth (axis="depth") and per length (no axis) at each eval length, and
+Rows: ``passkey_acc`` per depth (axis="depth") and per length (axis="template", axis_value = the
+template's name) at each eval length, and
 once per run ``passkey_context``: the largest tested length whose accuracy is >= the configured
 threshold (axis="threshold", axis_value = that threshold), computed only here.
 """
@@ -65,7 +66,9 @@ class PasskeyConfig(MetricConfig):
     trials: int = 10  # examples (seeded keys) per (length, depth)
     filler: str = "standard"  # standard | corpus (text of the test documents)
     threshold: float = 0.8  # passkey_context: the largest length with accuracy >= this
-    template: str = DEFAULT_TEMPLATE  # text around the filler: short | landmark (bench.passkey)
+    # text around the filler: short | landmark (bench.passkey); null = the template the model was
+    # trained with (a lenbench job sets it from train.passkey_template), else landmark
+    template: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -79,7 +82,8 @@ class PasskeyConfig(MetricConfig):
         self.trials = integer(self.key("trials"), self.trials, 1)
         self.filler = choice(self.key("filler"), self.filler, PASSKEY_FILLERS)
         self.threshold = number(self.key("threshold"), self.threshold, 0.0, 1.0)
-        self.template = choice(self.key("template"), self.template, tuple(PASSKEY_TEMPLATES))
+        if self.template is not None:
+            self.template = choice(self.key("template"), self.template, tuple(PASSKEY_TEMPLATES))
 
     @property
     def reads_documents(self) -> bool:
@@ -111,7 +115,7 @@ def _finish(cfg: PasskeyConfig, rows: list[dict]) -> list[dict]:
     accuracy = {
         r["eval_length"]: r["value"]
         for r in rows
-        if r["metric"] == "passkey_acc" and "axis" not in r
+        if r["metric"] == "passkey_acc" and r.get("axis") == "template"
     }
     row = passkey_context_row(accuracy, cfg.threshold)
     return [] if row is None else [row]
@@ -129,7 +133,7 @@ def passkey_metric(
         seed=ctx.seed,
         filler=cfg.filler,
         docs=docs,
-        template=cfg.template,
+        template=cfg.template or DEFAULT_TEMPLATE,
     )
 
 
@@ -308,7 +312,18 @@ def passkey_rows(
         make_row("passkey_acc", np.mean(v), len(v), length, axis="depth", axis_value=float(depth))
         for depth, v in sorted(by_depth.items())
     ]
-    rows.append(make_row("passkey_acc", np.mean(verdicts), len(verdicts), length))
+    # the per-length row names the template it measured (axis "template")
+    template_name = template if isinstance(template, str) else template.name
+    rows.append(
+        make_row(
+            "passkey_acc",
+            np.mean(verdicts),
+            len(verdicts),
+            length,
+            axis="template",
+            axis_value=template_name,
+        )
+    )
     return rows
 
 

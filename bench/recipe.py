@@ -1,0 +1,163 @@
+"""Training recipes: the ``train`` group (one training run) and the ``extend`` group (a fine-tune
+at a longer length with a scaling method active), as typed, checked dataclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.batches import PASSKEY_LOSSES
+from bench.metrics.checks import choice, integer, number
+from bench.metrics.lengths import parse_length
+from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES
+from bench.runtime import PRECISIONS
+from bench.schema_fields import WEIGHTS
+from models.scaling import SCALING_METHODS
+
+__all__ = ["EXTEND_NONE", "WEIGHT_DECAY_SCOPES", "ExtendConfig", "TrainConfig"]
+
+WEIGHT_DECAY_SCOPES = ("matrices", "all")
+
+
+def _decay_steps(section: str, value: Any, steps: int, warmup: int) -> int | None:
+    """``<section>.decay_steps``: null, or 1 .. steps - warmup_steps - 1."""
+    if value is None:
+        return None
+    longest = max(1, steps - warmup - 1)
+    value = integer(f"{section}.decay_steps", value, 1)
+    if value > longest:
+        raise ValueError(
+            f"{section}.decay_steps must be at most steps - warmup_steps - 1 = {longest} "
+            f"(or null), got {value}."
+        )
+    return value
+
+
+@dataclass
+class TrainConfig:
+    """The ``train`` group: one training run's recipe (``bench.train.train_model``)."""
+
+    length: int = 256  # training sequence length (the model's train_length)
+    steps: int = 300  # optimizer updates
+    batch_size: int = 16  # sequences per update (global: split across processes)
+    lr: float = 3.0e-3  # peak learning rate (linear warmup, then cosine decay to min_lr)
+    # the learning rate at the last update; None = lr * min_lr_ratio (the key holds the value)
+    min_lr: float | None = field(default=None, metadata={WEIGHTS: lambda train: train.final_lr})
+    min_lr_ratio: float = field(default=0.1, metadata={WEIGHTS: False})  # folded into min_lr
+    warmup_steps: int = 30
+    # updates over which the lr decays to min_lr at the end; None = all after warmup (cosine
+    # schedule), N = constant lr, then the last N updates (warmup-stable-decay)
+    decay_steps: int | None = None
+    weight_decay: float = 0.1  # AdamW decoupled decay ...
+    weight_decay_scope: str = "matrices"  # ... on the projection matrices only, or on all
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    passkey_fraction: float = 0.0  # fraction of training rows that are passkey examples
+    passkey_filler: str = "standard"
+    passkey_template: str = "landmark"  # text around the filler (bench.passkey.PASSKEY_TEMPLATES)
+    passkey_loss: str = "all"  # all | answer
+    # what is measured and shown, never the weights:
+    eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
+    eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none
+    log_every: int = field(default=10, metadata={WEIGHTS: False})  # updates between loss checks
+    # resumable states (bench.cache): every N updates and/or every M minutes; 0 = off
+    save_every: int = field(default=0, metadata={WEIGHTS: False})
+    save_every_minutes: float = field(default=10.0, metadata={WEIGHTS: False})
+
+    def __post_init__(self) -> None:
+        self.length = integer("train.length", self.length, 2)
+        self.steps = integer("train.steps", self.steps, 1)
+        self.batch_size = integer("train.batch_size", self.batch_size, 1)
+        self.lr = number("train.lr", self.lr, 0.0)
+        self.min_lr_ratio = number("train.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        if self.min_lr is not None:
+            self.min_lr = number("train.min_lr", self.min_lr, 0.0, self.lr)
+        self.warmup_steps = integer("train.warmup_steps", self.warmup_steps, 0)
+        self.decay_steps = _decay_steps("train", self.decay_steps, self.steps, self.warmup_steps)
+        self.weight_decay = number("train.weight_decay", self.weight_decay, 0.0)
+        choice("train.weight_decay_scope", self.weight_decay_scope, WEIGHT_DECAY_SCOPES)
+        betas = self.betas
+        if (
+            not isinstance(betas, (list, tuple))
+            or len(betas) != 2
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+            or not all(0.0 <= b < 1.0 for b in betas)
+        ):
+            raise ValueError(f"train.betas must be two numbers in [0, 1), got {betas!r}.")
+        self.betas = [float(b) for b in betas]
+        self.grad_clip = number("train.grad_clip", self.grad_clip, 0.0)
+        choice("train.precision", self.precision, PRECISIONS)
+        self.passkey_fraction = number("train.passkey_fraction", self.passkey_fraction, 0.0, 1.0)
+        choice("train.passkey_filler", self.passkey_filler, PASSKEY_FILLERS)
+        choice("train.passkey_template", self.passkey_template, tuple(PASSKEY_TEMPLATES))
+        choice("train.passkey_loss", self.passkey_loss, PASSKEY_LOSSES)
+        self.eval_every = integer("train.eval_every", self.eval_every, 0)
+        self.eval_batches = integer("train.eval_batches", self.eval_batches, 0)
+        self.log_every = integer("train.log_every", self.log_every, 1)
+        self.save_every = integer("train.save_every", self.save_every, 0)
+        self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
+
+    @property
+    def final_lr(self) -> float:
+        """The learning rate at the last update: ``min_lr``, or ``lr * min_lr_ratio``."""
+        return self.min_lr if self.min_lr is not None else self.lr * self.min_lr_ratio
+
+
+EXTEND_NONE = "none"  # the extend method that means: no fine-tune (today's models)
+
+
+@dataclass
+class ExtendConfig:
+    """The ``extend`` group: a fine-tune at ``length`` with a scaling method active (bench.extend).
+
+    ``method`` none = no fine-tune; else a scaling method whose "auto" factors are length /
+    train.length (``default`` = raw RoPE at the longer length). ``base_factor`` (method ntk only)
+    multiplies the RoPE base exactly (ABF). :class:`JobConfig` turns ``length`` into tokens and
+    fills ``batch_size`` / ``passkey_fraction`` left null from ``train``.
+    """
+
+    name: str = field(default="none", metadata={WEIGHTS: False})  # label (finetune_method)
+    method: str = EXTEND_NONE
+    params: dict[str, Any] = field(default_factory=dict)  # the method's, as for scaling
+    base_factor: float | None = None
+    length: Any = "4x"  # tokens or "<m>x" of train.length
+    steps: int = 200  # optimizer updates; 0 = the parent's weights with the scaling
+    lr: float = 1.0e-3
+    min_lr_ratio: float = 0.1  # the lr at the last update, as a fraction of lr
+    warmup_steps: int = 20
+    decay_steps: int | None = None  # as train.decay_steps
+    batch_size: int | None = None  # null = train.batch_size
+    passkey_fraction: float | None = None  # null = train.passkey_fraction
+
+    @property
+    def active(self) -> bool:
+        return self.method != EXTEND_NONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"extend.name must be a non-empty label, got {self.name!r}.")
+        choice("extend.method", self.method, (EXTEND_NONE, *SCALING_METHODS))
+        if not isinstance(self.params, Mapping):
+            raise ValueError(f"extend.params must be a mapping of parameters, got {self.params!r}.")
+        self.params = dict(self.params)
+        if self.base_factor is not None:
+            self.base_factor = number("extend.base_factor", self.base_factor, 1.0)
+            if self.method != "ntk" or "alpha" in self.params:
+                raise ValueError(
+                    "extend.base_factor multiplies the RoPE base through method ntk (it sets "
+                    f"alpha); got method {self.method!r} with params {self.params!r}; use "
+                    "extend.method=ntk without params.alpha, or base_factor null."
+                )
+        parse_length(self.length, 1, "extend.length")
+        self.steps = integer("extend.steps", self.steps, 0)
+        self.lr = number("extend.lr", self.lr, 0.0)
+        self.min_lr_ratio = number("extend.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        self.warmup_steps = integer("extend.warmup_steps", self.warmup_steps, 0)
+        self.decay_steps = _decay_steps("extend", self.decay_steps, self.steps, self.warmup_steps)
+        self.batch_size = integer("extend.batch_size", self.batch_size, 1, optional=True)
+        if self.passkey_fraction is not None:
+            what = "extend.passkey_fraction"
+            self.passkey_fraction = number(what, self.passkey_fraction, 0.0, 1.0)
