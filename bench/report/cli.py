@@ -1,7 +1,9 @@
-"""``lenbench-report [RESULTS_DIR ...] [--out DIR]``: arguments, default paths, one-line errors.
+"""``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check]``: arguments, default paths,
+one-line errors.
 
 With no RESULTS_DIR it reports on the most recently modified experiment under ``results/`` and
-writes to ``reports/<experiment>/``.
+writes to ``reports/<experiment>/``. ``--check`` writes nothing: it prints the findings table
+(:mod:`bench.findings`) and exits 1 if a measured finding does not hold, else 0.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.findings import any_failed, check_findings, findings_table
+from bench.report.markdown import markdown_table
 from bench.report.render import render
 from bench.results import load_results
 
@@ -49,7 +53,7 @@ def _experiment_name(df: pd.DataFrame) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``lenbench-report [RESULTS_DIR ...] [--out DIR]``."""
+    """Console script ``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check]``."""
     parser = argparse.ArgumentParser(
         prog="lenbench-report",
         description="Regenerate tables, plots and report.md from stored lenbench result tables.",
@@ -70,10 +74,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path("results"),
         help="where to look for the default (default: results)",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; print the findings table and exit 1 if a measured finding does not "
+        "hold (findings that are not measured do not fail)",
+    )
     args = parser.parse_args(argv)
     try:
         paths: list[str | Path] = list(args.results) or [latest_experiment_dir(args.results_root)]
         df = load_results(paths)
+        if args.check:
+            results = check_findings(df)
+            print(markdown_table(findings_table(results)))
+            return 1 if any_failed(results) else 0
         out = args.out if args.out is not None else Path("reports") / _experiment_name(df)
         report = render(df, paths, out)
     except ValueError as exc:

@@ -1,6 +1,7 @@
 """One report from a results table: number and label the rows, run every section, write report.md.
 
-Sections run in report order; each writes its own tables and figures and returns its Markdown.
+Sections run in report order, Findings (:mod:`bench.findings`) first; each writes its own
+tables and figures and returns its Markdown.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from bench.report.figures import Style
 from bench.report.frame import add_labels
 from bench.report.markdown import ReportDir
 from bench.report.sections.config import config_section
+from bench.report.sections.findings import findings_section
 from bench.report.sections.nll import bucket_section, perplexity_section
 from bench.report.sections.other import other_section
 from bench.report.sections.passkey import passkey_section
@@ -41,6 +43,7 @@ def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str |
             "in `tables/` as CSV; each CSV row lists in `row_ids` the `row_id`s of "
             "`tables/source_rows.csv` it was computed from (`n_rows` of them). Aggregates are "
             "token-weighted means (weights `n`), seeds pooled.",
+            findings_section(rep, df),
             config_section(df.drop(columns=["row_id"]), results_paths),
             perplexity_section(rep, df, style),
             bucket_section(rep, df, style),

@@ -1,4 +1,5 @@
-"""The report's sections, one module per metric family (plus configuration and other metrics).
+"""The report's sections, one module per metric family (plus findings, configuration and other
+metrics).
 
 Each section function takes the report folder, the labelled rows and the plot style, writes its
 tables and figures, and returns its Markdown (with a note instead when its metric has no rows).

@@ -1,0 +1,81 @@
+"""The Findings section, first in the report: which of the field's known results these rows
+reproduce (:mod:`bench.findings`), as a table, ``tables/findings.csv`` and a small figure of the
+perplexity ratio at 4L vs L per position family (raw, zero-shot), the number behind F1-F3.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from bench.findings import (
+    ALIBI_MAX_RATIO,
+    FAILS,
+    FAR,
+    HOLDS,
+    NOT_MEASURED,
+    check_findings,
+    findings_table,
+    ppl_ratio,
+    select,
+)
+from bench.report.figures import save_figure
+from bench.report.frame import POSITION_ORDER
+from bench.report.markdown import ReportDir, figure_md, markdown_table
+
+
+def _ratio_figure(rep: ReportDir, df: pd.DataFrame) -> bool:
+    """Plot ppl(4L)/ppl(L) with its CI per position (raw); False (nothing written) if none."""
+    estimates = [ppl_ratio(select(df, pos), pos) for pos in POSITION_ORDER]
+    estimates = [e for e in estimates if not math.isnan(e.value)]
+    if not estimates:
+        return False
+    fig = Figure(figsize=(5.5, 3.2), layout="constrained")
+    ax = fig.add_subplot()
+    for i, e in enumerate(estimates):
+        if not math.isnan(e.lo):
+            ax.plot([i, i], [e.lo, e.hi], color="0.3", linewidth=2)
+        ax.plot([i], [e.value], "o", color="C0")
+    ax.axhline(1.0, color="0.5", linewidth=1)
+    ax.axhline(ALIBI_MAX_RATIO, color="0.5", linewidth=1, linestyle=":")
+    ax.set_xticks(
+        range(len(estimates)),
+        [f"{e.name}\n({e.n_seeds} seed{'s' * (e.n_seeds != 1)})" for e in estimates],
+    )
+    ax.set_xlim(-0.5, len(estimates) - 0.5)
+    ax.set_ylabel(f"perplexity at {FAR}L / at L")
+    ax.set_title(f"Raw extrapolation to {FAR}x the training length")
+    save_figure(fig, rep.plots_dir, "findings")
+    return True
+
+
+def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
+    results = check_findings(df)
+    table = findings_table(results)
+    table.to_csv(rep.tables_dir / "findings.csv", index=False)
+    counts = table["status"].value_counts()
+    summary = "; ".join(f"{s}: {counts.get(s, 0)}" for s in (HOLDS, FAILS, NOT_MEASURED))
+    text = [
+        "## Findings",
+        f"The field's known qualitative results checked on these rows ({summary}); "
+        "`lenbench-report --check` prints this table and exits 1 if a measured finding does not "
+        "hold. A finding whose rows are absent is not measured. Numbers: point estimate [95% CI] "
+        "(seeds); ratios and NLLs use whole-window `nll` rows of models that were not fine-tuned "
+        "(raw = scaling none), CIs across seeds (mean ± t-interval) or, with one seed, from the "
+        "run's stored bootstrap CIs (column `ci`). Thresholds are fixed constants in "
+        "`bench/findings.py`. Source: `tables/findings.csv`.",
+        markdown_table(table.drop(columns=["ci"])),
+    ]
+    if _ratio_figure(rep, df):
+        text.append(
+            figure_md(
+                "findings",
+                f"Perplexity at {FAR}x the training length divided by perplexity at the training "
+                "length, per position family without scaling (dot: estimate; bar: 95% CI). Above "
+                f"the solid line at 1 = degrades (F1, F3); the dotted line is F2's tolerance "
+                f"({ALIBI_MAX_RATIO}) for ALiBi.",
+            )
+        )
+    return "\n\n".join(text)
