@@ -249,8 +249,80 @@ def configure_threads(threads: int | None) -> None:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or (
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    )
+
+
+def empty_test_split(corpus: Any) -> str | None:
+    """The sentence for a corpus whose test split is empty (nothing to evaluate on), else None."""
+    if corpus.split("test"):
+        return None
+    return (
+        f"the test split of corpus {corpus.name} ({corpus.fingerprint}) is empty, so there is "
+        "nothing to evaluate on; give data.split_fractions a larger test share or raise "
+        "data.max_files / data.max_bytes."
+    )
+
+
+def results_target(
+    spec: JobSpec, model_id: str, base: dict[str, Any]
+) -> tuple[Path, dict[str, Any] | None]:
+    """(result file, the "cached" summary if it exists already); sets run_id/model_id in ``base``."""
+    run_id = make_run_id(model_id, spec)
+    out_path = spec.results_dir / f"{run_id}.parquet"
+    base.update(run_id=run_id, model_id=model_id, results_path=str(out_path))
+    if not out_path.exists():
+        return out_path, None
+    cached = _summary(
+        "cached", f"results already exist at {out_path}; nothing to do.", trained=False, **base
+    )
+    return out_path, cached
+
+
+def write_job_rows(
+    spec: JobSpec,
+    rows: list[dict[str, Any]],
+    corpus: Any,
+    model_columns: dict[str, Any],
+    out_path: Path,
+    started: float,
+    base: dict[str, Any],
+    trained: bool,
+) -> dict[str, Any]:
+    """Add the identity columns to the measured rows, write them atomically, summarise the job.
+
+    ``model_columns`` are the columns that say which model was measured: ``position``,
+    ``position_params``, ``train_length`` (and the fine-tune columns where there are some).
+    """
+    if not rows:
+        return _summary(
+            "failed",
+            "the evaluation produced no rows; check the eval config.",
+            trained=trained,
+            **base,
+        )
+    identity = {
+        "experiment": spec.job.experiment_name,
+        "run_id": base["run_id"],
+        "model_id": base["model_id"],
+        **model_columns,
+        "scaling": spec.scaling.label,
+        "scaling_params": scaling_params_json(spec.scaling),
+        "seed": spec.job.seed,
+        "corpus": corpus.name,
+        "corpus_fingerprint": corpus.fingerprint,
+        "code_version": code_version(),
+    }
+    write_results([{**row, **identity} for row in rows], out_path)
+    seconds = time.perf_counter() - started
+    return _summary(
+        "done",
+        f"{len(rows)} rows written to {out_path} in {seconds:.1f} s.",
+        trained=trained,
+        rows=len(rows),
+        seconds=round(seconds, 2),
+        **base,
     )
 
 
@@ -314,29 +386,19 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
         corpus = load_corpus(job.data)  # cached per process; the key needs its fingerprint
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
-    if not corpus.split("test"):
-        return _summary(
-            "invalid",
-            f"the test split of corpus {corpus.name} ({corpus.fingerprint}) is empty, so there is "
-            "nothing to evaluate on; give data.split_fractions a larger test share or raise "
-            "data.max_files / data.max_bytes.",
-            **base,
-        )
-    model_id = weights_key(job, corpus)
-    run_id = make_run_id(model_id, spec)
-    out_path = spec.results_dir / f"{run_id}.parquet"
-    base.update(run_id=run_id, model_id=model_id, results_path=str(out_path))
-    if out_path.exists():
-        return _summary(
-            "cached", f"results already exist at {out_path}; nothing to do.", trained=False, **base
-        )
+    problem = empty_test_split(corpus)
+    if problem is not None:
+        return _summary("invalid", problem, **base)
+    out_path, cached = results_target(spec, weights_key(job, corpus), base)
+    if cached is not None:
+        return cached
 
     try:
         model, _meta, trained = get_or_train(job, corpus, spec.cache_root, device=spec.device)
     except TrainingDiverged as exc:
         return _summary("failed", f"training diverged: {exc}", trained=True, **base)
     except (RuntimeError, MemoryError) as exc:
-        if not _is_oom(exc) and not isinstance(exc, MemoryError):
+        if not _is_oom(exc):
             raise
         return _summary("failed", f"out of memory while training: {_first_line(exc)}", **base)
     except ValueError as exc:
@@ -353,7 +415,7 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
             seed=job.seed,
         )
     except (RuntimeError, MemoryError) as exc:
-        if not _is_oom(exc) and not isinstance(exc, MemoryError):
+        if not _is_oom(exc):
             raise
         return _summary(
             "failed", f"out of memory while evaluating: {_first_line(exc)}", trained=trained, **base
@@ -373,40 +435,14 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
             metadata={"data": asdict(job.data)},
         )
         rows += [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
-    if not rows:
-        return _summary(
-            "failed",
-            "the evaluation produced no rows; check the eval config.",
-            trained=trained,
-            **base,
-        )
-
-    identity = {
-        "experiment": job.experiment_name,
-        "run_id": run_id,
-        "model_id": model_id,
+    model_columns = {
         "position": job.position.kind,
         "position_params": position_params_json(job.position),
-        "scaling": spec.scaling.label,
-        "scaling_params": scaling_params_json(spec.scaling),
         "train_length": job.train.length,
-        "seed": job.seed,
-        "corpus": corpus.name,
-        "corpus_fingerprint": corpus.fingerprint,
-        "code_version": code_version(),
     }
     if job.extend.active:
-        identity.update(finetune_columns(job, weights_key(base_job(job), corpus)))
-    write_results([{**row, **identity} for row in rows], out_path)
-    seconds = time.perf_counter() - started
-    return _summary(
-        "done",
-        f"{len(rows)} rows written to {out_path} in {seconds:.1f} s.",
-        trained=trained,
-        rows=len(rows),
-        seconds=round(seconds, 2),
-        **base,
-    )
+        model_columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
+    return write_job_rows(spec, rows, corpus, model_columns, out_path, started, base, trained)
 
 
 def _first_line(exc: BaseException) -> str:

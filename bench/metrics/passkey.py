@@ -40,6 +40,7 @@ from bench.passkey import (
     PASSKEY_TEMPLATES,
     PasskeyExample,
     answer_matches,
+    is_digit_token,
     min_passkey_length,
     passkey_grid,
 )
@@ -57,7 +58,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_DIGIT_IDS = torch.tensor(ByteTokenizer().encode("0123456789"))
+# byte tokens that would continue the key (the verdict needs anything else after it)
+_DIGIT_IDS = torch.tensor([i for i in range(ByteTokenizer.vocab_size) if is_digit_token(i)])
 
 
 @dataclass

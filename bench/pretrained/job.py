@@ -10,7 +10,6 @@ family, ``position_params`` naming the model) so that reports and the dedup rule
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from bench.job import (
@@ -18,10 +17,10 @@ from bench.job import (
     _first_line,
     _is_oom,
     _summary,
-    code_version,
-    make_run_id,
+    empty_test_split,
     resolve_path,
-    scaling_params_json,
+    results_target,
+    write_job_rows,
 )
 from bench.pretrained.source import (
     load_config,
@@ -31,7 +30,7 @@ from bench.pretrained.source import (
     rope_geometry,
     train_length_of,
 )
-from bench.results import canonical_json, write_results
+from bench.results import canonical_json
 from bench.runtime import resolve_device
 from bench.schema import JobConfig
 from models.scaling_config import run_scaling
@@ -83,21 +82,15 @@ def run_pretrained_job(spec: JobSpec, base: dict[str, Any], started: float) -> d
     train_length = spec.eval.train_length
     try:
         corpus = load_corpus(job.data)
-        if not corpus.split("test"):
-            raise ValueError(
-                f"the test split of corpus {corpus.name} ({corpus.fingerprint}) is empty, so there "
-                "is nothing to evaluate on; give data.split_fractions a larger test share."
-            )
         mid = model_id(pretrained)
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
-    run_id = make_run_id(mid, spec)
-    out_path = spec.results_dir / f"{run_id}.parquet"
-    base.update(run_id=run_id, model_id=mid, results_path=str(out_path))
-    if out_path.exists():
-        return _summary(
-            "cached", f"results already exist at {out_path}; nothing to do.", trained=False, **base
-        )
+    problem = empty_test_split(corpus)
+    if problem is not None:
+        return _summary("invalid", problem, **base)
+    out_path, cached = results_target(spec, mid, base)
+    if cached is not None:
+        return cached
     try:
         model, tokenizer = load_pretrained(pretrained, spec.device)
         lm = PretrainedLM(model, tokenizer, train_length)
@@ -114,7 +107,7 @@ def run_pretrained_job(spec: JobSpec, base: dict[str, Any], started: float) -> d
             tokenizer=tokenizer,
         )
     except (RuntimeError, MemoryError) as exc:
-        if not _is_oom(exc) and not isinstance(exc, MemoryError):
+        if not _is_oom(exc):
             raise
         return _summary("failed", f"out of memory while evaluating: {_first_line(exc)}", **base)
     except ValueError as exc:
@@ -125,29 +118,9 @@ def run_pretrained_job(spec: JobSpec, base: dict[str, Any], started: float) -> d
             "(lm_eval --model hf --model_args pretrained=%s) for them.",
             pretrained.path,
         )
-    if not rows:
-        return _summary("failed", "the evaluation produced no rows; check the eval config.", **base)
-    identity = {
-        "experiment": job.experiment_name,
-        "run_id": run_id,
-        "model_id": mid,
+    model_columns = {
         "position": lm.family,
         "position_params": canonical_json(position_params(pretrained, model.config, lm.family)),
-        "scaling": spec.scaling.label,
-        "scaling_params": scaling_params_json(spec.scaling),
         "train_length": train_length,
-        "seed": job.seed,
-        "corpus": corpus.name,
-        "corpus_fingerprint": corpus.fingerprint,
-        "code_version": code_version(),
     }
-    write_results([{**row, **identity} for row in rows], out_path)
-    seconds = time.perf_counter() - started
-    return _summary(
-        "done",
-        f"{len(rows)} rows written to {out_path} in {seconds:.1f} s.",
-        trained=False,
-        rows=len(rows),
-        seconds=round(seconds, 2),
-        **base,
-    )
+    return write_job_rows(spec, rows, corpus, model_columns, out_path, started, base, False)
