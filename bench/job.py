@@ -174,6 +174,9 @@ def validate_job(job: JobConfig) -> JobSpec:
 
         return validate_pretrained_job(job)
     check_applicable(job.position.kind, job.scaling)
+    outside = job.arm.excluded(job.position.kind, job.scaling.name, job.extend.name)
+    if outside:
+        raise NotApplicable(outside)
     resolved = job.eval.resolve(job.train.length)
     passkey = resolved.metrics.get("passkey")
     if passkey is not None and passkey.template is None:  # evaluate with the trained template
@@ -309,6 +312,7 @@ def write_job_rows(
         **model_columns,
         "scaling": spec.scaling.label,
         "scaling_params": scaling_params_json(spec.scaling),
+        "arm": spec.job.arm.name,
         "seed": spec.job.seed,
         "corpus": corpus.name,
         "corpus_fingerprint": corpus.fingerprint,

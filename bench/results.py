@@ -59,6 +59,7 @@ FINETUNE_COLUMNS: list[str] = [
     "parent_model_id",
 ]
 OPTIONAL_COLUMNS: list[str] = [
+    "arm",
     "bucket_lo",
     "bucket_hi",
     "axis",
@@ -117,7 +118,7 @@ _PARAMS_COLUMNS = ["position_params", "scaling_params"]
 _INT_COLUMNS = ["train_length", "eval_length", "n", "seed"]
 _FLOAT_OPTIONAL = ["bucket_lo", "bucket_hi", "ci_lo", "ci_hi"]
 _INT_OPTIONAL = ["layer", "finetune_length", "finetune_steps"]
-_STRING_OPTIONAL = ["axis", "finetune_method", "parent_model_id"]
+_STRING_OPTIONAL = ["arm", "axis", "finetune_method", "parent_model_id"]
 
 
 # ----------------------------------------------------------------------------- canonical JSON

@@ -49,6 +49,7 @@ from models.transformer import ModelConfig
 
 __all__ = [
     "SCHEMA_NAME",
+    "ArmConfig",
     "WEIGHT_DECAY_SCOPES",
     "DataConfig",
     "ExtendConfig",
@@ -241,6 +242,44 @@ class DataConfig:
 
 
 @dataclass
+class ArmConfig:
+    """The ``arm`` group: which sweep cells a study arm runs (the arm's file also sets the model,
+    train and eval values it needs). An experiment can sweep ``arm=lm,retrieval`` next to
+    position and scaling: a cell outside its arm is skipped (not applicable), like a scaling
+    that means nothing for a family. ``None`` lists allow every value."""
+
+    name: str = "all"  # the ``arm`` column of every result row
+    positions: list[str] | None = None  # position kinds the arm trains
+    scalings: list[str] | None = None  # scaling names (conf/scaling/*.yaml) it evaluates
+    extends: list[str] | None = None  # extend names (conf/extend/*.yaml) it fine-tunes with
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip() or "/" in self.name:
+            raise ValueError(f"arm.name must be a non-empty name without '/', got {self.name!r}.")
+        for key in ("positions", "scalings", "extends"):
+            values = getattr(self, key)
+            if values is not None and not values:
+                raise ValueError(
+                    f"arm.{key} is empty, so the arm runs nothing; allowed: a non-empty list of "
+                    "names or null (every value)."
+                )
+            setattr(self, key, None if values is None else [str(v) for v in values])
+
+    def excluded(self, position: str, scaling: str, extend: str) -> str | None:
+        """Why the cell (position, scaling, extend) is not part of this arm, or None if it is."""
+        for what, value, allowed in (
+            ("position", position, self.positions),
+            ("scaling", scaling, self.scalings),
+            ("extend", extend, self.extends),
+        ):
+            if allowed is not None and value not in allowed:
+                return (
+                    f"{what} {value} is not part of arm {self.name} ({what}: {', '.join(allowed)})"
+                )
+        return None
+
+
+@dataclass
 class PathsConfig:
     """Output roots; relative paths are relative to where lenbench was started."""
 
@@ -267,6 +306,7 @@ class JobConfig:
     # a transformers model evaluated instead of a trained one (null = train as usual)
     pretrained: PretrainedConfig | None = None
     extend: ExtendConfig = field(default_factory=ExtendConfig)
+    arm: ArmConfig = field(default_factory=ArmConfig)
 
     def __post_init__(self) -> None:
         name = self.experiment_name

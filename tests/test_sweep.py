@@ -113,6 +113,7 @@ def test_smoke_sweep_trains_each_checkpoint_once_and_writes_results(smoke, capsy
         assert set(REQUIRED_COLUMNS) <= set(df.columns)
         assert df["run_id"].nunique() == 1 and f.stem == df["run_id"].iloc[0]
         assert (df["experiment"] == "smoke").all() and (df["train_length"] == 64).all()
+        assert (df["arm"] == "all").all()  # no study arm chosen
         assert df["code_version"].iloc[0].startswith("0.1.0+")
         assert set(df["metric"]) >= {"nll"}
     df = load_results(root / "results" / "smoke")
