@@ -3,15 +3,22 @@
 Everything position-dependent arrives precomputed in :class:`AttentionInputs` (once per forward
 pass, shared by all layers), so a layer never assumes ``arange(L)`` positions.
 
+The kernel (:func:`attend`): SDPA for plain causal attention; on CUDA, compiled flex attention for
+ALiBi, padding and cache chunks (bias and mask applied inside the kernel, nothing L x S in memory);
+elsewhere an explicit mask in query tiles. See :data:`FLEX_ATTENTION`.
+
 Shapes: N batch, L new tokens, S keys (cached + new), H query heads, G key/value heads, d head dim,
 D model width, T query tile.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +29,54 @@ from models.positions import rotate
 if TYPE_CHECKING:
     from models.transformer import ModelConfig
 
-__all__ = ["Attention", "AttentionInputs", "attend", "logn_query_scale"]
+__all__ = [
+    "FLEX_ATTENTION",
+    "Attention",
+    "AttentionInputs",
+    "attend",
+    "attend_flex",
+    "flex_attention_unavailable",
+    "flex_block_mask",
+    "flex_mask_mod",
+    "flex_score_mod",
+    "logn_query_scale",
+]
 
 # Entries of a masked attention logit tile held at once when the mask must be materialised.
 ATTENTION_TILE_ELEMENTS = 1 << 24
+
+_FLEX_MODES = {
+    "auto": "auto",
+    "1": "auto",
+    "on": "auto",
+    "0": "off",
+    "off": "off",
+    "always": "always",
+}
+
+
+def _flex_mode(value: str) -> str:
+    mode = _FLEX_MODES.get(value.strip().lower())
+    if mode is None:
+        raise ValueError(
+            f"LENBENCH_FLEX_ATTENTION={value!r} is unknown; allowed: auto (or 1, on), off (or 0), always."
+        )
+    return mode
+
+
+#: When masked or biased attention goes through ``torch.nn.attention.flex_attention``, from the
+#: environment variable ``LENBENCH_FLEX_ATTENTION`` at import (a test may set the attribute):
+#: ``auto`` (default) on CUDA only, ``off`` never (the tiled path everywhere), ``always`` on every
+#: device, CPU included (compiled by inductor; for tests and experiments).
+#:
+#: Why CUDA only by default: there the compiled flex kernel applies the ALiBi bias and the
+#: causal/padding mask inside the fused kernel (no L x S mask in memory, masked blocks skipped).
+#: On CPU the tiled path stays as it was: flex would need an inductor compilation (seconds, per
+#: shape class) and has no CPU backward, and the tiles already bound the memory.
+FLEX_ATTENTION = _flex_mode(os.environ.get("LENBENCH_FLEX_ATTENTION", "auto"))
+
+#: Query and key block size of the flex block mask (flex's default; tests use smaller ones).
+FLEX_BLOCK_SIZE = 128
 
 
 @dataclass
@@ -43,6 +94,8 @@ class AttentionInputs:
     past_len: int
     scale: float
     want_entropy: bool
+    # per forward pass: the flex block mask, shared by all layers (built on first use)
+    flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def logn_query_scale(position_ids: torch.Tensor, train_length: int) -> torch.Tensor:
@@ -61,27 +114,264 @@ def logn_query_scale(position_ids: torch.Tensor, train_length: int) -> torch.Ten
     return ratio.clamp(min=1.0).to(torch.float32)
 
 
+def _fused_plain(length: int, s: int, inputs: AttentionInputs) -> bool:
+    """Whether SDPA needs neither a mask nor a bias: no padding, no ALiBi, no entropy, and the
+    causal pattern is SDPA's own (full length) or absent (one query that sees every key)."""
+    plain = inputs.slopes is None and inputs.k_valid is None and not inputs.want_entropy
+    return plain and (length == s or length == 1)
+
+
+def _use_flex(q: torch.Tensor, inputs: AttentionInputs) -> bool:
+    """Whether :func:`attend` takes the flex-attention path for queries ``q`` [N, H, L, d].
+
+    Only calls that need a mask or bias (padding, ALiBi, a cache with several new queries) and no
+    entropy (flex returns no probabilities), on CUDA unless :data:`FLEX_ATTENTION` is ``always``.
+    Head dims below 16 stay tiled (the CUDA flex kernel does not support them), and so does CPU
+    attention that needs a gradient (flex has no CPU backward).
+    """
+    if FLEX_ATTENTION == "off" or inputs.want_entropy:
+        return False
+    if _fused_plain(q.shape[2], inputs.k_pos.shape[1], inputs):
+        return False
+    if FLEX_ATTENTION == "auto" and (q.device.type != "cuda" or q.shape[-1] < 16):
+        return False
+    if q.device.type == "cpu" and q.requires_grad:  # flex has no backward on CPU
+        return False
+    return flex_attention_unavailable() is None
+
+
+@functools.cache
+def flex_attention_unavailable() -> str | None:
+    """Why ``torch.nn.attention.flex_attention`` cannot be used here (None if it can)."""
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 6):
+        return f"flex attention needs torch >= 2.6, this is {torch.__version__}"
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
+    except ImportError as error:  # pragma: no cover - a torch build without it
+        return f"torch.nn.attention.flex_attention does not import: {error}"
+    return None
+
+
+_compiled_flex_attention: Callable[..., torch.Tensor] | None = None
+
+
+def _dynamic_lengths(tensor: torch.Tensor | None, *dims: int) -> torch.Tensor | None:
+    """Mark sequence-length dims dynamic for the compiled kernel (a no-op outside compilation).
+
+    ``dynamic=True`` alone still specialises a first call whose query and key lengths are equal
+    (a prefill) to L == S, and recompiles at the first cache step.
+    """
+    if tensor is not None:
+        for dim in dims:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    return tensor
+
+
+def _flex_kernel(compiled: bool) -> Callable[..., torch.Tensor]:
+    """``flex_attention``, compiled once per process on first use (eager materialises all scores)."""
+    global _compiled_flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if _compiled_flex_attention is None:
+        # dynamic: lengths change with every decode step and evaluation length
+        kernel = torch.compile(flex_attention, dynamic=True)
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else None
+
+        def compiled_flex_attention(*args, **kwargs):
+            # a few compilations per score_mod (one query or more, one key block or more, dtype)
+            # may pass dynamo's default limit of 8, after which flex would silently run eagerly
+            # and materialise every score
+            if limit is None:
+                return kernel(*args, **kwargs)
+            with torch._dynamo.config.patch({limit: max(64, getattr(torch._dynamo.config, limit))}):
+                return kernel(*args, **kwargs)
+
+        _compiled_flex_attention = compiled_flex_attention
+    return _compiled_flex_attention
+
+
+def flex_score_mod(inputs: AttentionInputs, device: torch.device) -> Callable | None:
+    """ALiBi as a flex ``score_mod`` (None without ALiBi): the scaled logit of query t in row n,
+    head h, and key s minus ``slopes[h] * (q_pos[n, t] - k_pos[n, s])``, from the position ids
+    (never from indices), as the tiled path adds it."""
+    if inputs.slopes is None:
+        return None
+    slopes = inputs.slopes.to(device=device, dtype=torch.float32)
+    # own contiguous copies: in a prefill q_pos is k_pos, and aliasing that comes and goes recompiles
+    q_pos = _dynamic_lengths(
+        inputs.q_pos.to(device).clone(memory_format=torch.contiguous_format), 1
+    )
+    k_pos = _dynamic_lengths(
+        inputs.k_pos.to(device).clone(memory_format=torch.contiguous_format), 1
+    )
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        distance = q_pos[b, q_idx] - k_pos[b, kv_idx]
+        return score - slopes[h] * distance.to(torch.float32)
+
+    return alibi
+
+
+def _keys_real(inputs: AttentionInputs, device: torch.device) -> torch.Tensor:
+    """[N, S] bool, False for padding keys (all True without padding)."""
+    if inputs.k_valid is None:
+        return torch.ones(inputs.k_pos.shape, dtype=torch.bool, device=device)
+    return inputs.k_valid.to(device)
+
+
+def flex_mask_mod(inputs: AttentionInputs, device: torch.device) -> Callable:
+    """The tiled path's mask as a flex ``mask_mod``: causal by absolute index (key s visible to
+    new query t iff s <= past_len + t), padding keys hidden except from their own query.
+
+    One function with or without padding (all keys real then): each distinct function is a
+    separate compilation of the kernel.
+    """
+    # a tensor, not an int: a new cache length must not recompile the kernel
+    offset = torch.tensor(inputs.past_len, device=device)
+    k_valid = _dynamic_lengths(_keys_real(inputs, device).contiguous(), 1)  # [N, S]
+
+    def causal_unpadded(b, h, q_idx, kv_idx):
+        query = q_idx + offset
+        # a padding query still sees itself, so its (ignored) row never becomes all -inf
+        return (kv_idx <= query) & (k_valid[b, kv_idx] | (kv_idx == query))
+
+    return causal_unpadded
+
+
+def _dense_to_kv_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, H, Q blocks, KV blocks] bool -> (number of blocks, their indices first) int32."""
+    blocks = blocks.to(torch.int32)
+    order = torch.argsort(blocks, dim=-1, descending=True, stable=True)
+    return blocks.sum(dim=-1).to(torch.int32).contiguous(), order.to(torch.int32).contiguous()
+
+
+def flex_block_mask(
+    inputs: AttentionInputs,
+    n: int,
+    length: int,
+    s: int,
+    device: torch.device,
+    block_size: int | None = None,
+):
+    """The :func:`flex_mask_mod` pattern as a flex ``BlockMask`` [N, 1, Q blocks, K blocks], from
+    per-block index arithmetic: O(N x blocks) memory, never the L x S mask (``create_block_mask``
+    would evaluate every entry).
+
+    A block is *full* (the kernel skips the mask) when it is complete and every key in it is real
+    and causally visible to every query in it; *partial* when some entry is visible; skipped
+    otherwise. Equals ``create_block_mask(flex_mask_mod(...), ...)`` (tested).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    size = block_size or FLEX_BLOCK_SIZE
+    q_start = torch.arange(0, length, size, device=device)
+    k_start = torch.arange(0, s, size, device=device)
+    q_lo = inputs.past_len + q_start  # absolute index of each query block's first query
+    q_hi = inputs.past_len + (q_start + size).clamp(max=length) - 1  # ... and last
+    k_lo, k_hi = k_start, (k_start + size).clamp(max=s) - 1  # first and last key of each key block
+    complete = ((q_hi - q_lo + 1) == size)[:, None] & ((k_hi - k_lo + 1) == size)[None, :]
+    causal_some = k_lo[None, :] <= q_hi[:, None]  # [Q blocks, K blocks]
+    causal_all = k_hi[None, :] <= q_lo[:, None]
+    real = F.pad(_keys_real(inputs, device).long().cumsum(dim=-1), (1, 0))  # [N, S + 1] before
+    # the last key of each block that some query of the block may see
+    last_seen = torch.minimum(k_hi[None, :], q_hi[:, None])
+    real_seen = real[:, last_seen + 1] - real[:, k_lo[None, :].expand_as(last_seen)]
+    # a query of the block is itself a key of the block: it sees at least that one
+    self_seen = (k_lo[None, :] <= q_hi[:, None]) & (q_lo[:, None] <= k_hi[None, :])
+    some = (causal_some & ((real_seen > 0) | self_seen))[:, None]  # [N, 1, Q blocks, K blocks]
+    all_real = (real[:, k_hi + 1] - real[:, k_lo]) == (k_hi - k_lo + 1)  # [N, K blocks]
+    full = (causal_all & complete)[None, None] & all_real[:, None, None, :]
+    partial = some & ~full
+    block_mask = BlockMask.from_kv_blocks(
+        *_dense_to_kv_blocks(partial),
+        *_dense_to_kv_blocks(full),
+        BLOCK_SIZE=size,
+        mask_mod=flex_mask_mod(inputs, device),
+        seq_lengths=(length, s),
+    )
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        _dynamic_lengths(getattr(block_mask, name, None), 2)
+    for name in ("kv_indices", "full_kv_indices", "q_indices", "full_q_indices"):
+        _dynamic_lengths(getattr(block_mask, name, None), 2, 3)
+    return block_mask
+
+
+def attend_flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: AttentionInputs,
+    compiled: bool = True,
+) -> torch.Tensor:
+    """:func:`attend` without entropy through ``flex_attention``: q [N, H, L, d], k, v [N, G, S, d]
+    -> [N, H, L, d].
+
+    ALiBi is a ``score_mod``; causality and padding are a block mask, built once per forward pass
+    and shared by the layers. ``compiled=False`` runs flex eagerly (the same semantics, all scores
+    materialised, block sparsity ignored): for tests only.
+    """
+    if inputs.want_entropy:
+        raise ValueError("flex attention returns no probabilities: entropy needs the tiled path.")
+    n, h, length, _ = q.shape
+    s = k.shape[2]
+    if s != inputs.past_len + length:
+        raise ValueError(f"{s} keys but past_len {inputs.past_len} + {length} new queries.")
+    key = ("block_mask", q.device, n, length, s, FLEX_BLOCK_SIZE)
+    block_mask = inputs.flex_cache.get(key)
+    if block_mask is None:
+        block_mask = inputs.flex_cache[key] = flex_block_mask(inputs, n, length, s, q.device)
+    score_mod = inputs.flex_cache.get(("score_mod", q.device), False)
+    if score_mod is False:
+        score_mod = inputs.flex_cache[("score_mod", q.device)] = flex_score_mod(inputs, q.device)
+    # contiguous: a cached k is, a fresh one is a view; strides that differ would recompile
+    q, k, v = (_dynamic_lengths(t.contiguous(), 2) for t in (q, k, v))
+    return _flex_kernel(compiled)(
+        q,
+        k,
+        v,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        scale=inputs.scale,
+        enable_gqa=h != k.shape[1],
+    )
+
+
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
 
-    Plain causal attention goes straight to the fused kernel (no L x S matrix). Padding, ALiBi or an
-    entropy request need an explicit mask or probabilities: those are built in query tiles so that
-    memory stays O(tile x S) however long the sequence.
+    Plain causal attention goes straight to the fused kernel (no L x S matrix; flash/efficient
+    kernels on CUDA). Padding, ALiBi or a cache with several new queries need a mask or a bias: on
+    CUDA they go through compiled flex attention (:func:`attend_flex`, see :data:`FLEX_ATTENTION`),
+    elsewhere and for an entropy request (which needs the probabilities) the mask is built in query
+    tiles so that memory stays O(tile x S) however long the sequence.
     """
     n, h, length, _ = q.shape
     s = k.shape[2]
     gqa = h != k.shape[1]
-    plain = inputs.slopes is None and inputs.k_valid is None and not inputs.want_entropy
-    if plain and (length == s or length == 1):
+    if _fused_plain(length, s, inputs):
         return (
             F.scaled_dot_product_attention(
                 q, k, v, is_causal=length == s and length > 1, scale=inputs.scale, enable_gqa=gqa
             ),
             None,
         )
-    if gqa:
+    if _use_flex(q, inputs):
+        return attend_flex(q, k, v, inputs), None
+    return _attend_tiled(q, k, v, inputs)
+
+
+def _attend_tiled(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The explicit-mask path of :func:`attend`, in query tiles of O(tile x S) memory."""
+    n, h, length, _ = q.shape
+    s = k.shape[2]
+    if h != k.shape[1]:
         k = k.repeat_interleave(h // k.shape[1], dim=1)
         v = v.repeat_interleave(h // v.shape[1], dim=1)
     tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s))
