@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.batches import PASSKEY_LOSSES
-from bench.metrics.checks import choice, integer, number
+from bench.metrics.checks import boolean, choice, integer, number
 from bench.metrics.lengths import parse_length
 from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES
 from bench.runtime import PRECISIONS
@@ -66,6 +66,8 @@ class TrainConfig:
     # resumable states (bench.cache): every N updates and/or every M minutes; 0 = off
     save_every: int = field(default=0, metadata={WEIGHTS: False})
     save_every_minutes: float = field(default=10.0, metadata={WEIGHTS: False})
+    # torch.compile the model for training (a throughput switch: same math, so not in the key)
+    compile: bool = field(default=False, metadata={WEIGHTS: False})
 
     def __post_init__(self) -> None:
         self.length = integer("train.length", self.length, 2)
@@ -99,6 +101,7 @@ class TrainConfig:
         self.log_every = integer("train.log_every", self.log_every, 1)
         self.save_every = integer("train.save_every", self.save_every, 0)
         self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
+        self.compile = boolean("train.compile", self.compile)
 
     @property
     def final_lr(self) -> float:

@@ -7,11 +7,17 @@ Training, evaluation and the lm-eval adapter all call these, so ``device=auto`` 
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["PRECISIONS", "autocast", "resolve_device"]
+__all__ = ["PRECISIONS", "autocast", "machine_line", "machine_summary", "resolve_device"]
+
+#: CPU flags that decide training speed here: vector width and native bf16 / AMX matmuls.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -48,3 +54,39 @@ def autocast(device: str | torch.device, precision: str) -> contextlib.AbstractC
     if precision == "bf16":
         return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def machine_summary() -> dict[str, Any]:
+    """What a benchmark figure depends on: CPU model and flags, cores, torch threads and version,
+    OpenMP wait policy, and the GPU when there is one."""
+    model, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    summary: dict[str, Any] = {
+        "cpu": model,
+        "cpu_flags": [f for f in CPU_FLAGS if f in flags],
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        summary["gpu"] = torch.cuda.get_device_name(0)
+    return summary
+
+
+def machine_line(summary: dict[str, Any] | None = None) -> str:
+    """``machine_summary`` as one line for a benchmark table."""
+    m = summary or machine_summary()
+    flags = ",".join(m["cpu_flags"]) or "none of " + ",".join(CPU_FLAGS)
+    gpu = f", GPU {m['gpu']}" if "gpu" in m else ""
+    return (
+        f"{m['cpu']} ({m['cores']} cores; flags {flags}), torch {m['torch']} with "
+        f"{m['torch_threads']} threads, OMP_WAIT_POLICY {m['omp_wait_policy']}{gpu}"
+    )

@@ -209,6 +209,12 @@ class _Validator:
 # --------------------------------------------------------------------------- training
 
 
+def compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """``torch.compile(model)`` with static shapes (every training batch has one shape); the
+    first steps pay the compilation, later runs reuse inductor's on-disk cache."""
+    return torch.compile(model, dynamic=False)
+
+
 def _initial_model(job: JobConfig, init: DecoderLM | None) -> DecoderLM:
     """The seeded initial model; a fine-tune's holds the parent's weights and its scaling."""
     torch.manual_seed(job.seed)
@@ -320,6 +326,8 @@ def train_model(
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
     device = accelerator.device
+    # the compiled module shares the weights; ``model`` stays the one saved and returned
+    forward = compiled(model) if spec.compile else model
 
     losses = torch.zeros(steps, dtype=torch.float32, device=device)
     train_losses: dict[int, float] = {}
@@ -405,7 +413,7 @@ def train_model(
         for group in optimizer.param_groups:
             group["lr"] = lr
         with autocast(device, spec.precision):
-            logits = model(tokens[:, :-1]).logits
+            logits = forward(tokens[:, :-1]).logits
         loss = lm_loss(logits, tokens[:, 1:], mask)
         accelerator.backward(loss)
         if spec.grad_clip > 0:

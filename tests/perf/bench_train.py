@@ -3,14 +3,17 @@
 Both models get identical dimensions (RoPE "half" layout, SwiGLU, RMSNorm, tied embeddings, no
 biases), batches, loss and AdamW step, in one process. Before timing, Llama is loaded with our
 weights and the logits are compared (``parity_max_abs_diff``), so "identical" is checked, not
-assumed. Steps alternate between the two models so that load from other processes hits both
-alike; tokens/s uses the median step time. Peak memory: ``torch.cuda.max_memory_allocated`` on
+assumed. Our model is timed for each position family asked for (``--positions``), optionally
+also under ``torch.compile`` (``--compile``, as ``train.compile=true`` does); steps go round-robin
+over the models so that load from other processes hits all alike; tokens/s uses the median step
+time, and ``vs llama`` is Llama's median step time over ours. Peak memory: ``torch.cuda.max_memory_allocated`` on
 CUDA; on CPU the sampled peak RSS above the RSS right before the model is built.
 
 Run from the repository root after ``pip install -e ".[dev]"`` (pytest does not collect
 bench_*.py); prints a table and writes results/perf/bench_train_<config>.json::
 
     python tests/perf/bench_train.py --width 128
+    python tests/perf/bench_train.py --layers 2 --width 64 --heads 2 --positions rope,alibi --compile
     python tests/perf/bench_train.py --width 256 --precisions fp32,bf16 --steps 8
 """
 
@@ -21,9 +24,7 @@ import contextlib
 import ctypes
 import gc
 import json
-import math
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -40,9 +41,10 @@ from models.transformer import DecoderLM, ModelConfig
 #: Output directory, relative to the working directory (like lenbench's paths.results).
 RESULTS = Path("results") / "perf"
 VOCAB = 259
+FAMILIES = ("rope", "sinusoidal", "learned", "alibi", "nope")
 
 
-def build_ours(args: argparse.Namespace) -> DecoderLM:
+def build_ours(args: argparse.Namespace, kind: str = "rope") -> DecoderLM:
     cfg = ModelConfig(
         vocab_size=VOCAB,
         n_layers=args.layers,
@@ -52,7 +54,8 @@ def build_ours(args: argparse.Namespace) -> DecoderLM:
         norm="rms",
         tie_embeddings=True,
     )
-    return DecoderLM(cfg, PositionConfig(kind="rope", base=args.base, layout="half"), args.seq)
+    position = PositionConfig(kind=kind, base=args.base, layout="half")
+    return DecoderLM(cfg, position, args.seq)
 
 
 def build_llama(args: argparse.Namespace, ours: DecoderLM) -> torch.nn.Module:
@@ -106,9 +109,11 @@ def logits_of(model: torch.nn.Module, tokens: torch.Tensor, reference: bool) -> 
 
 
 def make_step(
-    model: torch.nn.Module, reference: bool, precision: str, device: torch.device
+    model: torch.nn.Module, name: str, precision: str, device: torch.device
 ) -> Callable[[torch.Tensor], None]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    reference = name == "llama"
+    forward = compiled_if_asked(model, name)
     autocast = (
         (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
         if precision == "bf16"
@@ -117,7 +122,7 @@ def make_step(
 
     def step(batch: torch.Tensor) -> None:
         with autocast():
-            logits = logits_of(model, batch[:, :-1], reference)
+            logits = logits_of(forward, batch[:, :-1], reference)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), batch[:, 1:].reshape(-1))
         loss.backward()
         optimizer.step()
@@ -164,19 +169,30 @@ class PeakRSS:
         self.peak = max(self.peak, self.process.memory_info().rss)
 
 
-def build(args: argparse.Namespace, reference: bool, device: torch.device) -> torch.nn.Module:
+def build(args: argparse.Namespace, name: str, device: torch.device) -> torch.nn.Module:
+    """``llama`` (the reference, with our RoPE model's weights) or ``<family>[+compile]`` (ours)."""
     torch.manual_seed(0)
-    ours = build_ours(args)
-    if not reference:
+    kind = name.removesuffix("+compile")
+    ours = build_ours(args, "rope" if name == "llama" else kind)
+    if name != "llama":
         return ours.to(device).train()
     llama = build_llama(args, ours)
     copy_weights(ours, llama)
     return llama.to(device).train()
 
 
+def compiled_if_asked(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The module a step calls: the model itself, or torch.compile(model) as bench.train does."""
+    if not name.endswith("+compile"):
+        return model
+    from bench.train import compiled
+
+    return compiled(model)
+
+
 def peak_memory_mb(
     args: argparse.Namespace,
-    reference: bool,
+    name: str,
     precision: str,
     device: torch.device,
     batches: list[torch.Tensor],
@@ -187,8 +203,8 @@ def peak_memory_mb(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        model = build(args, reference, device)
-        step = make_step(model, reference, precision, device)
+        model = build(args, name, device)
+        step = make_step(model, name, precision, device)
         for batch in batches[:3]:
             step(batch)
         sync(device)
@@ -196,8 +212,8 @@ def peak_memory_mb(
     else:
         with PeakRSS() as rss:
             base = rss.peak
-            model = build(args, reference, device)
-            step = make_step(model, reference, precision, device)
+            model = build(args, name, device)
+            step = make_step(model, name, precision, device)
             for batch in batches[:3]:
                 step(batch)
         peak = rss.peak - base
@@ -208,26 +224,29 @@ def peak_memory_mb(
 
 def parity(args: argparse.Namespace, device: torch.device, batch: torch.Tensor) -> float:
     """max |logits ours - logits llama| with identical weights, fp32, eval mode."""
-    ours = build(args, False, device).eval()
-    llama = build(args, True, device).eval()
+    ours = build(args, "rope", device).eval()
+    llama = build(args, "llama", device).eval()
     with torch.no_grad():
         diff = (logits_of(ours, batch[:, :-1], False) - logits_of(llama, batch[:, :-1], True)).abs()
     return float(diff.max())
 
 
 def throughput(
-    args: argparse.Namespace, precision: str, device: torch.device, batches: list[torch.Tensor]
+    args: argparse.Namespace,
+    names: list[str],
+    precision: str,
+    device: torch.device,
+    batches: list[torch.Tensor],
 ) -> dict[str, list[float]]:
-    """Per-step seconds for ours and the reference, alternating step by step."""
-    models = {name: build(args, name == "llama", device) for name in ("ours", "llama")}
-    steps = {
-        name: make_step(model, name == "llama", precision, device) for name, model in models.items()
-    }
-    times: dict[str, list[float]] = {"ours": [], "llama": []}
+    """Per-step seconds of each model, round-robin step by step (the order rotates each round)
+    so that load from other processes hits all alike."""
+    models = {name: build(args, name, device) for name in names}
+    steps = {name: make_step(model, name, precision, device) for name, model in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(args.warmup + args.steps):
         batch = batches[i % len(batches)]
-        order = ("ours", "llama") if i % 2 == 0 else ("llama", "ours")
-        for name in order:
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
             sync(device)
             start = time.perf_counter()
             steps[name](batch)
@@ -235,7 +254,7 @@ def throughput(
             if i >= args.warmup:
                 times[name].append(time.perf_counter() - start)
         print(
-            f"  {precision} step {i + 1}/{args.warmup + args.steps}"
+            f"  {precision} round {i + 1}/{args.warmup + args.steps}"
             + ("" if i >= args.warmup else " (warmup)"),
             file=sys.stderr,
             flush=True,
@@ -254,6 +273,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16")
+    parser.add_argument(
+        "--positions", default="rope", help=f"comma list of our families: {', '.join(FAMILIES)}"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="also time each family under torch.compile"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--base", type=float, default=10000.0, help="RoPE base")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -262,11 +287,18 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [p for p in precisions if p not in ("fp32", "bf16")]
     if bad:
         parser.error(f"--precisions {bad} unknown; allowed values are fp32, bf16.")
+    families = [p.strip() for p in args.positions.split(",") if p.strip()]
+    bad = [p for p in families if p not in FAMILIES]
+    if bad or not families:
+        parser.error(f"--positions {args.positions!r}: allowed values are {', '.join(FAMILIES)}.")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    names = ["llama", *families, *([f"{f}+compile" for f in families] if args.compile else [])]
 
     import transformers
+
+    from bench.runtime import machine_line, machine_summary
 
     generator = torch.Generator().manual_seed(1234)
     batches = [
@@ -279,8 +311,9 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     tokens_per_step = args.batch * args.seq
     for precision in precisions:
-        times = throughput(args, precision, device, batches)
-        for name in ("ours", "llama"):
+        times = throughput(args, names, precision, device, batches)
+        reference = statistics.median(times["llama"])
+        for name in names:
             median = statistics.median(times[name])
             rows.append(
                 {
@@ -288,26 +321,21 @@ def main(argv: list[str] | None = None) -> dict:
                     "precision": precision,
                     "tokens_per_s": tokens_per_step / median,
                     "median_step_s": median,
+                    "vs_llama": reference / median,
                     "step_s": times[name],
-                    "peak_mem_mib": peak_memory_mb(
-                        args, name == "llama", precision, device, batches
-                    ),
+                    "peak_mem_mib": peak_memory_mb(args, name, precision, device, batches),
                 }
             )
     n_params = build_ours(args).num_parameters()
+    machine = machine_summary()
     result = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "n_params": n_params,
         "parity_max_abs_diff": max_diff,
         "rows": rows,
-        "ratios": {},
+        "machine": machine,
         "env": {
-            "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -316,30 +344,18 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"\nDecoderLM vs LlamaForCausalLM: layers={args.layers} width={args.width} "
         f"heads={args.heads} ff={build_ours(args).model_cfg.ff_width} seq={args.seq} "
-        f"batch={args.batch} device={device} threads={torch.get_num_threads()} "
-        f"params={n_params:,} parity={max_diff:.1e}"
+        f"batch={args.batch} device={device} params={n_params:,} parity={max_diff:.1e}\n"
+        f"machine: {machine_line(machine)}\n"
+        f"load average before/after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}"
     )
-    print(f"{'precision':<9} {'model':<6} {'tokens/s':>10} {'step s':>8} {'peak MiB':>9}")
+    print(
+        f"{'precision':<9} {'model':<20} {'tokens/s':>10} {'step s':>8} {'vs llama':>9} "
+        f"{'peak MiB':>9}"
+    )
     for row in rows:
         print(
-            f"{row['precision']:<9} {row['model']:<6} {row['tokens_per_s']:>10,.0f} "
-            f"{row['median_step_s']:>8.3f} {row['peak_mem_mib']:>9.1f}"
-        )
-    for precision in precisions:
-        ours, ref = (
-            next(r for r in rows if r["precision"] == precision and r["model"] == m)
-            for m in ("ours", "llama")
-        )
-        ratio = {
-            "tokens_per_s": ours["tokens_per_s"] / ref["tokens_per_s"],
-            "peak_mem": ours["peak_mem_mib"] / ref["peak_mem_mib"]
-            if ref["peak_mem_mib"] > 0
-            else math.nan,
-        }
-        result["ratios"][precision] = ratio
-        print(
-            f"{precision}: ours/llama tokens/s = {ratio['tokens_per_s']:.2f}x, "
-            f"peak memory = {ratio['peak_mem']:.2f}x"
+            f"{row['precision']:<9} {row['model']:<20} {row['tokens_per_s']:>10,.0f} "
+            f"{row['median_step_s']:>8.4f} {row['vs_llama']:>8.2f}x {row['peak_mem_mib']:>9.1f}"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     name = (
