@@ -35,7 +35,7 @@ EXPECTED_PLOTS = [
     "extrapolation_ratio",
     "nll_by_bucket",
     "passkey_heatmap",
-    "passkey_acc_vs_length",
+    "passkey_vs_length",
     "shift_dnll",
     "order_dnll",
     "attn_entropy",
@@ -458,7 +458,7 @@ def test_cli_explicit_dirs_and_out(tmp_path: Path, capsys: pytest.CaptureFixture
     text = out.read_text()
     assert "no `nll` rows in these results" in text
     assert "no `passkey_acc` rows" not in text and "no `position_probe_r2` rows" not in text
-    for name in ("position_probe_r2", "passkey_heatmap", "passkey_acc_vs_length"):
+    for name in ("position_probe_r2", "passkey_heatmap", "passkey_vs_length"):
         assert (tmp_path / "rep" / "plots" / f"{name}.svg").stat().st_size > 2000
     assert not (tmp_path / "rep" / "plots" / "ppl_vs_length.png").exists()
     t = pd.read_csv(tmp_path / "rep" / "tables" / "passkey_context.csv")
@@ -509,7 +509,7 @@ def test_passkey_context_comes_from_stored_rows(tmp_path: Path) -> None:
     def report(name: str, context_rows: list[dict]) -> tuple[str, str, Path]:
         write_sweep(tmp_path / name, acc + context_rows)
         out = generate_report(tmp_path / name, tmp_path / f"{name}_report")
-        svg = (out.parent / "plots" / "passkey_acc_vs_length.svg").read_text()
+        svg = (out.parent / "plots" / "passkey_vs_length.svg").read_text()
         return out.read_text(), svg, out.parent / "tables" / "passkey_context.csv"
 
     # a job that used threshold 0.6 stored 256: shown as stored, with a dotted line at 0.6
@@ -609,3 +609,272 @@ def test_perplexity_section_states_the_documents_per_run(tmp_path: Path) -> None
     t = pd.read_csv(tmp_path / "out2" / "tables" / "perplexity.csv")
     assert set(t.loc[t["position"] == "alibi", "docs"]) == {"7/8"}
     assert "in every run" not in report.read_text()
+
+
+# --------------------------------------------------------------------------- figure layout
+# The figures are small multiples: one panel per position family present, scalings as lines
+# (one colour each, the same in every panel), seeds as a band. These tests read the figures the
+# sections build (matplotlib objects), not the PNGs.
+
+
+def _labelled(rows: list[dict]) -> tuple[pd.DataFrame, object]:
+    from bench.report.figures import Style
+    from bench.report.render import labelled_rows
+    from bench.results import normalize_results
+
+    df = labelled_rows(normalize_results(rows))
+    return df, Style(df)
+
+
+def _panels(fig) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Panel title (family, before any " (" note) -> axes."""
+    from bench.report.figures import panel_axes
+
+    return {ax.get_title().split(" (")[0]: ax for ax in panel_axes(fig)}
+
+
+def _data_lines(ax) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {ln.get_label(): ln for ln in ax.get_lines() if ln.get_gid() != "marker"}
+
+
+def _band(ax, label: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    """x, lower and upper bound of the band drawn for the line ``label``."""
+    (band,) = [c for c in ax.collections if c.get_label() == f"_band {label}"]
+    v = band.get_paths()[0].vertices
+    xs = np.unique(v[:, 0])
+    lo = np.array([v[v[:, 0] == x, 1].min() for x in xs])
+    hi = np.array([v[v[:, 0] == x, 1].max() for x in xs])
+    return xs, lo, hi
+
+
+def _texts(fig) -> list[str]:  # type: ignore[no-untyped-def]
+    from matplotlib.text import Text
+
+    return [t.get_text() for t in fig.findobj(Text)]
+
+
+def test_ppl_figure_has_one_panel_per_family_and_no_empty_panel() -> None:
+    from bench.report.figures import has_data
+    from bench.report.sections.nll import bucket_figure, ppl_figure
+
+    rows = synthetic_rows(seeds=[0])
+    df, style = _labelled(rows)
+    fig, _ = ppl_figure(df, style)
+    panels = _panels(fig)
+    assert list(panels) == POSITIONS  # rope, sinusoidal, learned, alibi, nope in this order
+    assert all(has_data(ax) for ax in panels.values())
+    # scalings are lines with one colour each, the same in every panel; none = black
+    colours: dict[str, set] = {}
+    for ax in panels.values():
+        for label, line in _data_lines(ax).items():
+            colours.setdefault(label, set()).add(line.get_color())
+    assert set(colours) == {"none (raw)", "linear", "yarn"}
+    assert all(len(c) == 1 for c in colours.values())
+    assert colours["none (raw)"] == {"black"}
+    assert len(set().union(*colours.values())) == 3
+    assert set(_data_lines(panels["rope"])) == {"none (raw)", "linear", "yarn"}
+    # the bucket figure: one panel per family with rows, never a "no rows" placeholder
+    fig, _ = bucket_figure(df, style)
+    panels = _panels(fig)
+    assert list(panels) == POSITIONS and all(has_data(ax) for ax in panels.values())
+    assert not any("no rows" in t for t in _texts(fig))
+    assert panels["rope"].get_title() == "rope (eval length 1024)"
+    assert panels["learned"].get_title() == "learned (eval length 64)"  # its longest
+
+
+def test_adding_a_family_adds_a_panel() -> None:
+    from bench.report.figures import has_data
+    from bench.report.sections.nll import ppl_figure
+
+    rows = synthetic_rows(seeds=[0])
+    only_rope = [r for r in rows if r["position"] == "rope"]
+    fig, _ = ppl_figure(*_labelled(only_rope))
+    assert list(_panels(fig)) == ["rope"]  # one family: one panel, no empty cells
+    visible = [ax for ax in fig.axes if ax.axison]
+    assert len(visible) == 1 and has_data(visible[0])
+    fig, _ = ppl_figure(*_labelled([r for r in rows if r["position"] in ("rope", "alibi")]))
+    assert list(_panels(fig)) == ["rope", "alibi"]
+    assert len([ax for ax in fig.axes if ax.axison]) == 2
+
+
+def test_several_seeds_draw_mean_and_a_band_that_brackets_it() -> None:
+    from scipy import stats
+
+    from bench.report.sections.nll import per_seed_nll, ppl_figure
+
+    rows = [r for r in synthetic_rows(seeds=[0, 1, 2]) if r["position"] == "rope"]
+    df, style = _labelled(rows)
+    fig, caption = ppl_figure(df, style)
+    assert "95% t-interval of the mean over 3 seeds" in caption
+    ax = _panels(fig)["rope"]
+    line = _data_lines(ax)["none (raw)"]
+    x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+    bx, lo, hi = _band(ax, "none (raw)")
+    assert np.array_equal(bx, x)
+    assert (lo < y).all() and (y < hi).all()
+    # the numbers: exp of the mean per-seed NLL, t-interval of that mean
+    per = per_seed_nll(df)
+    per = per[(per["scaling"] == "none") & (per["eval_length"] == 256)]
+    v = per["value"].to_numpy()
+    assert len(v) == 3
+    half = stats.t.ppf(0.975, 2) * v.std(ddof=1) / math.sqrt(3)
+    i = int(np.flatnonzero(x == 256)[0])
+    assert y[i] == pytest.approx(math.exp(v.mean()))
+    assert (lo[i], hi[i]) == (
+        pytest.approx(math.exp(v.mean() - half)),
+        pytest.approx(math.exp(v.mean() + half)),
+    )
+    # negative control: one seed shows that run's stored bootstrap CI, not a seed interval
+    fig, caption = ppl_figure(*_labelled([r for r in rows if r["seed"] == 0]))
+    assert "bootstrap CI stored with the run" in caption and "t-interval" not in caption
+    ax = _panels(fig)["rope"]
+    y1 = np.asarray(_data_lines(ax)["none (raw)"].get_ydata(), float)
+    _, lo1, hi1 = _band(ax, "none (raw)")
+    one = [r for r in rows if r["seed"] == 0 and r["scaling"] == "none" and r["metric"] == "nll"]
+    one = [r for r in one if "bucket_lo" not in r and r["eval_length"] == 256]
+    assert y1[i] == pytest.approx(math.exp(one[0]["value"]))
+    assert lo1[i] == pytest.approx(math.exp(one[0]["ci_lo"]))
+    assert hi1[i] == pytest.approx(math.exp(one[0]["ci_hi"]))
+    # ... and one seed without a stored CI draws no band at all
+    bare = [{k: v for k, v in r.items() if k not in ("ci_lo", "ci_hi")} for r in rows]
+    fig, caption = ppl_figure(*_labelled([r for r in bare if r["seed"] == 0]))
+    assert not _panels(fig)["rope"].collections and "no interval" in caption
+
+
+def test_seed_summary_band_kinds() -> None:
+    from bench.report.frame import NO_BAND, RUN_BAND, SEED_BAND, seed_summary
+
+    per = pd.DataFrame(
+        {
+            "k": ["a", "a", "a", "b", "c", "d", "d"],
+            "seed": [0, 1, 2, 0, 0, 0, 1],
+            "value": [1.0, 2.0, 3.0, 5.0, 7.0, 4.0, np.nan],  # d: the NaN seed measured nothing
+            "ci_lo": [0.0, 0.0, 0.0, 4.5, np.nan, 3.0, np.nan],
+            "ci_hi": [9.0, 9.0, 9.0, 5.5, np.nan, 5.0, np.nan],
+        }
+    )
+    s = seed_summary(per, ["k"]).set_index("k")
+    assert s.loc["a", "value"] == 2.0 and s.loc["a", "band"] == SEED_BAND
+    half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    assert s.loc["a", "lo"] == pytest.approx(2.0 - half) and s.loc["a", "hi"] == pytest.approx(
+        2.0 + half
+    )
+    assert (s.loc["b", "lo"], s.loc["b", "hi"], s.loc["b", "band"]) == (4.5, 5.5, RUN_BAND)
+    assert np.isnan(s.loc["c", "lo"]) and s.loc["c", "band"] == NO_BAND
+    assert s.loc["d", "n_seeds"] == 1 and s.loc["d", "band"] == RUN_BAND
+
+
+def _passkey_rows(zero: tuple[str, str] = ("sinusoidal", "none"), keep: float = 0.0) -> list[dict]:
+    """The synthetic passkey rows (2 seeds), with every accuracy of ``zero`` set to 0 except the
+    depth-0 cell at the longest length, set to ``keep``."""
+    rows = [r for r in synthetic_rows(seeds=[0, 1]) if r["metric"].startswith("passkey")]
+    for r in rows:
+        if (r["position"], r["scaling"]) == zero and r["metric"] == "passkey_acc":
+            hit = r.get("axis_value") == 0.0 and r["eval_length"] == 1024
+            r["value"] = keep if hit else 0.0
+    return rows
+
+
+def test_passkey_heatmap_only_for_models_with_signal(tmp_path: Path) -> None:
+    from bench.report.figures import has_data
+    from bench.report.sections.passkey import (
+        accuracy_by_depth,
+        heatmap_figure,
+        passkey_figure,
+    )
+
+    df, style = _labelled(_passkey_rows())
+    acc = df[df["metric"] == "passkey_acc"]
+    fig, dropped = heatmap_figure(accuracy_by_depth(acc))
+    titles = [ax.get_title() for ax in fig.axes if ax.axison and ax.get_title()]
+    assert dropped == ["sinusoidal / none"]
+    assert "sinusoidal / none (raw)" not in titles and "rope / none (raw)" in titles
+    assert len(titles) == 3 * len(POSITIONS) - 1
+    assert all(ax.get_images() for ax in fig.axes if ax.axison and ax.get_title())
+    # the compact summary still shows it: one panel per family, its line flat at 0
+    fig, caption = passkey_figure(acc, style, 0.8)
+    panels = _panels(fig)
+    assert list(panels) == POSITIONS and all(has_data(ax) for ax in panels.values())
+    flat = _data_lines(panels["sinusoidal"])["none (raw)"]
+    assert (np.asarray(flat.get_ydata(), float) == 0).all()
+    assert "95% t-interval of the mean over 2 seeds" in caption
+    # negative control: one depth x length cell with some retrieval brings its panel back
+    df2, _ = _labelled(_passkey_rows(keep=0.3))
+    fig, dropped = heatmap_figure(accuracy_by_depth(df2[df2["metric"] == "passkey_acc"]))
+    assert dropped == [] and "sinusoidal / none (raw)" in [ax.get_title() for ax in fig.axes]
+    # the report says which models have no heatmap and shows the summary figure
+    write_sweep(tmp_path / "res", _passkey_rows())
+    text = generate_report(tmp_path / "res", tmp_path / "out").read_text()
+    assert "No heatmap for 1 model(s)" in text and "`sinusoidal / none`" in text
+    assert "plots/passkey_vs_length.png" in text and "plots/passkey_heatmap.png" in text
+
+
+def test_all_zero_passkey_gives_no_heatmap(tmp_path: Path) -> None:
+    rows = [r for r in synthetic_rows(seeds=[0]) if r["metric"] == "passkey_acc"]
+    rows = [{**r, "value": 0.0} for r in rows if r["position"] == "rope"]
+    write_sweep(tmp_path / "res", rows)
+    text = generate_report(tmp_path / "res", tmp_path / "out").read_text()
+    assert not (tmp_path / "out" / "plots" / "passkey_heatmap.png").exists()
+    assert "depth x length heatmap is omitted" in text
+    assert (tmp_path / "out" / "plots" / "passkey_vs_length.png").is_file()
+
+
+def test_finetuned_models_are_their_own_lines_in_the_rope_panel() -> None:
+    from bench.report.sections.nll import ppl_figure
+    from bench.report.sections.passkey import passkey_figure
+
+    rows = [r for r in synthetic_rows(seeds=[0]) if r["position"] in ("rope", "alibi")]
+    tuned = [
+        {**r, "scaling": "pi", "scaling_params": canonical_json({"factor": 4}),
+         "model_id": r["model_id"] + "-pi", "finetune_method": "pi", "finetune_length": 256,
+         "finetune_steps": 50, "parent_model_id": r["model_id"]}
+        for r in rows
+        if r["position"] == "rope" and r["scaling"] == "none"
+    ]  # fmt: skip
+    df, style = _labelled(rows + tuned)
+    fig, _ = ppl_figure(df, style)
+    panels = _panels(fig)
+    assert list(panels) == ["rope", "alibi"]
+    rope = _data_lines(panels["rope"])
+    assert "pi (fine-tuned at 4x)" in rope and "linear (zero-shot)" in rope
+    assert "pi (fine-tuned at 4x)" not in _data_lines(panels["alibi"])
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "pi (fine-tuned at 4x)" in legend and "none (raw)" in legend
+    colours = {lab: ln.get_color() for lab, ln in rope.items()}
+    assert len(set(colours.values())) == len(colours)  # its own colour
+    fig, _ = passkey_figure(df[df["metric"] == "passkey_acc"], style)
+    assert "pi (fine-tuned at 4x)" in _data_lines(_panels(fig)["rope"])
+
+
+def test_rows_of_different_arms_are_not_pooled() -> None:
+    from bench.report.sections.nll import ppl_figure
+
+    rows = [
+        r for r in synthetic_rows(seeds=[0]) if r["position"] == "rope" and r["scaling"] == "none"
+    ]
+    both = [{**r, "arm": "lm"} for r in rows] + [
+        {**r, "arm": "retrieval", "model_id": r["model_id"] + "-r"} for r in rows
+    ]
+    df, style = _labelled(both)
+    assert set(df["series"]) == {"rope / none [arm lm]", "rope / none [arm retrieval]"}
+    fig, _ = ppl_figure(df, style)
+    assert set(_data_lines(_panels(fig)["rope"])) == {
+        "none (raw) [arm lm]",
+        "none (raw) [arm retrieval]",
+    }
+    # control: one arm only keeps the plain labels
+    df, _ = _labelled([{**r, "arm": "lm"} for r in rows])
+    assert set(df["series"]) == {"rope / none"}
+
+
+def test_report_figures_have_no_empty_panels(full_report: tuple[Path, Path]) -> None:
+    """The full report's SVGs: no "no rows" placeholder, one titled panel per family."""
+    _, report = full_report
+    plots = report.parent / "plots"
+    for name in ("ppl_vs_length", "nll_by_bucket", "passkey_vs_length", "shift_dnll"):
+        svg = (plots / f"{name}.svg").read_text()
+        assert "no rows" not in svg, name
+        for family in POSITIONS:
+            assert f">{family}" in svg, (name, family)
+    text = report.read_text()
+    assert "95% t-interval of the mean over 2 seeds" in text

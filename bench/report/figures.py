@@ -1,13 +1,17 @@
 """Plot building blocks shared by the report sections: series styles, panel grids, legends.
 
-Colours follow the position encoding and line styles the scaling method in every figure; a thick
-grey vertical line marks the training length. Figures are laid out with fixed margins in inches
-and saved as PNG and SVG.
+Most figures are small multiples (:func:`family_panels`): one panel per position family present
+(rope, sinusoidal, learned, alibi, nope), the scaling methods (and fine-tunes) as lines in one
+colour each, the same in every panel and figure (no scaling = black), the mean over seeds as the
+line and its interval as a light band. A thick grey vertical line marks the training length.
+Figures are laid out with fixed margins in inches and saved as PNG and SVG.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +19,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib import rc_context
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, NullLocator
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from bench.report.frame import sort_series
+from bench.report.frame import (
+    FINETUNE_MARK,
+    POSITION_ORDER,
+    SCALING_ORDER,
+    rank,
+    sort_series,
+    summary_band_text,
+)
+from models.scaling_config import ORACLE_SUFFIX
 
 _LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1))]
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -27,7 +40,9 @@ TRAIN_MARKER = {"color": "0.45", "linestyle": "-", "linewidth": 3.0, "alpha": 0.
 
 
 class Style:
-    """Consistent colours (per position label) and line styles (per scaling label) across plots."""
+    """Consistent styles across plots: in :func:`family_panels` a colour per scaling label
+    (``scaling_color``; none = black), legend text per series (``line_label``) and a line style
+    per variant of one scaling (``variant_style``); in the bar chart a colour per position."""
 
     def __init__(self, df: pd.DataFrame) -> None:
         ordered = df.sort_values("series_rank")
@@ -41,6 +56,8 @@ class Style:
         self.linestyle = {s: _LINESTYLES[i % len(_LINESTYLES)] for i, s in enumerate(scalings)}
         self.marker = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(scalings)}
 
+        self._scaling_styles(ordered)
+
     def kwargs(self, position_label: str, scaling_label: str) -> dict[str, object]:
         return {
             "color": self.color[position_label],
@@ -49,6 +66,87 @@ class Style:
             "markersize": 3.5,
             "linewidth": 1.5,
         }
+
+    def _scaling_styles(self, ordered: pd.DataFrame) -> None:
+        """Colours per scaling label (none = black; fine-tunes after zero-shot methods), legend
+        text per series and a line style per variant of one scaling label (train length,
+        experiment, arm, position parameters), for :func:`family_panels`."""
+        series = ordered.drop_duplicates("series_rank")
+        tuned = (
+            series["finetune_method"].notna()
+            if "finetune_method" in series.columns
+            else pd.Series(False, index=series.index)
+        )
+        keys = pd.DataFrame(
+            {
+                "label": series["scaling_label"],
+                "tuned": tuned.astype(bool),
+                "rank": [
+                    rank(str(sc).removesuffix(ORACLE_SUFFIX), SCALING_ORDER)
+                    for sc in series["scaling"]
+                ],
+            }
+        ).drop_duplicates("label")
+        keys = keys.sort_values(["tuned", "rank", "label"], kind="stable")
+        palette = _palette(int((keys["label"] != "none").sum()))
+        self.scaling_order = list(keys["label"])
+        self.scaling_color: dict[str, object] = {}
+        i = 0
+        for label in self.scaling_order:
+            if label == "none":
+                self.scaling_color[label] = "black"
+            else:
+                self.scaling_color[label] = palette[i % len(palette)]
+                i += 1
+        several = series.groupby("position")["position_label"].nunique()
+        self.line_label: dict[str, str] = {}
+        self.variant_style: dict[str, object] = {}
+        variants: dict[tuple, int] = {}
+        for row in series.itertuples(index=False):
+            full, pos = str(row.series), str(row.position_label)
+            own = several.get(row.position, 1) > 1  # the panel needs the position label too
+            self.line_label[full] = display_label(full if own else full[len(pos) + 3 :])
+            # what tells two series of one scaling apart: train length, experiment, arm, params
+            suffix = full[len(pos) + 3 + len(str(row.scaling_label)) :].strip()
+            key = (pos if own else "", suffix)
+            index = variants.setdefault(key, len(variants))
+            self.variant_style[full] = _LINESTYLES[index % len(_LINESTYLES)]
+
+    def line_kwargs(self, series: str, scaling_label: str) -> dict[str, object]:
+        """Colour (scaling), line style (variant) and marker of one series in family panels."""
+        return {
+            "color": self.scaling_color.get(scaling_label, "0.4"),
+            "linestyle": self.variant_style.get(series, "-"),
+            "marker": self.marker.get(scaling_label, "o"),
+            "markersize": 3.5,
+            "linewidth": 1.6,
+            "label": self.line_label.get(series, series),
+        }
+
+
+_FINETUNE_RE = re.compile(re.escape(FINETUNE_MARK) + r"([^ ,]+x)(, \d+ steps)?")
+
+
+def display_label(text: str) -> str:
+    """Legend text of a line: "pi ft@4x" -> "pi (fine-tuned at 4x)", "none" -> "none (raw)"."""
+    text = _FINETUNE_RE.sub(lambda m: f" (fine-tuned at {m.group(1)}{m.group(2) or ''})", text)
+    if text == "none" or text.startswith("none "):
+        text = "none (raw)" + text[4:]
+    elif " / none" in text:  # a label that keeps its position: "rope (base=500000) / none"
+        text = text.replace(" / none", " / none (raw)", 1)
+    return text
+
+
+def _palette(n: int) -> list[object]:
+    """Distinct colours for the scaling methods other than none (black): tab10 without its grey,
+    tab20 without greys when there are more."""
+    from matplotlib import colormaps
+
+    if n <= 9:
+        colors = colormaps["tab10"].colors  # type: ignore[attr-defined]
+        return [c for i, c in enumerate(colors) if i != 7]
+    colors = colormaps["tab20"].colors  # type: ignore[attr-defined]
+    return [c for i, c in enumerate(colors) if i not in (14, 15)]
 
 
 def save_figure(fig: Figure, plots_dir: Path, name: str) -> None:
@@ -65,11 +163,6 @@ def int_ticks(ax, values: Sequence[float], axis: str = "x") -> None:  # type: ig
     if 0 < len(vals) <= 12:
         target.set_ticks(vals)
     target.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
-
-
-def train_lines(ax, lengths: Sequence[int]) -> None:  # type: ignore[no-untyped-def]
-    for length in sorted(set(lengths)):
-        ax.axvline(length, **TRAIN_MARKER, label=f"train length ({length})")
 
 
 def share_limits(axes: Sequence, which: str) -> None:  # type: ignore[type-arg]
@@ -140,7 +233,11 @@ class Panels:
         handles: dict[str, object] | None = None,
         colorbar: object = None,
         colorbar_label: str = "",
+        legend_slot: Axes | None = None,
+        legend_title: str | None = None,
     ) -> Figure:
+        """``legend_slot``: an unused grid cell to hold the legend when it fits there (else the
+        legend goes right of the panels as usual)."""
         fig = self.fig
         renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
         extra = 0.0
@@ -155,11 +252,25 @@ class Panels:
                 list(handles.keys()),
                 loc="upper left",
                 fontsize=8,
+                title=legend_title,
+                title_fontsize=8,
+                alignment="left",
                 frameon=False,
                 handlelength=2.6,
                 borderaxespad=0.0,
             )
-            extra += leg.get_window_extent(renderer).width / fig.dpi + 0.3
+            box = leg.get_window_extent(renderer)
+            if legend_slot is not None and colorbar is None:
+                slot = legend_slot.get_position()
+                w_in, h_in = fig.get_size_inches()
+                room_w = slot.width * w_in + self.right + 0.2
+                room_h = (slot.y1 * h_in) - 0.1
+                if box.width / fig.dpi <= room_w and box.height / fig.dpi <= room_h:
+                    leg.set_bbox_to_anchor(
+                        (slot.x0 + 0.1 / w_in, slot.y1), transform=fig.transFigure
+                    )
+                    return self._title(title)
+            extra += box.width / fig.dpi + 0.3
         self._adjust(extra)
         w, h = self._width(extra), self._height()
         x0 = self.left + self.ncols * self.pw + (self.ncols - 1) * self.wgap + 0.3
@@ -171,156 +282,261 @@ class Panels:
             x0 += cbar_w
         if leg is not None:
             leg.set_bbox_to_anchor((x0 / w, 1 - self.top / h), transform=fig.transFigure)
-        fig.suptitle(
+        return self._title(title)
+
+    def _title(self, title: str) -> Figure:
+        w, h = self.fig.get_size_inches()
+        self.fig.suptitle(
             title,
             x=0.5 * (self.left + self._width(0.0) - self.right) / w,
             y=1 - 0.12 / h,
             va="top",
             fontsize=12,
         )
-        return fig
+        return self.fig
 
 
-def legend_handles(
-    axes: np.ndarray, style: Style | None = None, data: pd.DataFrame | None = None
-) -> dict[str, object]:
-    """Handles for one figure legend right of the panels. With ``style`` and ``data`` and when each series is
-    one (position, scaling) pair, the legend is compact: colours = positions, line styles =
-    scalings, instead of one entry per series."""
+def legend_handles(axes: np.ndarray) -> dict[str, object]:
+    """Handles for one figure legend right of the panels: every labelled artist, once."""
     handles: dict[str, object] = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if not lab.startswith("_"):
                 handles.setdefault(lab, h)
-    if style is not None and data is not None and not data.empty:
-        pairs = data.drop_duplicates("series_rank").sort_values("series_rank")
-        unique = len(pairs) == len(pairs[["position_label", "scaling_label"]].drop_duplicates())
-        if unique and len(pairs) > 4:
-            series = set(pairs["series"])
-            extra = {k: v for k, v in handles.items() if k not in series}
-            blank = Line2D([], [], linestyle="none")
-            compact: dict[str, object] = {"position (colour)": blank}
-            for p in dict.fromkeys(pairs["position_label"]):
-                compact[f"  {p}"] = Line2D([], [], color=style.color[p], linewidth=2.5)
-            compact["scaling (line style)"] = Line2D([], [], linestyle="none")
-            for sc in dict.fromkeys(pairs["scaling_label"]):
-                compact[f"  {sc}"] = Line2D(
-                    [],
-                    [],
-                    color="0.2",
-                    linestyle=style.linestyle[sc],
-                    marker=style.marker[sc],
-                    markersize=4,
-                )
-            if extra:
-                compact["markers"] = Line2D([], [], linestyle="none")
-                compact.update({f"  {k}": v for k, v in extra.items()})
-            handles = compact
     return handles
 
 
-def line_panels(
-    plots_dir: Path,
+def family_order(positions: Sequence[str] | pd.Series) -> list[str]:
+    """The position families present, in :data:`POSITION_ORDER` (unknown ones last, sorted)."""
+    present = set(positions)
+    return [p for p in POSITION_ORDER if p in present] + sorted(present - set(POSITION_ORDER))
+
+
+def family_grid(n: int) -> tuple[int, int]:
+    """Rows x columns for ``n`` panels: one row up to 3, 2 x 2 for 4, then rows of 3."""
+    if n <= 3:
+        return 1, max(1, n)
+    if n == 4:
+        return 2, 2
+    return math.ceil(n / 3), 3
+
+
+def _log_y_ticks(ax: Axes) -> None:
+    """Plain-number ticks on a log y axis: 1-2-3-5 steps within about a decade, 1-2-5 up to
+    three decades, powers of ten beyond."""
+    lo, hi = ax.get_ylim()
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs = (1.0, 2.0, 3.0, 5.0) if decades <= 1.2 else (1.0, 2.0, 5.0) if decades <= 3 else (1.0,)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: _plain_number(y)))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def _plain_number(y: float) -> str:
+    """Tick text: "0.5", "20", "5000", and "1e4", "2e6" from ten thousand up."""
+    if y >= 1e4:
+        mantissa, exponent = f"{y:.0e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{y:g}"
+
+
+def wants_log(values: Sequence[float] | np.ndarray, span: float = 3.0) -> bool:
+    """Log scale when the positive finite values span more than ``span`` x."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    return bool(len(v) and v.max() / v.min() > span)
+
+
+def family_panels(
     style: Style,
-    data: pd.DataFrame,
+    summary: pd.DataFrame,
     *,
-    name: str,
     title: str,
     xlabel: str,
     ylabel: str,
     xscale: str = "log2",
+    ylog: bool = False,
+    ylim: tuple[float, float] | None = None,
+    xticks: Sequence[float] | None = None,
     marker_x: Callable[[int, int], float | None] = lambda train, _ev: float(train),
     marker_label: str = "train length ({m:g})",
     hline: float | None = None,
     hline_label: str | None = None,
-    ylog: bool = False,
-    transform: Callable[[np.ndarray], np.ndarray] | None = None,
-    panel_col: str | None = "eval_length",
-    panel_fmt: Callable[[object], str] = lambda v: f"eval length {v}",
-) -> None:
-    """One line per series (x=``x``, y=``value``), CI band where present, one panel per
-    ``panel_col`` value, vertical marker at ``marker_x(train_length, eval_length)``."""
-    panels = sorted(data[panel_col].unique()) if panel_col else [None]
-    nrows, ncols = grid_shape(len(panels))
-    grid = Panels(1, 1, pw=6.0, ph=4.2, top=0.5) if len(panels) == 1 else Panels(nrows, ncols)
-    axes = grid.axes
-    for ax in axes.flat[len(panels) :]:
+    panel_note: Callable[[str, pd.DataFrame], str] | None = None,
+) -> Figure:
+    """Small multiples: one panel per position family in ``summary`` (only those present, in
+    :data:`POSITION_ORDER`), each series a line (colour = scaling, the same in every panel)
+    with its band, one shared y axis, one legend (in a free grid cell where there is one).
+
+    ``summary``: one row per series x ``x`` with ``value``, ``lo``, ``hi`` (band; NaN = none),
+    ``band`` and ``n_seeds`` (:func:`bench.report.frame.seed_summary`) and the label columns.
+    ``panel_note(family, rows)`` adds text to a panel's title. Returns the figure (unsaved)."""
+    families = family_order(summary["position"])
+    nrows, ncols = family_grid(len(families))
+    pw = 5.4 if len(families) == 1 else 3.3
+    xlabel = "\n".join(textwrap.wrap(xlabel, int(pw * 13))) or xlabel  # no label runs into the next
+    lines = xlabel.count("\n")
+    if len(families) == 1:
+        grid = Panels(1, 1, pw=pw, ph=3.6, top=0.7, bottom=0.8 + 0.17 * lines)
+    else:
+        grid = Panels(
+            nrows,
+            ncols,
+            pw=pw,
+            ph=2.6,
+            wgap=0.3,
+            hgap=0.8 + 0.17 * lines,
+            bottom=0.8 + 0.17 * lines,
+        )
+    axes = list(grid.axes.flat)
+    for ax in axes[len(families) :]:
         ax.set_axis_off()
-    tf = transform or (lambda a: a)
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        sub = data if panel is None else data[data[panel_col] == panel]
+    xs = summary["x"].to_numpy(dtype=float)
+    xs = xs[np.isfinite(xs)]
+    if xscale == "log2" and len(xs) and xs.min() <= 0:
+        xscale = "symlog2"  # a log axis cannot show x = 0 (e.g. no context)
+    entries: dict[str, tuple[tuple, object]] = {}
+    markers: dict[str, object] = {}
+    marks_all: set[float] = set()
+    used = axes[: len(families)]
+    for i, (ax, family) in enumerate(zip(used, families, strict=True)):
+        sub = summary[summary["position"] == family]
         for _, s in sort_series(sub).groupby("series_rank", sort=True):
             s = s.sort_values("x")
-            x = s["x"].to_numpy(dtype=float)
-            y = tf(s["value"].to_numpy(dtype=float))
             first = s.iloc[0]
-            ax.plot(
-                x,
-                y,
-                label=first["series"],
-                **style.kwargs(first["position_label"], first["scaling_label"]),
-            )
-            lo, hi = s["ci_lo"].to_numpy(dtype=float), s["ci_hi"].to_numpy(dtype=float)
+            kw = style.line_kwargs(str(first["series"]), str(first["scaling_label"]))
+            x = s["x"].to_numpy(dtype=float)
+            (line,) = ax.plot(x, s["value"].to_numpy(dtype=float), zorder=3, **kw)
+            lo, hi = s["lo"].to_numpy(dtype=float), s["hi"].to_numpy(dtype=float)
             ok = np.isfinite(lo) & np.isfinite(hi)
-            if ok.sum() >= 1:
+            if ok.any():
                 ax.fill_between(
                     x[ok],
-                    tf(lo[ok]),
-                    tf(hi[ok]),
-                    color=style.color[first["position_label"]],
-                    alpha=0.15,
+                    lo[ok],
+                    hi[ok],
+                    color=kw["color"],
+                    alpha=0.13,
                     linewidth=0,
+                    zorder=1,
+                    label=f"_band {kw['label']}",  # "_": not a legend entry
                 )
-        marks = sorted(
-            {
-                m
-                for tl, ev in sub[["train_length", "eval_length"]]
-                .drop_duplicates()
-                .itertuples(index=False)
-                if (m := marker_x(int(tl), int(ev))) is not None
-            }
-        )
-        for m in marks:
-            ax.axvline(m, **TRAIN_MARKER, label=marker_label.format(m=m))
+            order = (
+                style.scaling_order.index(first["scaling_label"])
+                if first["scaling_label"] in style.scaling_order
+                else len(style.scaling_order)
+            )
+            entries.setdefault(str(kw["label"]), ((order, int(first["series_rank"])), line))
+        marks = {
+            m
+            for tl, ev in sub[["train_length", "eval_length"]]
+            .drop_duplicates()
+            .itertuples(index=False)
+            if (m := marker_x(int(tl), int(ev))) is not None
+        }
+        marks_all |= marks
+        for m in sorted(marks):
+            markers[marker_label.format(m=m)] = ax.axvline(
+                m, zorder=0, gid="marker", **TRAIN_MARKER
+            )
         if hline is not None:
-            ax.axhline(hline, color="0.55", linewidth=1.0, linestyle=":", label=hline_label)
-        xs = sub["x"].to_numpy(dtype=float)
-        xs = xs[np.isfinite(xs)]
-        panel_xscale = xscale
-        if xscale == "log2" and len(xs) and xs.min() <= 0:
-            panel_xscale = "symlog2"  # a log axis cannot show x = 0 (e.g. no context); keep it
-        if panel_xscale == "log2":
+            h = ax.axhline(
+                hline, color="0.45", linewidth=1.0, linestyle=":", zorder=2, gid="marker"
+            )
+            if hline_label:
+                markers[hline_label] = h
+        if xscale == "log2":
             ax.set_xscale("log", base=2)
-            int_ticks(ax, xs)
-        elif panel_xscale == "symlog2":
+        elif xscale == "symlog2":
             ax.set_xscale("symlog", base=2, linthresh=1.0)
-            int_ticks(ax, xs)
         if ylog:
             ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}"))
-            ax.yaxis.set_minor_locator(NullLocator())
-        if panel_xscale in ("log2", "symlog2") and len(xs) and xs.min() >= 0:
-            lo_x = min([xs.min(), *[m for m in marks if m >= 0]])
-            hi_x = max([xs.max(), *marks])
-            ax.set_xlim(lo_x / 1.4 if lo_x > 0 else -0.3, hi_x * 1.4)
-        ax.tick_params(axis="x", labelrotation=45 if len(ax.get_xticks()) > 7 else 0, labelsize=8)
+        note = panel_note(family, sub) if panel_note else ""
+        ax.set_title(family + note, fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        if panel is not None and len(panels) > 1:
-            ax.set_title(panel_fmt(panel), fontsize=10)
-    share_limits(list(axes.flat[: len(panels)]), "y")
-    save_figure(grid.finish(title, legend_handles(axes, style, data)), plots_dir, name)
+        ax.tick_params(labelsize=8)
+        if i % ncols == 0:
+            ax.set_ylabel(ylabel + (" (log scale)" if ylog else ""), fontsize=9)
+        else:
+            ax.tick_params(labelleft=False)
+        if i + ncols >= len(families):  # nothing below it
+            ax.set_xlabel(xlabel, fontsize=9)
+    # one x range and one y range for all panels
+    if len(xs):
+        lo_x = min([xs.min(), *marks_all])
+        hi_x = max([xs.max(), *marks_all])
+        if xscale in ("log2", "symlog2") and lo_x >= 0:
+            xlim = (lo_x / 1.3 if lo_x > 0 else -0.3, hi_x * 1.3)
+        else:
+            pad = 0.04 * (hi_x - lo_x or 1.0)
+            xlim = (lo_x - pad, hi_x + pad)
+        for ax in used:
+            if xscale in ("log2", "symlog2"):
+                ticks = xticks if xticks is not None else _thin(sorted(set(xs) | marks_all))
+                int_ticks(ax, [t for t in ticks if xlim[0] <= t <= xlim[1]])
+            ax.set_xlim(*xlim)  # after the ticks: setting ticks widens the limits
+    if ylim is not None:
+        for ax in used:
+            ax.set_ylim(*ylim)
+    else:
+        share_limits(used, "y")
+    if ylog:
+        for ax in used:
+            _log_y_ticks(ax)
+    _rotate_crowded(used, grid.pw)
+    handles = {
+        "\n".join(textwrap.wrap(k, 40)) or k: h
+        for k, (_, h) in sorted(entries.items(), key=lambda kv: kv[1][0])
+    }
+    handles.update(markers)
+    text = summary_band_text(summary)
+    if text:
+        label = "\n".join(textwrap.wrap("shaded: " + text, 36))
+        handles[label] = Patch(facecolor="0.35", alpha=0.25, linewidth=0)
+    slot = axes[len(families)] if len(axes) > len(families) else None
+    return grid.finish(title, handles, legend_slot=slot, legend_title="line colour: scaling method")
 
 
-def series_grid(series: pd.DataFrame) -> tuple[list[tuple[int, int]], int, int]:
-    """Place series on a (scaling row x position column) grid when that is unambiguous."""
-    s = series.drop_duplicates("series_rank").sort_values("series_rank")
-    pos = list(dict.fromkeys(s["position_label"]))
-    scal = list(dict.fromkeys(s["scaling_label"]))
-    pairs = list(zip(s["scaling_label"], s["position_label"], strict=True))
-    if len(set(pairs)) == len(pairs) and len(pos) * len(scal) <= 2 * len(pairs) + 2:
-        cells = [(scal.index(sc), pos.index(p)) for sc, p in pairs]
-        return cells, len(scal), len(pos)
-    nrows, ncols = grid_shape(len(pairs), max_cols=5)
-    return [(i // ncols, i % ncols) for i in range(len(pairs))], nrows, ncols
+def pow2_ticks(values: Sequence[float], most: int = 6) -> list[float]:
+    """Powers of two among ``values`` (e.g. bucket edges), at most ``most`` of them."""
+    v = sorted({float(x) for x in values if np.isfinite(x) and x > 0})
+    powers = [x for x in v if math.log2(x).is_integer()] or v
+    return _thin(powers, most)
+
+
+def _thin(values: list[float], most: int = 8) -> list[float]:
+    """At most ``most`` tick positions: every k-th value (always keeping the last)."""
+    if len(values) <= most:
+        return values
+    step = math.ceil(len(values) / most)
+    kept = values[::-1][::step][::-1]
+    return kept
+
+
+def _rotate_crowded(axes: Sequence[Axes], panel_width: float) -> None:
+    """Tilt x tick labels where they would run into each other."""
+    for ax in axes:
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        chars = sum(len(str(lab)) + 2 for lab in labels[: len(ticks)]) if labels else 0
+        if not any(labels):
+            chars = sum(len(f"{t:g}") + 2 for t in ticks)
+        if chars * 0.075 > 0.85 * panel_width:
+            ax.tick_params(axis="x", labelrotation=45)
+            for lab in ax.get_xticklabels():
+                lab.set_horizontalalignment("right")
+                lab.set_rotation_mode("anchor")
+
+
+def panel_axes(fig: Figure) -> list[Axes]:
+    """The panels of a figure (visible axes with a title), in order."""
+    return [ax for ax in fig.axes if ax.axison and ax.get_title()]
+
+
+def has_data(ax: Axes) -> bool:
+    """Whether a panel shows data: a line with a finite point that is not a marker line
+    (training length, reference line), or an image."""
+    for line in ax.get_lines():
+        y = np.asarray(line.get_ydata(), dtype=float)
+        if line.get_gid() != "marker" and len(y) and np.isfinite(y).any():
+            return True
+    return bool(ax.get_images())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -40,6 +40,54 @@ def params_text(params: str) -> str:
     if isinstance(parsed, dict):
         return ",".join(f"{k}={v}" for k, v in parsed.items())
     return str(parsed)
+
+
+def _flat_params(params: str) -> dict[str, str]:
+    """Parameters as flat key -> text: the nested ``params`` of a scaling config lifted to the
+    top ("factor" rather than "params={'factor': 8}")."""
+    try:
+        parsed = json.loads(params)
+    except (TypeError, json.JSONDecodeError):
+        return {"": str(params)}
+    if not isinstance(parsed, dict):
+        return {"": str(parsed)}
+
+    def text(v: object) -> str:
+        return json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
+
+    out: dict[str, str] = {}
+    for k, v in parsed.items():
+        if k == "params" and isinstance(v, dict):
+            for k2, v2 in v.items():
+                out[k2 if k2 not in parsed else f"params.{k2}"] = text(v2)
+        else:
+            out[k] = text(v)
+    return out
+
+
+def _param_labels(names: list[str], params: list[str], groups: list[object]) -> list[str]:
+    """``name``, or "name (k=v,...)" with only the parameters that differ between the parameter
+    sets of one name (within one group) where it has several."""
+    sets: dict[tuple, set[str]] = {}
+    for name, p, g in zip(names, params, groups, strict=True):
+        sets.setdefault((name, g), set()).add(p)
+    differing: dict[tuple, list[str]] = {}
+    for key, ps in sets.items():
+        if len(ps) < 2:
+            continue
+        flats = [_flat_params(p) for p in ps]
+        keys = list(dict.fromkeys(k for f in flats for k in f))
+        differing[key] = [k for k in keys if len({f.get(k) for f in flats}) > 1]
+    labels = []
+    for name, p, g in zip(names, params, groups, strict=True):
+        keys = differing.get((name, g))
+        if not keys:
+            labels.append(name)
+            continue
+        flat = _flat_params(p)
+        parts = [f"{k}={flat[k]}" if k else flat[k] for k in keys if k in flat]
+        labels.append(f"{name} ({','.join(parts)})" if parts else name)
+    return labels
 
 
 def rank(value: str, order: list[str]) -> int:
@@ -79,25 +127,33 @@ def finetune_labels(df: pd.DataFrame) -> list[str]:
 
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     """Add ``position_label``, ``scaling_label`` (fine-tunes marked: :func:`finetune_labels`),
-    ``series`` (legend text) and ``series_rank``."""
+    ``series`` (legend text; with "[arm <name>]" where the rows come from several arms,
+    which train different models) and ``series_rank``."""
     df = df.copy()
+    tuned = (
+        df["finetune_method"].notna()
+        if "finetune_method" in df.columns
+        else pd.Series(False, index=df.index)
+    )
     for kind in ("position", "scaling"):
-        n_params = df.groupby(kind)[f"{kind}_params"].nunique()
-        varied = set(n_params[n_params > 1].index)
-        labels = []
-        for name, params in zip(df[kind], df[f"{kind}_params"], strict=True):
-            text = params_text(params)
-            labels.append(f"{name} ({text})" if name in varied and text else name)
-        df[f"{kind}_label"] = labels
+        # a fine-tune's scaling is told apart by its mark, not by its (other) parameters
+        group = tuned if kind == "scaling" else pd.Series(False, index=df.index)
+        df[f"{kind}_label"] = _param_labels(
+            df[kind].tolist(), df[f"{kind}_params"].tolist(), group.tolist()
+        )
     df["scaling_label"] = finetune_labels(df)
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:
         series = series + " L=" + df["train_length"].astype(str)
     if df["experiment"].nunique() > 1:
         series = series + " [" + df["experiment"] + "]"
+    arm = _arm_labels(df)
+    if arm.nunique() > 1:  # different arms train different models: never pool them
+        series = series + " [arm " + arm.replace("", "–") + "]"
     df["series"] = series
     keys = (
         df[["position", "position_label", "scaling", "scaling_label", "train_length", "experiment"]]
+        .assign(_arm=arm)
         .drop_duplicates()
         .assign(
             _pr=lambda d: [rank(p, POSITION_ORDER) for p in d["position"]],
@@ -107,18 +163,19 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
             ],
         )
         .sort_values(
-            ["_pr", "position_label", "_sr", "scaling_label", "train_length", "experiment"]
+            ["_pr", "position_label", "_sr", "scaling_label", "train_length", "experiment", "_arm"]
         )
     )
     ranks: dict[tuple, int] = {}
-    for pos, scal, tl, exp in zip(
+    for pos, scal, tl, exp, a in zip(
         keys["position_label"],
         keys["scaling_label"],
         keys["train_length"],
         keys["experiment"],
+        keys["_arm"],
         strict=True,
     ):
-        ranks.setdefault((pos, scal, tl, exp), len(ranks))
+        ranks.setdefault((pos, scal, tl, exp, a), len(ranks))
     df["series_rank"] = [
         ranks[k]
         for k in zip(
@@ -126,10 +183,18 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
             df["scaling_label"],
             df["train_length"],
             df["experiment"],
+            arm,
             strict=True,
         )
     ]
     return df
+
+
+def _arm_labels(df: pd.DataFrame) -> pd.Series:
+    """The ``arm`` column as text ("" where a row has none, or the frame has no such column)."""
+    if "arm" not in df.columns:
+        return pd.Series("", index=df.index, dtype=object)
+    return df["arm"].astype(object).where(df["arm"].notna(), "").astype(str)
 
 
 def aggregate(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -212,3 +277,89 @@ def summary_or_detail(
             labels[0] if k in have else labels[1] for k in map(tuple, t[keys].to_numpy().tolist())
         ]
     return t
+
+
+#: Confidence level of the bands drawn in figures (as in :mod:`bench.findings`).
+BAND_LEVEL = 0.95
+#: ``band`` values of :func:`seed_summary`: how a point's interval was made.
+SEED_BAND = "seeds"  # t-interval of the mean over seeds
+RUN_BAND = "run CI"  # one seed: the run's stored (bootstrap) CI
+NO_BAND = "none"  # one seed without a stored CI
+
+
+def seed_summary(
+    per_seed: pd.DataFrame,
+    keys: Sequence[str],
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    level: float = BAND_LEVEL,
+) -> pd.DataFrame:
+    """Mean over seeds with an interval, per ``keys``: what a figure draws as line and band.
+
+    ``per_seed`` has one row per ``keys`` x ``seed`` (``value``, ``ci_lo``, ``ci_hi``). Seeds
+    whose value is NaN (nothing measured) are left out. With several seeds the band is the
+    ``level`` t-interval of the seed mean (mean ± t·sd/√n, as the Findings use); with one seed it
+    is that run's stored CI (NaN if none). ``transform`` (e.g. ``np.exp`` for NLL -> perplexity)
+    is applied to value and bounds afterwards. Adds ``lo``, ``hi``, ``n_seeds`` and ``band``
+    (:data:`SEED_BAND`, :data:`RUN_BAND` or :data:`NO_BAND`).
+    """
+    from scipy import stats
+
+    keys = list(keys)
+    cols = [*keys, "value", "lo", "hi", "n_seeds", "band"]
+    ok = per_seed[np.isfinite(per_seed["value"].to_numpy(dtype=float))]
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    dup = ok.duplicated([*keys, "seed"])
+    if dup.any():
+        raise ValueError(f"seed_summary needs one row per keys x seed; {int(dup.sum())} repeat")
+    a = (
+        ok.groupby(keys, dropna=False, sort=False)
+        .agg(
+            value=("value", "mean"),
+            _sd=("value", "std"),
+            n_seeds=("value", "size"),
+            _lo=("ci_lo", "first"),
+            _hi=("ci_hi", "first"),
+        )
+        .reset_index()
+    )
+    n = a["n_seeds"].to_numpy(dtype=float)
+    several = n >= 2
+    t = np.where(several, stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)), np.nan)
+    half = t * a["_sd"].to_numpy(dtype=float) / np.sqrt(n)
+    v = a["value"].to_numpy(dtype=float)
+    a["lo"] = np.where(several, v - half, a["_lo"].to_numpy(dtype=float))
+    a["hi"] = np.where(several, v + half, a["_hi"].to_numpy(dtype=float))
+    has_ci = np.isfinite(a["lo"].to_numpy(dtype=float)) & np.isfinite(a["hi"].to_numpy(dtype=float))
+    a["band"] = np.where(several, SEED_BAND, np.where(has_ci, RUN_BAND, NO_BAND))
+    if transform is not None:
+        for c in ("value", "lo", "hi"):
+            a[c] = transform(a[c].to_numpy(dtype=float))
+    return a[cols]
+
+
+def band_text(bands: pd.Series | Sequence[str], n_seeds: pd.Series | Sequence[int]) -> str:
+    """What the shaded bands of a figure are, for its caption and legend ("" if none drawn)."""
+    kinds = set(bands)
+    counts = sorted({int(n) for b, n in zip(bands, n_seeds, strict=True) if b == SEED_BAND})
+    seeds = "/".join(str(c) for c in counts)
+    pct = f"{BAND_LEVEL:.0%}"
+    parts = []
+    if SEED_BAND in kinds:
+        parts.append(f"{pct} t-interval of the mean over {seeds} seeds")
+    if RUN_BAND in kinds:
+        parts.append(f"{pct} bootstrap CI stored with the run" + (" (one seed)" if parts else ""))
+    return "; ".join(parts)
+
+
+def summary_band_text(summary: pd.DataFrame) -> str:
+    """:func:`band_text` of the points of a :func:`seed_summary` that have a band."""
+    lo, hi = summary["lo"].to_numpy(dtype=float), summary["hi"].to_numpy(dtype=float)
+    drawn = summary[np.isfinite(lo) & np.isfinite(hi)]
+    return band_text(drawn["band"], drawn["n_seeds"])
+
+
+def at_longest_eval(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each series at its longest evaluation length."""
+    longest = t.groupby("series_rank")["eval_length"].transform("max")
+    return t[t["eval_length"] == longest]

@@ -29,9 +29,7 @@ def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str |
     ``out_dir``, replacing an earlier report's tables and plots; return the path of report.md."""
     rep = ReportDir(Path(out_dir))
     rep.prepare()
-    df = df.reset_index(drop=True)
-    df.insert(0, "row_id", np.arange(len(df)))
-    df = add_labels(df)
+    df = labelled_rows(df)
     style = Style(df)
     source = df.drop(columns=["series_rank"])
     source.to_csv(rep.tables_dir / "source_rows.csv", index=False)
@@ -52,6 +50,14 @@ def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str |
             other_section(rep, df),
         ]
     )
+
+
+def labelled_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Loaded rows numbered (``row_id``) and labelled (:func:`add_labels`): what every section
+    and figure reads."""
+    df = df.reset_index(drop=True)
+    df.insert(0, "row_id", np.arange(len(df)))
+    return add_labels(df)
 
 
 def generate_report(results_paths: str | Path | Sequence[str | Path], out_dir: str | Path) -> Path:

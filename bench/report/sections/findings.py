@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from bench.findings import (
     ALIBI_MAX_RATIO,
@@ -38,14 +39,27 @@ def _ratio_figure(rep: ReportDir, df: pd.DataFrame) -> bool:
         if not math.isnan(e.lo):
             ax.plot([i, i], [e.lo, e.hi], color="0.3", linewidth=2)
         ax.plot([i], [e.value], "o", color="C0")
-    ax.axhline(1.0, color="0.5", linewidth=1)
-    ax.axhline(ALIBI_MAX_RATIO, color="0.5", linewidth=1, linestyle=":")
+    ax.axhline(1.0, color="0.5", linewidth=1, label="1 = no degradation")
+    ax.axhline(
+        ALIBI_MAX_RATIO,
+        color="0.5",
+        linewidth=1,
+        linestyle=":",
+        label=f"F2 tolerance {ALIBI_MAX_RATIO}",
+    )
+    values = [v for e in estimates for v in (e.value, e.lo, e.hi) if v > 0 and not math.isnan(v)]
+    if values and max(values) / min(values) > 10:  # one family far off must not flatten the rest
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}"))
+        ax.set_ylabel(f"perplexity at {FAR}L / at L (log scale)")
+    else:
+        ax.set_ylabel(f"perplexity at {FAR}L / at L")
+    ax.legend(fontsize=7, loc="best", frameon=False)
     ax.set_xticks(
         range(len(estimates)),
         [f"{e.name}\n({e.n_seeds} seed{'s' * (e.n_seeds != 1)})" for e in estimates],
     )
     ax.set_xlim(-0.5, len(estimates) - 0.5)
-    ax.set_ylabel(f"perplexity at {FAR}L / at L")
     ax.set_title(f"Raw extrapolation to {FAR}x the training length")
     save_figure(fig, rep.plots_dir, "findings")
     return True

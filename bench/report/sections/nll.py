@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import FuncFormatter, NullLocator
+from matplotlib.figure import Figure
 
-from bench.report.figures import (
-    Panels,
-    Style,
-    legend_handles,
-    line_panels,
-    save_figure,
-    series_grid,
-    share_limits,
-    train_lines,
-)
+from bench.report.figures import Style, family_panels, pow2_ticks, save_figure, wants_log
 from bench.report.frame import (
     GROUP_KEYS,
-    SERIES_KEYS,
+    SEED_BAND,
     aggregate,
+    at_longest_eval,
     numeric_axis,
     pivot,
+    seed_summary,
     sort_series,
+    summary_band_text,
     summary_or_detail,
 )
 from bench.report.markdown import ReportDir, figure_md, note, write_table
@@ -87,6 +81,84 @@ def nll_table(df: pd.DataFrame) -> pd.DataFrame:
     return sort_series(t[cols], ["eval_length"])
 
 
+#: Caption text shared by the family-panel figures of this section.
+PANELS_TEXT = (
+    "One panel per position family with rows; colour = scaling method, the same in every panel "
+    "(black = none, the raw model), fine-tuned models are their own lines"
+)
+
+
+def per_seed_nll(df: pd.DataFrame) -> pd.DataFrame:
+    """Whole-window NLL per series x eval length x seed (else the token-weighted bucket mean)."""
+    nll = df[df["metric"] == "nll"]
+    window = nll["bucket_lo"].isna() & nll["bucket_hi"].isna()
+    return summary_or_detail(
+        nll, [*GROUP_KEYS, "eval_length", "seed"], window, ("whole window", "bucket mean")
+    )
+
+
+def ppl_figure(df: pd.DataFrame, style: Style) -> tuple[Figure, str] | None:
+    """Perplexity vs eval length, one panel per family (seed mean and band); with the band
+    text for the caption. None without nll rows."""
+    per = per_seed_nll(df)
+    if per.empty:
+        return None
+    s = seed_summary(per, [*GROUP_KEYS, "eval_length"], transform=np.exp)
+    if s.empty:
+        return None
+    s["x"] = s["eval_length"]
+    fig = family_panels(
+        style,
+        s,
+        title="Train short, test long: perplexity vs evaluation length",
+        xlabel="evaluation length (tokens, log2)",
+        ylabel="perplexity",
+        ylog=wants_log(s["value"].replace(np.inf, np.nan)),
+    )
+    return fig, _band_caption(s, "exp of the mean NLL over seeds", ", computed on the NLL")
+
+
+def ratio_figure(df: pd.DataFrame, style: Style) -> tuple[Figure, str] | None:
+    """ppl(k x L) / ppl(L) per family: per seed exp(NLL(kL) - NLL(L)), geometric mean over seeds
+    and the t-interval on log scale (one seed: no band). None if no series has k = 1."""
+    per = per_seed_nll(df)
+    if per.empty:
+        return None
+    base = per[per["eval_length"] == per["train_length"]][[*GROUP_KEYS, "seed", "value"]]
+    r = per.merge(base.rename(columns={"value": "_base"}), on=[*GROUP_KEYS, "seed"], how="inner")
+    r = r.assign(value=r["value"] - r["_base"], ci_lo=np.nan, ci_hi=np.nan)
+    s = seed_summary(r, [*GROUP_KEYS, "eval_length"], transform=np.exp)
+    if s.empty:
+        return None
+    s["x"] = s["eval_length"] / s["train_length"]
+    fig = family_panels(
+        style,
+        s,
+        title="Extrapolation ratio: perplexity relative to the training length",
+        xlabel="evaluation length / training length (log2)",
+        ylabel="ppl(k x L) / ppl(L)",
+        marker_x=lambda _tl, _ev: 1.0,
+        marker_label="k = 1 (training length)",
+        hline=1.0,
+        hline_label="ratio 1 (no degradation)",
+        ylog=wants_log(s["value"].replace(np.inf, np.nan), span=10.0),
+    )
+    return fig, _band_caption(s, "the geometric mean over seeds", ", computed on log scale")
+
+
+def _band_caption(s: pd.DataFrame, mean: str = "the mean over seeds", scale: str = "") -> str:
+    """What line and band of a family-panel figure show (``mean``: the line with several
+    seeds; ``scale``: where the interval was computed, e.g. " on log scale")."""
+    finite = np.isfinite(s["lo"].to_numpy(dtype=float)) & np.isfinite(s["hi"].to_numpy(dtype=float))
+    drawn = s[finite]
+    text = summary_band_text(s)
+    seeds = int(s["n_seeds"].max()) if len(s) else 0
+    line = mean if seeds > 1 else "the run's value"
+    if not text:
+        return f"Line: {line}; no interval (one seed, none stored)."
+    return f"Line: {line}; shaded: {text}{scale if SEED_BAND in set(drawn['band']) else ''}."
+
+
 def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
     t = nll_table(df)
     if t.empty:
@@ -101,29 +173,21 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
     counts = _counts_text(counted["docs"])
     every_run = f", {counts} in every run" if counts and "/" not in counts else ""
     md = write_table(rep, "perplexity", t, wide, index=True)
-    plot = t.assign(x=t["eval_length"], value=t["nll"])
-    span = np.nanmax(t["ppl"].replace(np.inf, np.nan)) / max(np.nanmin(t["ppl"]), 1e-12)
-    line_panels(
-        rep.plots_dir,
-        style,
-        plot,
-        name="ppl_vs_length",
-        title="Train short, test long: perplexity vs evaluation length",
-        xlabel="evaluation length (tokens, log2 scale)",
-        ylabel="perplexity (exp of mean NLL per token)",
-        ylog=bool(span > 20),
-        transform=np.exp,
-        panel_col=None,
-    )
-    text = [
-        "## Perplexity vs evaluation length",
-        figure_md(
-            "ppl_vs_length",
-            "Perplexity of each position encoding (colour) and scaling method (line style) when the "
-            "models read sequences of the given length; the thick grey vertical line marks the training "
-            "length, so everything to its right is extrapolation and a flat line means the method "
-            "extrapolates. Shaded bands are the stored confidence intervals.",
-        ),
+    text = ["## Perplexity vs evaluation length"]
+    made = ppl_figure(df, style)
+    if made is not None:
+        fig, bands = made
+        save_figure(fig, rep.plots_dir, "ppl_vs_length")
+        text.append(
+            figure_md(
+                "ppl_vs_length",
+                f"Perplexity when the models read sequences of the given length. {PANELS_TEXT}. "
+                "The thick grey vertical line marks the training length: everything to its right "
+                "is extrapolation, and a flat line there means the method extrapolates. "
+                f"{bands} Shared y axis (log scale when the values span more than 3x).",
+            )
+        )
+    text += [
         "Perplexity (exp of the token-weighted mean NLL; whole-window rows where present, else the "
         "token-weighted mean over position buckets; seeds pooled). Each run reads one set of test "
         "documents at every length (those long enough for its longest eval length, each truncated "
@@ -132,9 +196,9 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
         md,
     ]
     # extrapolation ratio
-    base = t[t["eval_length"] == t["train_length"]][[*SERIES_KEYS, "ppl", "row_ids", "n_rows"]]
+    base = t[t["eval_length"] == t["train_length"]][[*GROUP_KEYS, "ppl", "row_ids", "n_rows"]]
     base = base.rename(columns={"ppl": "ppl_train", "row_ids": "_rid", "n_rows": "_nr"})
-    r = t.merge(base, on=SERIES_KEYS, how="left")
+    r = t.merge(base, on=GROUP_KEYS, how="left")
     r["ratio"] = r["ppl"] / r["ppl_train"]
     r["row_ids"] = [
         ";".join(
@@ -167,32 +231,52 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
         "Source: `tables/extrapolation_ratio.csv`.",
         rmd,
     ]
-    if r["ratio"].notna().any():
-        rplot = r.assign(x=r["k"], value=r["ratio"], ci_lo=np.nan, ci_hi=np.nan)
-        line_panels(
-            rep.plots_dir,
-            style,
-            rplot,
-            name="extrapolation_ratio",
-            title="Extrapolation ratio: perplexity relative to the training length",
-            xlabel="evaluation length / training length (log2 scale)",
-            ylabel="ppl(k x L) / ppl(L)",
-            marker_x=lambda _tl, _ev: 1.0,
-            marker_label="k = 1 (training length)",
-            hline=1.0,
-            ylog=bool(np.nanmax(r["ratio"].replace(np.inf, np.nan)) > 20),
-            panel_col=None,
-        )
+    made = ratio_figure(df, style) if r["ratio"].notna().any() else None
+    if made is not None:
+        fig, bands = made
+        save_figure(fig, rep.plots_dir, "extrapolation_ratio")
         text.insert(
             -1,
             figure_md(
                 "extrapolation_ratio",
                 "The same perplexities divided by each model's perplexity at its training length "
-                "(k = 1, grey vertical line); values above the dotted line at 1 mean the model got worse on "
-                "longer inputs.",
+                "(k = 1, grey vertical line); above the dotted line at 1 the model got worse on "
+                f"longer inputs. {PANELS_TEXT}. Per seed the ratio is exp(NLL(kL) - NLL(L)). "
+                + bands,
             ),
         )
     return "\n\n".join(text)
+
+
+def bucket_figure(df: pd.DataFrame, style: Style) -> tuple[Figure, str] | None:
+    """NLL by position bucket at each series' longest eval length, one panel per family."""
+    nll = df[(df["metric"] == "nll") & df["bucket_lo"].notna() & df["bucket_hi"].notna()]
+    if nll.empty:
+        return None
+    keys = [*GROUP_KEYS, "eval_length", "bucket_lo", "bucket_hi"]
+    per = at_longest_eval(aggregate(nll, [*keys, "seed"]))
+    s = seed_summary(per, keys)
+    if s.empty:
+        return None
+    s["x"] = (s["bucket_lo"] + s["bucket_hi"]) / 2
+    ticks = pow2_ticks(s["bucket_hi"])
+
+    def note_(_family: str, rows: pd.DataFrame) -> str:
+        lengths = sorted(rows["eval_length"].unique())
+        if len(lengths) == 1:
+            return f" (eval length {lengths[0]})"
+        return f" (eval lengths {'/'.join(str(v) for v in lengths)})"
+
+    fig = family_panels(
+        style,
+        s,
+        title="Per-token NLL by position in the window (each model at its longest eval length)",
+        xlabel="token position in the window (bucket midpoint, log2)",
+        ylabel="NLL (nats/token)",
+        xticks=ticks,
+        panel_note=note_,
+    )
+    return fig, _band_caption(s)
 
 
 def bucket_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
@@ -207,67 +291,23 @@ def bucket_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
     keys = [*GROUP_KEYS, "eval_length", "bucket_lo", "bucket_hi"]
     t = sort_series(aggregate(nll, keys), ["eval_length", "bucket_lo"])
     t["bucket_mid"] = (t["bucket_lo"] + t["bucket_hi"]) / 2
-    cells, nrows, ncols = series_grid(t)
-    grid = Panels(nrows, ncols, pw=3.0, ph=2.3, wgap=0.35, hgap=0.75, bottom=0.9)
-    axes = grid.axes
-    used = set(cells)
-    for r_, c_ in np.ndindex(nrows, ncols):
-        if (r_, c_) not in used:
-            axes[r_, c_].text(
-                0.5,
-                0.5,
-                "no rows",
-                ha="center",
-                va="center",
-                transform=axes[r_, c_].transAxes,
-                color="0.5",
+    parts = [head]
+    made = bucket_figure(df, style)
+    if made is not None:
+        fig, bands = made
+        save_figure(fig, rep.plots_dir, "nll_by_bucket")
+        parts.append(
+            figure_md(
+                "nll_by_bucket",
+                "Mean NLL of the tokens in each position bucket (x: bucket midpoint) at each "
+                f"model's longest evaluation length (panel titles). {PANELS_TEXT}. Tokens right "
+                "of the grey training-length line sit at positions never seen in training, so a "
+                "curve rising there is the extrapolation failure. A causal model's NLL at a "
+                "position depends on the window length only through length-dependent scalings "
+                "(e.g. dynamic NTK), so shorter windows repeat the left part of these curves; "
+                f"every length is in the table below. {bands}",
             )
-            axes[r_, c_].set_xticks([])
-            axes[r_, c_].set_yticks([])
-    from matplotlib import colormaps
-
-    lengths = sorted(t["eval_length"].unique())
-    cmap = colormaps["viridis"]
-    lcolor = {v: cmap(i / max(1, len(lengths) - 1) * 0.9) for i, v in enumerate(lengths)}
-    series_list = t.drop_duplicates("series_rank").sort_values("series_rank")
-    for (r_, c_), (_, srow) in zip(cells, series_list.iterrows(), strict=True):
-        ax = axes[r_, c_]
-        s = t[t["series_rank"] == srow["series_rank"]]
-        for ev, g in s.groupby("eval_length"):
-            g = g.sort_values("bucket_mid")
-            x = g["bucket_mid"].to_numpy(dtype=float)
-            ax.plot(
-                x,
-                g["value"],
-                color=lcolor[ev],
-                linewidth=1.4,
-                label=f"eval length {ev}",
-                zorder=3 + len(lengths) - lengths.index(ev),  # shorter windows drawn on top
-            )
-            lo, hi = g["ci_lo"].to_numpy(dtype=float), g["ci_hi"].to_numpy(dtype=float)
-            ok = np.isfinite(lo) & np.isfinite(hi)
-            if ok.any():
-                ax.fill_between(x[ok], lo[ok], hi[ok], color=lcolor[ev], alpha=0.15, linewidth=0)
-        train_lines(ax, list(s["train_length"].unique()))
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: f"{x:g}"))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.tick_params(labelsize=7)
-        ax.grid(True, alpha=0.3)
-        ax.set_title(srow["series"], fontsize=9)
-    used_axes = [axes[rc] for rc in cells]
-    share_limits(used_axes, "x")
-    share_limits(used_axes, "y")
-    for r_, c_ in cells:
-        ax = axes[r_, c_]
-        if (r_ + 1, c_) not in used:
-            ax.set_xlabel("token position (bucket midpoint, log2)", fontsize=8)
-        if c_ == 0 or (r_, c_ - 1) not in used:
-            ax.set_ylabel("NLL (nats/token)", fontsize=8)
-        else:
-            ax.tick_params(labelleft=False)
-    title = "Per-token NLL by position in the window (one panel per encoding / scaling)"
-    save_figure(grid.finish(title, legend_handles(axes)), rep.plots_dir, "nll_by_bucket")
+        )
     shown = pivot(
         t,
         index=["series_rank", "series", "eval_length"],
@@ -276,16 +316,8 @@ def bucket_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
     )
     shown.columns = [f"{c:g}" for c in shown.columns]
     md = write_table(rep, "nll_by_bucket", t, shown, index=True)
-    return "\n\n".join(
-        [
-            head,
-            figure_md(
-                "nll_by_bucket",
-                "Mean NLL of the tokens in each position bucket (x: bucket midpoint), one line per "
-                "evaluation length; tokens right of the grey training-length line sit at positions "
-                "never seen in training, so a rising curve there is the extrapolation failure.",
-            ),
-            "<details><summary>NLL by bucket (columns: bucket midpoint; source "
-            "`tables/nll_by_bucket.csv`)</summary>\n\n" + md + "\n\n</details>",
-        ]
+    parts.append(
+        "<details><summary>NLL by bucket (columns: bucket midpoint; every evaluation length; "
+        "source `tables/nll_by_bucket.csv`)</summary>\n\n" + md + "\n\n</details>"
     )
+    return "\n\n".join(parts)

@@ -1,4 +1,5 @@
-"""Passkey section: accuracy by depth and length (heatmaps), accuracy vs length, passkey context.
+"""Passkey section: accuracy vs length (one panel per position family), accuracy by depth and
+length (heatmaps, only for models that retrieve somewhere), passkey context.
 
 The passkey context (largest length whose accuracy reaches the threshold) is computed once, by
 the evaluation job; this section shows the stored ``passkey_context`` rows and draws the
@@ -7,22 +8,31 @@ threshold they were computed with (stored as axis="threshold", axis_value=<thres
 
 from __future__ import annotations
 
+import math
+import textwrap
+
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
-from bench.report.figures import Panels, Style, line_panels, save_figure, series_grid
+from bench.report.figures import Panels, Style, display_label, family_panels, save_figure
 from bench.report.frame import (
     GROUP_KEYS,
     aggregate,
     numeric_axis,
     pivot,
+    seed_summary,
     sort_series,
+    summary_band_text,
     summary_or_detail,
 )
 from bench.report.markdown import ReportDir, figure_md, note, write_table
 
 #: Threshold label of ``passkey_context`` rows written before the evaluation stored it.
 NOT_RECORDED = "not recorded"
+#: A model gets a depth x length heatmap only if its accuracy reaches this somewhere (a wall
+#: of all-zero panels says nothing the accuracy-vs-length figure does not).
+HEATMAP_MIN_ACC = 0.1
 
 
 def passkey_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
@@ -39,14 +49,75 @@ def passkey_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
     return "\n\n".join(parts)
 
 
+def _with_depth(acc: pd.DataFrame) -> pd.DataFrame:
+    """``passkey_acc`` rows with ``depth`` (a number for axis="depth" rows, else NaN)."""
+    acc = acc.copy()
+    acc["depth"] = numeric_axis(acc["axis_value"])
+    acc.loc[acc["axis"].notna() & (acc["axis"] != "depth"), "depth"] = np.nan
+    return acc
+
+
+def accuracy_by_depth(acc: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy per series x eval length x depth (seeds pooled, weighted by trials)."""
+    acc = _with_depth(acc)
+    rows = acc[acc["depth"].notna()]
+    t = aggregate(rows, [*GROUP_KEYS, "eval_length", "depth"])
+    return sort_series(t, ["eval_length", "depth"]).rename(columns={"value": "passkey_acc"})
+
+
+def heatmap_series(by_depth: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The rows of the series that get a heatmap (some cell reaches :data:`HEATMAP_MIN_ACC`) and
+    the labels of those that do not."""
+    best = by_depth.groupby("series_rank")["passkey_acc"].max()
+    keep = set(best[best >= HEATMAP_MIN_ACC].index)
+    dropped = by_depth[~by_depth["series_rank"].isin(keep)]
+    labels = list(dropped.drop_duplicates("series_rank").sort_values("series_rank")["series"])
+    return by_depth[by_depth["series_rank"].isin(keep)], labels
+
+
+def passkey_figure(
+    acc: pd.DataFrame, style: Style, threshold: float | None = None
+) -> tuple[Figure, str] | None:
+    """Accuracy vs context length, one panel per family, methods as lines, seeds as band (the
+    per-length rows where stored, else the mean over depths). None without rows."""
+    acc = _with_depth(acc)
+    per = summary_or_detail(
+        acc,
+        [*GROUP_KEYS, "eval_length", "seed"],
+        acc["depth"].isna(),
+        ("per-length rows", "mean over depths"),
+    )
+    if per.empty:
+        return None
+    s = seed_summary(per, [*GROUP_KEYS, "eval_length"])
+    if s.empty:
+        return None
+    s["lo"] = s["lo"].clip(lower=0.0)
+    s["hi"] = s["hi"].clip(upper=1.0)
+    s["x"] = s["eval_length"]
+    fig = family_panels(
+        style,
+        s,
+        title="Passkey retrieval accuracy vs context length",
+        xlabel="context length (tokens, log2)",
+        ylabel="exact-match accuracy",
+        ylim=(-0.04, 1.06),
+        hline=threshold,
+        hline_label=None if threshold is None else f"passkey-context threshold {threshold:g}",
+    )
+    text = summary_band_text(s)
+    line = "mean over seeds" if int(s["n_seeds"].max()) > 1 else "the run's accuracy"
+    bands = f"Line: {line}; shaded: {text} (clipped to [0, 1])." if text else f"Line: {line}."
+    return fig, bands
+
+
 def _accuracy_parts(
     rep: ReportDir, acc: pd.DataFrame, recorded: pd.DataFrame, style: Style
 ) -> list[str]:
-    """Accuracy by depth (heatmap) and by length (figure with the stored threshold, table)."""
+    """Accuracy by length (figure with the stored threshold, table) and by depth (heatmaps of
+    the series with signal)."""
     parts = []
-    acc["depth"] = numeric_axis(acc["axis_value"])
-    acc.loc[acc["axis"].notna() & (acc["axis"] != "depth"), "depth"] = np.nan
-    depth_rows = acc[acc["depth"].notna()]
+    acc = _with_depth(acc)
     by_len = summary_or_detail(
         acc,
         [*GROUP_KEYS, "eval_length"],
@@ -54,9 +125,7 @@ def _accuracy_parts(
         ("per-length rows", "mean over depths"),
     )
     by_len = sort_series(by_len, ["eval_length"]).rename(columns={"value": "passkey_acc"})
-    by_depth = sort_series(
-        aggregate(depth_rows, [*GROUP_KEYS, "eval_length", "depth"]), ["eval_length", "depth"]
-    ).rename(columns={"value": "passkey_acc"})
+    by_depth = accuracy_by_depth(acc)
     piv = pivot(
         by_len,
         index=["series_rank", "series"],
@@ -65,66 +134,83 @@ def _accuracy_parts(
     )
     piv.columns = [f"L={c}" for c in piv.columns]
     md_len = write_table(rep, "passkey_by_length", by_len, piv, index=True)
-    if not by_depth.empty:
-        write_table(
-            rep,
-            "passkey_by_depth",
-            by_depth,
-            by_depth[["series", "eval_length", "depth", "passkey_acc", "n"]],
-            index=False,
-        )
-        _heatmap(rep, by_depth)
-        parts.append(
-            figure_md(
-                "passkey_heatmap",
-                "Exact-match accuracy of retrieving a numeric pass key hidden at the given "
-                "depth (rows, 0% = start of the context) in contexts of the given length "
-                "(columns), one panel per model; bright is good, grey = not evaluated, and "
-                "columns right of the red dashed line are longer than the training length.",
-            )
-        )
-    else:
-        parts.append(
-            "> Note: no per-depth `passkey_acc` rows (axis=depth) in these results, so the "
-            "depth x length heatmap is omitted."
-        )
     thresholds = sorted(set(stored_thresholds(recorded).dropna()))
     line = thresholds[0] if len(thresholds) == 1 else None
-    line_panels(
-        rep.plots_dir,
-        style,
-        by_len.assign(x=by_len["eval_length"], value=by_len["passkey_acc"]),
-        name="passkey_acc_vs_length",
-        title="Passkey accuracy vs context length (mean over depths)",
-        xlabel="context length (tokens, log2 scale)",
-        ylabel="exact-match accuracy (fraction)",
-        hline=line,
-        hline_label=None if line is None else f"passkey-context threshold {line:g}",
-        panel_col=None,
-    )
-    if line is not None:
-        caption = (
-            f"Passkey accuracy averaged over depths; the dotted line is the {line:g} threshold "
-            "that defines the passkey context, the grey vertical line the training length."
-        )
-    else:
-        if recorded.empty:
-            why = "no `passkey_context` rows"
-        elif thresholds:
-            why = f"the runs used different thresholds ({', '.join(f'{t:g}' for t in thresholds)})"
+    made = passkey_figure(acc, style, line)
+    if made is not None:
+        fig, bands = made
+        save_figure(fig, rep.plots_dir, "passkey_vs_length")
+        if line is not None:
+            mark = (
+                f"the dotted line is the {line:g} threshold that defines the passkey context, "
+                "the grey vertical line the training length"
+            )
         else:
-            why = "threshold not recorded"
-        caption = (
-            "Passkey accuracy averaged over depths; the grey vertical line marks the training "
-            f"length (no passkey-context threshold line: {why})."
+            if recorded.empty:
+                why = "no `passkey_context` rows"
+            elif thresholds:
+                why = f"the runs used different thresholds ({', '.join(f'{t:g}' for t in thresholds)})"
+            else:
+                why = "threshold not recorded"
+            mark = (
+                "the grey vertical line marks the training length (no passkey-context "
+                f"threshold line: {why})"
+            )
+        parts.append(
+            figure_md(
+                "passkey_vs_length",
+                "Passkey accuracy (mean over key depths) vs context length, one panel per "
+                "position family with rows; colour = scaling method, the same in every panel "
+                "(black = none, the raw model), fine-tuned models are their own lines; "
+                f"{mark}. {bands}",
+            )
         )
     parts += [
-        figure_md("passkey_acc_vs_length", caption),
         "Passkey accuracy by context length (the per-length rows where stored, else the "
         "mean over depths; weighted by trials, seeds pooled). Source: "
         "`tables/passkey_by_length.csv`, by depth: `tables/passkey_by_depth.csv`.",
         md_len,
     ]
+    if by_depth.empty:
+        parts.append(
+            "> Note: no per-depth `passkey_acc` rows (axis=depth) in these results, so the "
+            "depth x length heatmap is omitted."
+        )
+        return parts
+    write_table(
+        rep,
+        "passkey_by_depth",
+        by_depth,
+        by_depth[["series", "eval_length", "depth", "passkey_acc", "n"]],
+        index=False,
+    )
+    fig, dropped = heatmap_figure(by_depth)
+    skipped = (
+        f"No heatmap for {len(dropped)} model(s) whose accuracy stays below "
+        f"{HEATMAP_MIN_ACC:g} at every depth and length (their rows are in "
+        f"`tables/passkey_by_depth.csv`, their lines in the figure above): "
+        + ", ".join(f"`{d}`" for d in dropped)
+        + "."
+        if dropped
+        else ""
+    )
+    if fig is None:
+        parts.append(
+            f"> Note: every model's passkey accuracy stays below {HEATMAP_MIN_ACC:g} at every "
+            "depth and length, so the depth x length heatmap is omitted."
+        )
+        return parts
+    save_figure(fig, rep.plots_dir, "passkey_heatmap")
+    parts.append(
+        figure_md(
+            "passkey_heatmap",
+            "Exact-match accuracy of retrieving a numeric pass key hidden at the given depth "
+            "(rows, 0% = start of the context) in contexts of the given length (columns), one "
+            "panel per model with some retrieval (seeds pooled); bright is good, grey = not "
+            "evaluated, and columns right of the red dashed line are longer than the training "
+            "length. " + skipped,
+        )
+    )
     return parts
 
 
@@ -179,51 +265,52 @@ def context_table(recorded: pd.DataFrame) -> pd.DataFrame:
     return sort_series(t[cols], ["threshold"])
 
 
-def _heatmap(rep: ReportDir, by_depth: pd.DataFrame) -> None:
-    """Depth x length heatmaps, one panel per series."""
-    cells, nrows, ncols = series_grid(by_depth)
-    grid = Panels(nrows, ncols, pw=2.8, ph=2.0, wgap=0.75, hgap=0.95, bottom=1.0)
-    axes = grid.axes
-    used = set(cells)
-    for r_, c_ in np.ndindex(nrows, ncols):
-        if (r_, c_) not in used:
-            axes[r_, c_].set_axis_off()
+def heatmap_figure(by_depth: pd.DataFrame) -> tuple[Figure | None, list[str]]:
+    """Depth x length heatmaps (:func:`accuracy_by_depth`), one panel per series whose accuracy
+    reaches :data:`HEATMAP_MIN_ACC` somewhere (in series order, at most 4 a row, no empty
+    panels); None if no series does. With the labels of the series left out."""
+    by_depth, dropped = heatmap_series(by_depth)
+    series_list = by_depth.drop_duplicates("series_rank").sort_values("series_rank")
+    if series_list.empty:
+        return None, dropped
+    n = len(series_list)
+    ncols = min(4, n)
+    nrows = math.ceil(n / ncols)
+    grid = Panels(nrows, ncols, pw=2.6, ph=2.0, wgap=0.75, hgap=1.0, bottom=0.95, top=0.85)
+    axes = list(grid.axes.flat)
+    for ax in axes[n:]:
+        ax.set_axis_off()
     from matplotlib import colormaps
 
     cmap = colormaps["viridis"].with_extremes(bad="0.88")
     lengths_all = sorted(by_depth["eval_length"].unique())
     depths_all = sorted(by_depth["depth"].dropna().unique()) or [np.nan]
     image = None
-    series_list = by_depth.drop_duplicates("series_rank").sort_values("series_rank")
-    for (r_, c_), (_, srow) in zip(cells, series_list.iterrows(), strict=True):
-        ax = axes[r_, c_]
+    for i, (ax, (_, srow)) in enumerate(zip(axes, series_list.iterrows(), strict=False)):
         s = by_depth[by_depth["series_rank"] == srow["series_rank"]]
         mat = np.full((len(depths_all), len(lengths_all)), np.nan)
         for d, ev, v in s[["depth", "eval_length", "passkey_acc"]].itertuples(index=False):
-            i = depths_all.index(d) if d in depths_all else 0
-            mat[i, lengths_all.index(ev)] = v
+            j = depths_all.index(d) if d in depths_all else 0
+            mat[j, lengths_all.index(ev)] = v
         image = ax.imshow(mat, vmin=0, vmax=1, cmap=cmap, aspect="auto", origin="upper")
         boundary = sum(length <= srow["train_length"] for length in lengths_all) - 0.5
-        ax.axvline(
-            boundary,
-            color="#e41a1c",
-            linewidth=2.0,
-            linestyle="--",
-            label=f"train length {srow['train_length']}",
-        )
+        ax.axvline(boundary, color="#e41a1c", linewidth=2.0, linestyle="--")
         ax.set_xticks(
-            range(len(lengths_all)), [str(v) for v in lengths_all], rotation=45, fontsize=7
+            range(len(lengths_all)),
+            [str(v) for v in lengths_all],
+            rotation=45 if len(lengths_all) > 4 else 0,
+            fontsize=7,
         )
         ax.set_yticks(
             range(len(depths_all)),
             [f"{d:.0%}" if np.isfinite(d) and d <= 1 else f"{d:g}" for d in depths_all],
             fontsize=7,
         )
-        ax.set_title(srow["series"], fontsize=9)
-        if c_ == 0:
+        ax.set_title("\n".join(textwrap.wrap(display_label(str(srow["series"])), 34)), fontsize=8.5)
+        if i % ncols == 0:
             ax.set_ylabel("key depth in context", fontsize=8)
-        if r_ == nrows - 1 or (r_ + 1, c_) not in used:
+        if i + ncols >= n:
             ax.set_xlabel("context length (tokens)", fontsize=8)
-    title = "Passkey retrieval accuracy by key depth and context length (red dashed line: training length)"
+    title = "Passkey accuracy by key depth and context length (red dashed line: training length)"
     fig = grid.finish(title, colorbar=image, colorbar_label="passkey exact-match accuracy")
-    save_figure(fig, rep.plots_dir, "passkey_heatmap")
+    return fig, dropped

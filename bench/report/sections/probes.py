@@ -1,7 +1,8 @@
 """Probe sections: shift, order, attention entropy, context NLL and the linear position probe.
 
-The axis-valued probes share one table and line-plot recipe (:data:`PROBES`); attention entropy
-adds an inside/beyond-training-length summary and the position probe is a bar chart by region.
+The axis-valued probes share one table and figure recipe (:data:`PROBES`: one panel per position
+family, scalings as lines, seeds as band); attention entropy adds an inside/beyond-training-length
+summary and the position probe is a bar chart by region.
 """
 
 from __future__ import annotations
@@ -10,17 +11,29 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from bench.report.figures import (
     TRAIN_MARKER,
     Panels,
     Style,
+    family_panels,
     grid_shape,
     legend_handles,
-    line_panels,
+    pow2_ticks,
     save_figure,
 )
-from bench.report.frame import GROUP_KEYS, aggregate, numeric_axis, pivot, rank, sort_series
+from bench.report.frame import (
+    GROUP_KEYS,
+    aggregate,
+    at_longest_eval,
+    numeric_axis,
+    pivot,
+    rank,
+    seed_summary,
+    sort_series,
+    summary_band_text,
+)
 from bench.report.markdown import ReportDir, figure_md, note, write_table
 
 
@@ -102,9 +115,6 @@ def probe_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
                 full[["series", "eval_length", "layer", "bucket_lo", "bucket_hi", "value"]],
                 index=False,
             )
-            mean_layers = aggregate(rows, [*GROUP_KEYS, "eval_length", "bucket_lo", "bucket_hi"])
-            mean_layers["x"] = (mean_layers["bucket_lo"] + mean_layers["bucket_hi"]) / 2
-            plot = mean_layers
             r2 = rows.assign(
                 region=np.where(
                     (rows["bucket_lo"] + rows["bucket_hi"]) / 2 < rows["train_length"],
@@ -135,7 +145,6 @@ def probe_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
                 [*GROUP_KEYS, "eval_length", "axis", "x"],
             )
             t = sort_series(t, ["eval_length", "x"])
-            plot = t
             shown = pivot(
                 t,
                 index=["series_rank", "series", "eval_length"],
@@ -150,19 +159,9 @@ def probe_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
             parts.append(
                 f"{probe.metric} by {axis} (columns). Source: `tables/probe_{probe.metric}.csv`."
             )
-        line_panels(
-            rep.plots_dir,
-            style,
-            plot,
-            name=probe.metric,
-            title=probe.title,
-            xlabel=probe.xlabel,
-            ylabel=probe.ylabel,
-            xscale=probe.xscale,
-            marker_label=probe.marker_label,
-            hline=probe.hline,
-        )
-        parts.insert(-1, figure_md(probe.metric, probe.caption))
+        fig, extra = probe_figure(rows, probe, style)
+        save_figure(fig, rep.plots_dir, probe.metric)
+        parts.insert(-1, figure_md(probe.metric, f"{probe.caption} {extra}"))
         parts.append(md)
     parts.append("### position_probe_r2")
     rows = df[df["metric"] == "position_probe_r2"]
@@ -197,6 +196,51 @@ def probe_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
             md,
         ]
     return "\n\n".join(parts)
+
+
+def probe_figure(rows: pd.DataFrame, probe: Probe, style: Style) -> tuple[Figure, str]:
+    """One panel per family, the scalings as lines, seeds as band, at each series' longest eval
+    length (attention entropy: mean over layers by query bucket); with caption text."""
+    if probe.metric == "attn_entropy":
+        keys = [*GROUP_KEYS, "eval_length", "bucket_lo", "bucket_hi"]
+        per = aggregate(rows, [*keys, "seed"])
+        per["x"] = (per["bucket_lo"] + per["bucket_hi"]) / 2
+        keys.append("x")
+        ticks = pow2_ticks(per["bucket_hi"])
+    else:
+        ticks = None
+        keys = [*GROUP_KEYS, "eval_length", "axis", "x"]
+        per = aggregate(rows.assign(x=numeric_axis(rows["axis_value"])), [*keys, "seed"])
+    several = per["eval_length"].nunique() > 1
+    s = seed_summary(at_longest_eval(per), keys)
+
+    def note_(_family: str, sub: pd.DataFrame) -> str:
+        lengths = sorted(sub["eval_length"].unique())
+        return f" (eval length {'/'.join(str(v) for v in lengths)})"
+
+    fig = family_panels(
+        style,
+        s,
+        title=probe.title,
+        xlabel=probe.xlabel,
+        ylabel=probe.ylabel,
+        xscale=probe.xscale,
+        marker_label=probe.marker_label,
+        hline=probe.hline,
+        hline_label=None if probe.hline is None else f"{probe.hline:g} (no change)",
+        panel_note=note_ if several else None,
+        xticks=ticks,
+    )
+    text = summary_band_text(s)
+    parts = ["One panel per position family with rows; colour = scaling method (black = none)."]
+    if several:
+        parts.append(
+            "Each model at its longest evaluation length (panel titles); every length is in "
+            "the table below."
+        )
+    mean = "mean over seeds" if int(s["n_seeds"].max()) > 1 else "the run's value"
+    parts.append(f"Line: {mean}; shaded: {text}." if text else f"Line: {mean}.")
+    return fig, " ".join(parts)
 
 
 def _region(axis: object, value: object) -> str:
