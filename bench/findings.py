@@ -107,7 +107,8 @@ def _window_nll(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
-RUN = ["experiment", "train_length", "seed"]
+#: One trained model's run: rows of different arms (or lengths, or seeds) are never pooled.
+RUN = ["experiment", "arm", "train_length", "seed"]
 
 
 def _per_run(rows: pd.DataFrame, multiple: float | None) -> pd.DataFrame:
@@ -118,7 +119,8 @@ def _per_run(rows: pd.DataFrame, multiple: float | None) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame(columns=[*RUN, "value", "se"])
     se = (_col(rows, "ci_hi") - _col(rows, "ci_lo")) / (2 * stats.norm.ppf(0.5 + LEVEL / 2))
-    w = rows.assign(_w=rows["n"].astype(float), _se=se)
+    arm = _col(rows, "arm").astype(object).where(_col(rows, "arm").notna(), "all")  # older rows
+    w = rows.assign(_w=rows["n"].astype(float), _se=se, arm=arm)
     return (
         w.groupby(RUN)
         .apply(

@@ -282,13 +282,62 @@ def test_nll_at_each_length_is_the_mean_over_the_common_documents(tiny_model, ra
     whole = {r["eval_length"]: r for r in rows if "bucket_lo" not in r}
     common = [d for d in docs if d.id in LONG_ENOUGH]
     for length in (32, 128):
-        by_hand = torch.cat([manual_nll(model, d, 0, length) for d in common]).mean().item()
-        assert whole[length]["value"] == pytest.approx(by_hand, abs=1e-5)
+        # max_windows: fill -> each document's first 128 tokens, in windows of the length
+        by_hand = torch.cat(
+            [manual_nll(model, d, k * length, length) for d in common for k in range(128 // length)]
+        )
+        assert whole[length]["value"] == pytest.approx(by_hand.mean().item(), abs=1e-5)
         assert whole[length]["axis"] == "docs" and whole[length]["axis_value"] == len(common)
-        assert whole[length]["n"] == len(common) * length
-    # negative control: the 1x mean over every document (today's per-length set) is another number
+        assert whole[length]["n"] == len(common) * 128
+    # negative control: the 1x mean over every document (a per-length set) is another number
     every = torch.cat([manual_nll(model, d, 0, 32) for d in docs]).mean().item()
     assert abs(every - whole[32]["value"]) > 1e-4
+
+
+class UnigramLM(nn.Module):
+    """Logits that depend on the current token only: its NLL of a token does not depend on the
+    window it is read in, so any difference between lengths comes from which tokens are scored."""
+
+    def __init__(self, vocab: int = 259):
+        super().__init__()
+        self.table = nn.Parameter(
+            torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0))
+        )
+
+    def forward(self, input_ids, **kwargs):
+        return SimpleNamespace(logits=self.table[input_ids])
+
+
+def test_nll_fill_scores_the_same_tokens_at_every_length(random_docs):
+    docs = random_docs([300] * 6)
+    lengths = ["1x", "2x", "4x"]
+    fill = evaluate_model(
+        UnigramLM(),
+        only(nll={"bootstrap": 0}) | {"lengths": lengths},
+        docs,
+        train_length=TRAIN,
+        progress=False,
+    )
+    whole = [r for r in fill if "bucket_lo" not in r]
+    assert [r["n"] for r in whole] == [6 * 128] * 3
+    assert max(r["value"] for r in whole) - min(r["value"] for r in whole) < 1e-9
+    # control: the first window only scores other tokens at each length
+    first = evaluate_model(
+        UnigramLM(),
+        only(nll={"bootstrap": 0, "max_windows": 1}) | {"lengths": lengths},
+        docs,
+        train_length=TRAIN,
+        progress=False,
+    )
+    whole = [r for r in first if "bucket_lo" not in r]
+    assert [r["n"] for r in whole] == [6 * 32, 6 * 64, 6 * 128]
+    assert max(r["value"] for r in whole) - min(r["value"] for r in whole) > 1e-3
+
+
+def test_nll_max_windows_is_fill_or_a_positive_integer():
+    for bad in ("all", 0, -1):
+        with pytest.raises(ValueError, match="max_windows"):
+            as_eval_config({"nll": {"max_windows": bad}})
 
 
 def test_a_document_too_short_for_the_longest_length_is_read_at_no_length(
@@ -573,7 +622,9 @@ def test_oracle_factor_follows_each_eval_length_as_before(tiny_model, random_doc
     for multiple in (1, 2, 4):
         length = multiple * TRAIN
         fixed = ScalingConfig(name="ntk", method="ntk", params={"alpha": float(multiple)})
-        alone = study(model, docs, fixed, STUDY | {"lengths": [length]})
+        # the same scored tokens as the 1x..4x run: windows filling its longest length
+        nll = STUDY["nll"] | {"max_windows": 4 // multiple}
+        alone = study(model, docs, fixed, STUDY | {"lengths": [length], "nll": nll})
         assert alone == {k: v for k, v in per_length.items() if k[1] == length}
     dynamic = study(model, docs, DYNAMIC)
     whole = [k for k in per_length if k[0] == "nll" and k[2] is None]

@@ -4,7 +4,11 @@ Rows at each eval length: one per position bucket [bucket_lo, bucket_hi) of the 
 mean NLL in nats, n = scored tokens, ci = bootstrap over documents), plus one whole-window row
 without bucket columns, ``axis="docs"`` and ``axis_value`` = documents used. The bucket rows' ``n``
 add up to the whole-window row's. ``docs`` is the run's document set (``bench.evaluate``), so
-every length reads the same documents (up to ``max_docs``), each truncated to the length. Called
+every length reads the same documents (up to ``max_docs``). With ``max_windows: fill`` (the
+default) every length also scores the same tokens: each document's first S tokens, S the
+longest length nll runs at, read as S / length consecutive windows (the ALiBi paper's
+nonoverlapping evaluation), so a ratio between two lengths measures the window, not which text
+was scored. ``max_windows: 1`` scores only each document's first window. Called
 directly with a document too short for the length, it skips it; with none long enough, the
 whole-window row is still written with value NaN, n=0 and axis_value=0, and a warning is logged
 (never padding).
@@ -45,14 +49,28 @@ class NllConfig(BootstrapConfig):
     max_docs: int = 64
     protocol: str = "nonoverlapping"  # nonoverlapping | sliding
     stride: int = 256  # sliding stride in tokens (capped at the eval length)
-    max_windows: int = 1  # consecutive windows per document
+    # consecutive windows per document: "fill" = as many as fit in the longest nll length, so
+    # every length scores the same tokens; N = at most N from the start (1 = the first only)
+    max_windows: Any = "fill"
     buckets: Any = grid_field("auto")  # bucket edges; auto = powers of two + training length
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.protocol = choice(self.key("protocol"), self.protocol, NLL_PROTOCOLS)
         self.stride = integer(self.key("stride"), self.stride, 1)
-        self.max_windows = integer(self.key("max_windows"), self.max_windows, 1)
+        if self.max_windows != "fill":
+            if isinstance(self.max_windows, str):
+                raise ValueError(
+                    f"{self.key('max_windows')} must be 'fill' or an integer >= 1, got "
+                    f"{self.max_windows!r}."
+                )
+            self.max_windows = integer(self.key("max_windows"), self.max_windows, 1)
+
+    def windows_at(self, length: int) -> int:
+        """Windows per document at eval length ``length`` (``lengths`` resolved to tokens)."""
+        if self.max_windows != "fill":
+            return int(self.max_windows)
+        return max(1, max(self.lengths or [length]) // length)
 
 
 @register_metric("nll", config=NllConfig)
@@ -67,7 +85,7 @@ def nll_metric(
         protocol=cfg.protocol,
         stride=cfg.stride,
         max_docs=cfg.max_docs,
-        max_windows=cfg.max_windows,
+        max_windows=cfg.windows_at(length),
         buckets=cfg.buckets,
         bootstrap=cfg.bootstrap,
         ci=cfg.ci,
@@ -153,7 +171,9 @@ def nll_rows(
         for begin in range(0, len(windows), step):
             chunk = windows[begin : begin + step]
             tokens = torch.stack([selected[d].tensor(s, s + length + 1) for d, s, _ in chunk])
-            nll = ctx.token_nll(tokens).double()  # [B, L]
+            # a document's first window is what the probes read too: remember it for them
+            first = [s == 0 for _, s, _ in chunk]
+            nll = ctx.window_nll(tokens, desc=None, remember=first).double()  # [B, L]
             doc_ids = torch.tensor([d for d, _, _ in chunk])
             score_from = torch.tensor([f for _, _, f in chunk])
             scored = positions[None, :] >= score_from[:, None]  # [B, L]
