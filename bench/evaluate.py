@@ -5,7 +5,10 @@ set for ``scaling.target_length`` or the longest eval length and used at every l
 oracle scaling gets each length's own factor. For each eval length, :func:`evaluate_model` applies
 it (``model.scaled(scaling, length)``), skips a length the model cannot embed, and runs each
 enabled metric whose ``lengths`` include it, in registry order; after the last length each
-metric adds its once-per-run rows. Every metric reads one document set per run, chosen once
+metric adds its once-per-run rows. The metrics of one length share forward passes
+(``EvalContext.reuse_forwards``): a window that several metrics read with the same position ids
+(the nll window of a document is the shift, order and context base and the position probe's
+input) runs once. Every metric reads one document set per run, chosen once
 before the first length: the test documents long enough for the longest length at which a
 metric that reads documents runs (``bench.metrics.context.run_documents``), so numbers at
 different lengths are on the same documents. Rows hold only the measured part
@@ -106,20 +109,28 @@ def evaluate_model(
                             "eval length %d skipped for every metric: %s", length, problem
                         )
                         continue
-                    for name, section in cfg.metrics.items():
-                        if not section.enabled or length not in section.lengths:
-                            continue
-                        started = time.perf_counter()
-                        new = METRICS[name].fn(ctx, section, docs, length)
-                        logger.info(
-                            "%s at eval length %d: %d rows in %.2f s",
-                            name,
-                            length,
-                            len(new),
-                            time.perf_counter() - started,
-                        )
-                        by_metric[name] += new
-                        rows += new
+                    running = [
+                        (name, section)
+                        for name, section in cfg.metrics.items()
+                        if section.enabled and length in section.lengths
+                    ]
+                    # metrics share forward passes at this length (bench.metrics.context)
+                    with ctx.reuse_forwards():
+                        for name, section in running:
+                            if METRICS[name].prepare is not None:
+                                METRICS[name].prepare(ctx, section, docs, length)
+                        for name, section in running:
+                            started = time.perf_counter()
+                            new = METRICS[name].fn(ctx, section, docs, length)
+                            logger.info(
+                                "%s at eval length %d: %d rows in %.2f s",
+                                name,
+                                length,
+                                len(new),
+                                time.perf_counter() - started,
+                            )
+                            by_metric[name] += new
+                            rows += new
         for name, section in cfg.metrics.items():
             finish = METRICS[name].finish
             if finish is not None and section.enabled:

@@ -1,19 +1,21 @@
 """What every metric shares: the evaluation context and the measurement primitives.
 
 :class:`EvalContext` runs the model (device, precision, batch sizing, progress bars, batched
-per-token NLL); the helpers pick the run's document set (one for every eval length, so numbers at
-different lengths are on the same documents), cut windows into position buckets, bootstrap over
-documents and build result rows ``{"metric", "value", "n", "eval_length"}`` + optional
+per-token NLL, forward passes shared by the metrics of one eval length); the helpers pick the
+run's document set (one for every eval length, so numbers at different lengths are on the same
+documents), cut windows into position buckets, bootstrap over documents and build result rows
+``{"metric", "value", "n", "eval_length"}`` + optional
 ``{"bucket_lo", "bucket_hi", "axis", "axis_value", "layer", "ci_lo", "ci_hi"}``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,11 @@ class EvalContext:
     # a transformers tokenizer for a pretrained model (passkey prompts are then built as text);
     # None = lenbench's byte tokens
     tokenizer: Any = None
+    # reuse of forward passes (reuse_forwards): per-token NLL by (window digest, position offset),
+    # None outside a reuse block; wanted and kept hidden states by input digest
+    _memo: dict | None = field(default=None, init=False, repr=False)
+    _wanted: dict = field(default_factory=dict, init=False, repr=False)
+    _hidden: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.autocast()  # an unknown precision fails here, not at the first forward pass
@@ -92,33 +99,165 @@ class EvalContext:
         """Per-token NLL (nats, float32, CPU) of windows ``tokens`` [N, L+1] -> [N, L].
 
         Inputs are ``tokens[:, :-1]``, targets ``tokens[:, 1:]``; position ids are
-        ``position_offset + arange(L)`` (the model's default when the offset is 0).
+        ``position_offset + arange(L)`` (the model's default when the offset is 0). One forward
+        pass, never served from the reuse memo (:meth:`window_nll` is).
         """
+        return self._forward_nll(tokens, position_offset, hidden_for={})
+
+    def _forward_nll(
+        self,
+        tokens: torch.Tensor,
+        position_offset: int,
+        hidden_for: dict[bytes, int],
+    ) -> torch.Tensor:
+        """:meth:`token_nll`; also keeps the hidden states wanted (:meth:`want_hidden`) of the rows
+        ``hidden_for`` (input digest -> row index in ``tokens``) from the same forward pass."""
         n, width = tokens.shape
         length = width - 1
         kwargs = {}
         if position_offset:
             kwargs["position_ids"] = torch.arange(length, device=self.device) + int(position_offset)
-        logits = self.forward(tokens[:, :-1], **kwargs).logits  # [N, L, V]
+        if hidden_for:
+            kwargs["output_hidden_states"] = True
+        out = self.forward(tokens[:, :-1], **kwargs)
+        logits = out.logits  # [N, L, V]
         targets = tokens[:, 1:].to(logits.device)
         nll = F.cross_entropy(
             logits.float().reshape(n * length, -1), targets.reshape(-1), reduction="none"
         )
+        for digest, row in hidden_for.items():
+            layer, positions = self._wanted.pop(digest)
+            index = torch.from_numpy(positions).to(out.hidden_states[layer].device)
+            self._hidden[(digest, layer)] = (positions, out.hidden_states[layer][row, index].cpu())
         return nll.view(n, length).cpu()
 
     def window_nll(
-        self, windows: torch.Tensor, position_offset: int = 0, desc: str = "", score_from: int = 0
+        self,
+        windows: torch.Tensor,
+        position_offset: int = 0,
+        desc: str | None = "",
+        score_from: int = 0,
+        remember: bool | Sequence[bool] = True,
     ) -> torch.Tensor:
-        """Per-token NLL [M, L - score_from] of many windows [M, L+1], batched; keeps positions >= score_from."""
+        """Per-token NLL [M, L - score_from] of many windows [M, L+1], batched; keeps positions >= score_from.
+
+        Inside :meth:`reuse_forwards`, a window already measured at the same position offset (by
+        any metric at this eval length) is taken from the memo instead of being run again, and
+        each window run here is added to it where ``remember`` (one flag, or one per window) says
+        so. Outside it, every window is run. ``desc=None``: no progress bar of its own.
+        """
         m, width = windows.shape
+        out = torch.empty(m, width - 1)
+        flags = [bool(remember)] * m if isinstance(remember, bool) else [bool(r) for r in remember]
+        memo = self._memo
+        keys: list[tuple | None] = [None] * m
+        todo = list(range(m))
+        if memo is not None:
+            keys = [(_digest(row), int(position_offset)) for row in windows]
+            todo = []
+            for i, key in enumerate(keys):
+                if key in memo:
+                    out[i] = memo[key]
+                else:
+                    todo.append(i)
         step = self.rows_per_batch(width - 1)
-        out = []
-        with self.bar(m, desc) as bar:
-            for start in range(0, m, step):
-                chunk = windows[start : start + step]
-                out.append(self.token_nll(chunk, position_offset)[:, score_from:])
-                bar.update(chunk.shape[0])
-        return torch.cat(out) if out else torch.empty(0, width - 1 - score_from)
+        bar = self.bar(m, desc) if desc is not None else tqdm(disable=True)
+        with bar:
+            bar.update(m - len(todo))
+            for begin in range(0, len(todo), step):
+                chunk = todo[begin : begin + step]
+                wanted: dict[int, bytes] = {}  # window -> input digest, hidden states wanted
+                if self._wanted and not position_offset:
+                    for i in chunk:
+                        digest = _digest(windows[i, :-1])
+                        if digest in self._wanted:
+                            wanted[i] = digest
+                # the windows whose hidden states are kept run apart, so that only they hold
+                # every layer's output: the peak memory stays that of a batch without them
+                groups = [[i for i in chunk if i in wanted], [i for i in chunk if i not in wanted]]
+                for rows in (g for g in groups if g):
+                    hidden_for = {}  # input digest -> row in this batch
+                    for j, i in enumerate(rows):
+                        if i in wanted:
+                            hidden_for.setdefault(wanted[i], j)
+                    nll = self._forward_nll(windows[rows], int(position_offset), hidden_for)
+                    out[rows] = nll
+                    if memo is not None:
+                        for j, i in enumerate(rows):
+                            if flags[i]:
+                                memo[keys[i]] = nll[j].clone()
+                bar.update(len(chunk))
+        return out[:, score_from:] if score_from else out
+
+    # ------------------------------------------------------------------ reuse within one length
+
+    @contextlib.contextmanager
+    def reuse_forwards(self) -> Iterator[EvalContext]:
+        """``with ctx.reuse_forwards():`` metrics share forward passes until the block ends.
+
+        Inside the block, :meth:`window_nll` serves a window (same tokens, same position offset)
+        from a memo of per-token NLL rows ([L] float32 each, so memory grows linearly with the
+        length), and hidden states announced with :meth:`want_hidden` are kept from whichever
+        forward pass reads those tokens first. The model, its scaling and the precision must not
+        change inside the block: :func:`bench.evaluate.evaluate_model` opens one per eval length.
+        """
+        if self._memo is not None:
+            yield self  # nested: the outer block owns the memo
+            return
+        self._memo, self._wanted, self._hidden = {}, {}, {}
+        try:
+            yield self
+        finally:
+            self._memo, self._wanted, self._hidden = None, {}, {}
+
+    def want_hidden(self, windows: torch.Tensor, layer: int, positions: np.ndarray) -> None:
+        """Announce that :meth:`hidden_at` will ask for ``layer``'s hidden states of ``windows``
+        [M, L] (the model's inputs) at ``positions``: a forward pass of :meth:`window_nll` at
+        position offset 0 whose inputs are one of these windows keeps them. Only inside
+        :meth:`reuse_forwards`; elsewhere it does nothing."""
+        if self._memo is None:
+            return
+        positions = np.unique(np.asarray(positions, dtype=np.int64))  # sorted, for hidden_at
+        for row in windows:
+            self._wanted[_digest(row)] = (int(layer), positions)
+
+    def hidden_at(
+        self, windows: torch.Tensor, layer: int, positions: np.ndarray, desc: str = ""
+    ) -> torch.Tensor:
+        """Hidden states of ``layer`` at ``positions`` for every window [M, L]: [M, P, width] on
+        the CPU in the model's dtype; kept ones (:meth:`want_hidden`) are not recomputed."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if windows.shape[0] == 0:
+            return torch.empty(0, positions.size, 0)
+        parts: list[torch.Tensor | None] = [None] * windows.shape[0]
+        todo = []
+        for i, row in enumerate(windows):
+            kept = self._hidden.get((_digest(row), int(layer))) if self._hidden else None
+            if kept is not None:
+                stored, states = kept  # stored: sorted positions
+                index = np.searchsorted(stored, positions).clip(max=max(stored.size - 1, 0))
+                if stored.size and (stored[index] == positions).all():
+                    parts[i] = states[torch.from_numpy(index)]
+                    continue
+            todo.append(i)
+        index = torch.from_numpy(positions)
+        step = self.rows_per_batch(windows.shape[1])
+        with self.bar(windows.shape[0], desc, unit="doc") as bar:
+            bar.update(windows.shape[0] - len(todo))
+            for begin in range(0, len(todo), step):
+                rows = todo[begin : begin + step]
+                hidden = self.forward(windows[rows], output_hidden_states=True).hidden_states[layer]
+                states = hidden[:, index.to(hidden.device)].cpu()  # [B, P, width]
+                for j, i in enumerate(rows):
+                    parts[i] = states[j]
+                bar.update(len(rows))
+        return torch.stack(parts)  # type: ignore[arg-type]
+
+
+def _digest(row: torch.Tensor) -> bytes:
+    """A key for one row of token ids (its length and values)."""
+    data = row.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 # --------------------------------------------------------------------------- buckets and docs

@@ -9,7 +9,9 @@
 Each probe reads the first tokens of up to ``max_docs`` documents of the run's document set
 (``bench.evaluate``), the same documents at every eval length. Everything is batched over windows
 (no per-token Python loops); the fused attention path is used everywhere except attention
-entropy, which asks the model for tile-computed entropies.
+entropy, which asks the model for tile-computed entropies. Unmodified windows (the shift and
+order base, the whole-window context) are the nll metric's first windows, so inside
+``EvalContext.reuse_forwards`` (``bench.evaluate``) they are not run again.
 """
 
 from __future__ import annotations
@@ -229,7 +231,7 @@ def shift_dnll_rows(
             )
             continue
         variants[delta] = ctx.window_nll(
-            windows, delta, desc=f"shift_dnll L={length} delta={delta}"
+            windows, delta, desc=f"shift_dnll L={length} delta={delta}", remember=False
         )
     rng = np.random.default_rng([int(seed), int(length), 3])
     return _diff_rows("shift_dnll", "delta", length, base, variants, bootstrap, ci, rng)
@@ -300,9 +302,12 @@ def order_dnll_rows(
         for d in grid
     }
     score_from = length - block
+    # the base windows are the nll metric's first windows: served from the reuse memo if it ran
     base = ctx.window_nll(windows, desc=f"order_dnll L={length} base", score_from=score_from)
     variants = {
-        d: ctx.window_nll(v, desc=f"order_dnll L={length} d={d}", score_from=score_from)
+        d: ctx.window_nll(
+            v, desc=f"order_dnll L={length} d={d}", score_from=score_from, remember=False
+        )
         for d, v in variants_in.items()
     }
     return _diff_rows("order_dnll", "distance", length, base, variants, bootstrap, ci, rng)
@@ -351,8 +356,11 @@ def context_nll_rows(
     rng = np.random.default_rng([int(seed), int(length), 6])
     sums, counts = [], []
     for c in grid:
-        nll = ctx.window_nll(
-            windows[:, top - c :], desc=f"context_nll L={length} c={c}", score_from=c
+        nll = ctx.window_nll(  # c = top: the whole window, as read by nll (reuse memo)
+            windows[:, top - c :],
+            desc=f"context_nll L={length} c={c}",
+            score_from=c,
+            remember=c == top,
         )
         sums.append(nll.double().sum(dim=1).numpy())
         counts.append(np.full(nll.shape[0], float(nll.shape[1])))

@@ -4,6 +4,9 @@ A ridge probe is fitted on one layer's hidden states at positions inside the tra
 scored (R^2) on other documents inside (axis_value "inside") and beyond it ("beyond"), so the
 rows show whether a model keeps an absolute position signal past its trained range. The documents
 come from the run's document set (``bench.evaluate``), so they are the same at every eval length.
+Its windows are the inputs of the nll metric's first windows: inside ``EvalContext.reuse_forwards``
+it announces the hidden states it needs before the metrics of a length run (``prepare``), and
+takes them from the nll forward passes instead of running the windows again.
 """
 
 from __future__ import annotations
@@ -49,7 +52,24 @@ class PositionProbeConfig(MetricConfig):
         self.ridge = number(self.key("ridge"), self.ridge, 0.0, interval="(]")
 
 
-@register_metric("position_probe_r2", config=PositionProbeConfig)
+def _prepare(ctx: EvalContext, cfg: PositionProbeConfig, docs: Sequence[Document], length: int):
+    plan = _probe_plan(
+        ctx,
+        docs,
+        length,
+        ctx.train_length,
+        cfg.layer,
+        cfg.fit_docs,
+        cfg.test_docs,
+        cfg.positions_per_doc,
+        warn=False,
+    )
+    if plan is not None:
+        layer, windows, _n_fit, inside, beyond = plan
+        ctx.want_hidden(windows, layer, np.concatenate([inside, beyond]))
+
+
+@register_metric("position_probe_r2", config=PositionProbeConfig, prepare=_prepare)
 def position_probe_metric(
     ctx: EvalContext, cfg: PositionProbeConfig, docs: Sequence[Document], length: int
 ) -> list[dict]:
@@ -110,16 +130,47 @@ def _hidden_at(
     ctx: EvalContext, windows: torch.Tensor, layer: int, positions: np.ndarray, desc: str
 ) -> np.ndarray:
     """Hidden states of ``layer`` at ``positions`` for every window: [D * P, width] float64."""
-    index = torch.from_numpy(positions)
-    step = ctx.rows_per_batch(windows.shape[1])
-    parts = []
-    with ctx.bar(windows.shape[0], desc, unit="doc") as bar:
-        for start in range(0, windows.shape[0], step):
-            chunk = windows[start : start + step]
-            hidden = ctx.forward(chunk, output_hidden_states=True).hidden_states[layer]
-            parts.append(hidden[:, index.to(hidden.device)].double().cpu())  # [B, P, width]
-            bar.update(chunk.shape[0])
-    return torch.cat(parts).reshape(-1, parts[0].shape[-1]).numpy()
+    hidden = ctx.hidden_at(windows, layer, positions, desc)  # [D, P, width], kept ones reused
+    return hidden.double().reshape(-1, hidden.shape[-1]).numpy()
+
+
+def _probe_plan(
+    ctx: EvalContext,
+    docs: Sequence[Document],
+    length: int,
+    train_length: int,
+    layer: int | None,
+    fit_docs: int,
+    test_docs: int,
+    positions_per_doc: int,
+    warn: bool = True,
+) -> tuple[int, torch.Tensor, int, np.ndarray, np.ndarray] | None:
+    """(layer, windows [fit + test, L], n_fit, inside positions, beyond positions), or None when
+    there are fewer than two documents. Raises ValueError for a layer out of range."""
+    n_layers = int(ctx.model.model_cfg.n_layers)
+    layer = n_layers // 2 if layer is None else int(layer)
+    if not 0 <= layer <= n_layers:
+        if not warn:
+            return None  # the metric itself raises
+        raise ValueError(
+            f"position probe layer {layer} is out of range; allowed: 0..{n_layers} (0 = embeddings)."
+        )
+    selected, _ = select_documents(docs, length, int(fit_docs) + int(test_docs))
+    if len(selected) < 2:
+        if warn:
+            logger.warning(
+                "position_probe_r2 at eval length %d skipped: needs two documents with %d tokens, "
+                "found %d.",
+                length,
+                length,
+                len(selected),
+            )
+        return None
+    n_fit = min(len(selected) - 1, max(1, round(len(selected) * fit_docs / (fit_docs + test_docs))))
+    windows = first_windows(selected, length)
+    inside = _spread_positions(0, min(train_length, length), positions_per_doc)
+    beyond = _spread_positions(train_length, length, positions_per_doc)
+    return layer, windows, n_fit, inside, beyond
 
 
 def position_probe_rows(
@@ -141,25 +192,12 @@ def position_probe_rows(
     length > train_length, beyond it ("beyond"). R^2 is computed around each region's own mean.
     ``layer`` indexes ``hidden_states`` (0 = embeddings output, i = after block i; None = middle).
     """
-    n_layers = int(ctx.model.model_cfg.n_layers)
-    layer = n_layers // 2 if layer is None else int(layer)
-    if not 0 <= layer <= n_layers:
-        raise ValueError(
-            f"position probe layer {layer} is out of range; allowed: 0..{n_layers} (0 = embeddings)."
-        )
-    selected, _ = select_documents(docs, length, int(fit_docs) + int(test_docs))
-    if len(selected) < 2:
-        logger.warning(
-            "position_probe_r2 at eval length %d skipped: needs two documents with %d tokens, found %d.",
-            length,
-            length,
-            len(selected),
-        )
+    plan = _probe_plan(
+        ctx, docs, length, train_length, layer, fit_docs, test_docs, positions_per_doc
+    )
+    if plan is None:
         return []
-    n_fit = min(len(selected) - 1, max(1, round(len(selected) * fit_docs / (fit_docs + test_docs))))
-    windows = first_windows(selected, length)
-    inside = _spread_positions(0, min(train_length, length), positions_per_doc)
-    beyond = _spread_positions(train_length, length, positions_per_doc)
+    layer, windows, n_fit, inside, beyond = plan
     x_fit = _hidden_at(ctx, windows[:n_fit], layer, inside, f"probe fit L={length}")
     y_fit = np.tile(inside, n_fit).astype(np.float64)
     probe = ridge_fit(x_fit, y_fit, ridge)

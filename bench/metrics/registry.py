@@ -113,6 +113,10 @@ class Metric:
     config: type[MetricConfig]
     # rows computed once per run from this metric's rows at every length (e.g. passkey_context)
     finish: Callable[[Any, list[dict]], list[dict]] | None = None
+    # ``prepare(ctx, cfg, docs, length)``: called at each eval length before any metric runs there,
+    # to announce what it will read from forward passes that other metrics make anyway
+    # (``EvalContext.want_hidden``); results must not depend on whether it was called
+    prepare: Callable[[EvalContext, Any, Sequence[Document], int], None] | None = None
 
 
 METRICS: dict[str, Metric] = {}
@@ -124,11 +128,13 @@ def register_metric(
     *,
     config: type[MetricConfig],
     finish: Callable[[Any, list[dict]], list[dict]] | None = None,
+    prepare: Callable[[EvalContext, Any, Sequence[Document], int], None] | None = None,
 ) -> Callable[[MetricFn], MetricFn]:
     """Register ``fn(ctx, cfg, docs, length) -> rows`` as metric ``name`` with section ``config``.
 
     ``finish(cfg, rows)``, if given, receives the metric's rows from every length after the last
-    one and returns extra rows.
+    one and returns extra rows. ``prepare(ctx, cfg, docs, length)``, if given, runs at each of the
+    metric's eval lengths before the first metric there (see :class:`Metric`).
     """
 
     def decorator(fn: MetricFn) -> MetricFn:
@@ -150,7 +156,7 @@ def register_metric(
                 f"metric {name!r}: config {config.__name__} already belongs to metric {config.section!r}."
             )
         config.section = name
-        METRICS[name] = Metric(name, fn, config, finish)
+        METRICS[name] = Metric(name, fn, config, finish, prepare)
         return fn
 
     return decorator

@@ -1,16 +1,24 @@
-"""Wall time and peak memory of ``evaluate_model`` per eval length (1x..16x the training length).
+"""Wall time and peak memory of ``evaluate_model`` per eval length and per metric (1x..16x).
 
 Model: rope, width 128, 4 layers, 4 heads, train_length 256, random weights (cost does not depend
 on what the weights learned); documents: random bytes. Each (length, metric) runs in a fresh
-subprocess, because torch's CPU allocations are invisible to tracemalloc and a process's peak RSS
-never goes down: CPU memory is ``ru_maxrss`` (and its growth during ``evaluate_model``), CUDA
-memory ``torch.cuda.max_memory_allocated``. The "all" run also records per-metric seconds and
-the running peak RSS after each metric; ``--metrics nll`` gives one metric's own peak.
+subprocess. Inside it every metric is timed on its own, and its peak memory is measured on its
+own too: CPU memory is the process's peak RSS, reset before each metric by writing 5 to
+``/proc/self/clear_refs`` (Linux; elsewhere the running ``ru_maxrss``, which never goes down),
+CUDA memory ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. "growth" is
+a peak minus the RSS (or CUDA allocation) when the metric started. "CPU s" is the process's CPU
+time (every thread): on a shared machine it moves less with the load than the wall seconds. Times include the metric's
+``prepare`` hook; metrics of one length share forward passes (``EvalContext.reuse_forwards``),
+so in an ``all`` run a metric that reuses the nll windows is cheaper than alone.
 
-Run from the repository root after ``pip install -e .`` (pytest does not collect bench_*.py);
-prints a table and writes results/perf/bench_eval_<device>.json::
+The table shows seconds and peak memory per length and metric, the slowest metric per length,
+and the machine (CPU model, avx512_bf16/AMX flags, torch threads, torch version, load average
+before and after, since a shared machine skews the seconds). Run from the repository root after
+``pip install -e .`` (pytest does not collect bench_*.py); writes
+results/perf/bench_eval_<device>.json::
 
     python tests/perf/bench_eval.py                          # all metrics, then each alone
+    python tests/perf/bench_eval.py --metrics all --multiples 16
     python tests/perf/bench_eval.py --metrics all,nll --multiples 1,4,16 --device cuda
 """
 
@@ -18,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import platform
 import resource
 import subprocess
@@ -58,19 +65,146 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-class _MetricTimes(logging.Handler):
-    """Collects evaluate_model's per-metric timing log records, and the peak RSS after each."""
+def _proc_status_mib(field: str) -> float | None:
+    """``VmHWM`` (peak RSS since the last reset) or ``VmRSS`` from /proc/self/status, in MiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
 
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM, also what ru_maxrss reports), after handing memory
+    the allocator kept back to the OS; False where the kernel does not allow the reset."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc: freed memory would hide a metric's peak
+    except (OSError, AttributeError):
+        pass
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _proc_status_mib("VmHWM") is not None
+
+
+class _MetricMeter:
+    """Seconds and peak memory of each metric call (and its prepare hook), wrapped around
+    ``bench.metrics.METRICS`` in the worker process."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.cuda = device.startswith("cuda")
+        self.resettable = _reset_peak_rss()
         self.seconds: dict[str, float] = {}
-        self.peak_rss: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}  # process CPU time, all threads: less load-bound
+        self.peak: dict[str, float] = {}
+        self.growth: dict[str, float] = {}
+        self.cuda_peak: dict[str, float] = {}
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("%s at eval length %d: %d rows in"):
-            name, _length, _rows, seconds = record.args
-            self.seconds[name] = round(float(seconds), 3)
-            self.peak_rss[name] = round(_peak_rss_mib(), 1)
+    def _start(self) -> tuple[float, float, float, float]:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+        if self.resettable:
+            _reset_peak_rss()
+            rss = _proc_status_mib("VmRSS") or 0.0
+        else:
+            rss = _peak_rss_mib()
+        cuda = self.torch.cuda.memory_allocated() / 2**20 if self.cuda else 0.0
+        return time.perf_counter(), rss, cuda, time.process_time()
+
+    def _stop(self, name: str, started: tuple[float, float, float, float]) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        seconds = time.perf_counter() - started[0]
+        cpu = time.process_time() - started[3]
+        self.cpu_seconds[name] = round(self.cpu_seconds.get(name, 0.0) + cpu, 3)
+        peak = (_proc_status_mib("VmHWM") if self.resettable else None) or _peak_rss_mib()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 3)
+        self.peak[name] = round(max(self.peak.get(name, 0.0), peak), 1)
+        self.growth[name] = round(max(self.growth.get(name, 0.0), peak - started[1]), 1)
+        if self.cuda:
+            cuda_peak = self.torch.cuda.max_memory_allocated() / 2**20
+            self.cuda_peak[name] = round(max(self.cuda_peak.get(name, 0.0), cuda_peak), 1)
+
+    def wrap(self, name: str, fn):
+        def measured(*args, **kwargs):
+            started = self._start()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._stop(name, started)
+
+        return measured
+
+    def install(self) -> None:
+        """Measure every registered metric (its function and its prepare hook, if any)."""
+        import dataclasses
+
+        from bench.metrics import METRICS as registry
+
+        for name, metric in list(registry.items()):
+            changes = {"fn": self.wrap(name, metric.fn)}
+            if getattr(metric, "prepare", None) is not None:
+                changes["prepare"] = self.wrap(name, metric.prepare)
+            registry[name] = dataclasses.replace(metric, **changes)
+
+
+def _in_order(per_metric: dict) -> dict:
+    """``per_metric`` in run order (a prepare hook may have made a later metric come first)."""
+    from bench.metrics import METRICS as registry
+
+    return {name: per_metric[name] for name in registry if name in per_metric}
+
+
+def machine_info() -> dict:
+    """CPU model, the flags that matter for bf16 (avx512_bf16, AMX), cores, load, versions."""
+    import os
+
+    import torch
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in (
+                "",
+                platform.machine(),
+                platform.processor(),
+            ):
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    info = {
+        "cpu": model,
+        "cpu_flags": {
+            f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+        },
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+    if torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name()
+    return info
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in __import__("os").getloadavg()]
+    except OSError:
+        return None
 
 
 def worker(length: int, metric: str, device: str, threads: int) -> dict:
@@ -101,34 +235,88 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    per_metric = _MetricTimes()
-    logging.getLogger("bench.evaluate").addHandler(per_metric)
-    logging.getLogger("bench.evaluate").setLevel(logging.INFO)
+    with torch.no_grad():  # one-time initialisation (thread pools, kernels), not the first metric's
+        model.eval()(torch.zeros(1, 64, dtype=torch.long, device=device))
+    meter = _MetricMeter(device)
+    meter.install()
     before = _peak_rss_mib()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     rows = evaluate_model(
         model, cfg, docs, train_length=TRAIN_LENGTH, scaling=None, device=device, progress=False
     )
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    after = _peak_rss_mib()
+    cpu_seconds = time.process_time() - cpu_started
+    # the per-metric resets also reset ru_maxrss: the run's peak is the largest metric peak
+    after = max([_peak_rss_mib(), *meter.peak.values()])
     nll_tokens = sum(r["n"] for r in rows if r["metric"] == "nll" and "bucket_lo" not in r)
     result = {
         "length": length,
         "multiple": length / TRAIN_LENGTH,
         "metric": metric,
         "seconds": round(seconds, 3),
+        "cpu_seconds": round(cpu_seconds, 3),
         "rows": len(rows),
         "peak_rss_mib": round(after, 1),
         "peak_rss_growth_mib": round(after - before, 1),
         "nll_tokens": nll_tokens,
-        "metric_seconds": per_metric.seconds,
-        "metric_peak_rss_mib": per_metric.peak_rss,
+        "metric_seconds": _in_order(meter.seconds),
+        "metric_cpu_seconds": _in_order(meter.cpu_seconds),
+        # per metric, measured on its own (peak RSS reset before it) where the kernel allows
+        "metric_peak_rss_mib": _in_order(meter.peak),
+        "metric_peak_rss_growth_mib": _in_order(meter.growth),
+        "metric_peak_rss_reset": meter.resettable,
+        "threads": torch.get_num_threads(),
     }
     if device.startswith("cuda"):
         result["cuda_peak_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        result["metric_cuda_peak_allocated_mib"] = _in_order(meter.cuda_peak)
     return result
+
+
+def print_table(results: list[dict], info: dict, load: dict) -> None:
+    """Seconds and peak memory per length and metric; the slowest metric per length."""
+    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["cpu_flags"].items())
+    print(
+        f"\nmachine: {info['cpu']} ({info['cpu_count']} CPUs; {flags}); torch {info['torch']}, "
+        f"{info['torch_threads']} threads"
+        + (f"; {info['cuda_device']}" if "cuda_device" in info else "")
+    )
+    print(f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}")
+    memory = (
+        "CUDA peak" if any("metric_cuda_peak_allocated_mib" in r for r in results) else "peak RSS"
+    )
+    header = (
+        f"{'run':>18} {'length':>12} {'metric':>18} {'seconds':>9} {'CPU s':>8} "
+        f"{memory + ' MiB':>15} {'growth MiB':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        where = f"{r['length']} ({r['multiple']:g}x)"
+        for name, seconds in r["metric_seconds"].items():
+            cpu = r.get("metric_cpu_seconds", {}).get(name, float("nan"))
+            peak = r.get("metric_cuda_peak_allocated_mib", r["metric_peak_rss_mib"]).get(name)
+            growth = r.get("metric_peak_rss_growth_mib", {}).get(name)
+            print(
+                f"{r['metric']:>18} {where:>12} {name:>18} {seconds:>9.2f} {cpu:>8.2f} "
+                f"{peak or 0:>15.1f} {growth if growth is not None else float('nan'):>11.1f}"
+            )
+        peak = r.get("cuda_peak_allocated_mib", r["peak_rss_mib"])
+        print(
+            f"{r['metric']:>18} {where:>12} {'(total)':>18} {r['seconds']:>9.2f} "
+            f"{r.get('cpu_seconds', float('nan')):>8.2f} {peak:>15.1f}"
+        )
+    print("\nslowest metric per length (runs with every metric):")
+    for r in results:
+        if r["metric"] != "all" or not r["metric_seconds"]:
+            continue
+        name, seconds = max(r["metric_seconds"].items(), key=lambda item: item[1])
+        print(
+            f"  {r['length']:>6} ({r['multiple']:g}x): {name} {seconds:.2f} s of {r['seconds']:.2f} s "
+            f"({100 * seconds / max(r['seconds'], 1e-9):.0f}%)"
+        )
 
 
 def main() -> None:
@@ -155,6 +343,7 @@ def main() -> None:
     if unknown:
         parser.error(f"metric {unknown[0]!r} is unknown; allowed: all, {', '.join(METRICS)}")
     lengths = [int(float(m) * TRAIN_LENGTH) for m in args.multiples.split(",")]
+    load = {"before": _loadavg()}
     results = []
     for metric in metrics:
         for length in lengths:
@@ -182,7 +371,11 @@ def main() -> None:
                 ),
                 flush=True,
             )
-    import torch
+    load["after"] = _loadavg()
+    info = machine_info()
+    if args.threads:
+        info["torch_threads"] = args.threads
+    print_table(results, info, load)
 
     report = {
         "benchmark": "bench_eval",
@@ -190,12 +383,16 @@ def main() -> None:
         "train_length": TRAIN_LENGTH,
         "eval_config": BENCH_EVAL,
         "device": args.device,
-        "threads": args.threads or torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "memory_measure": "CPU: ru_maxrss per fresh subprocess (growth = over the peak before "
-        "evaluate_model); CUDA: torch.cuda.max_memory_allocated",
+        "threads": info["torch_threads"],
+        "torch": info["torch"],
+        "python": info["python"],
+        "machine": info["machine"],
+        "machine_info": info,
+        "load_average": load,
+        "memory_measure": "CPU: per metric, peak RSS (VmHWM) after resetting it through "
+        "/proc/self/clear_refs before the metric, growth = over the RSS when it started (where the "
+        "reset is unavailable, the running ru_maxrss); per run, ru_maxrss of a fresh subprocess; "
+        "CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats",
         "results": results,
     }
     path = Path(args.out) if args.out else RESULTS / f"bench_eval_{args.device}.json"
