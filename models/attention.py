@@ -379,30 +379,35 @@ def _attend_tiled(
     outputs, entropies = [], []
     for start in range(0, length, tile):
         stop = min(start + tile, length)
+        # causal: keys after the tile's last query are masked for all of it, so leave them out
+        visible = min(s, inputs.past_len + stop)
+        k_tile, v_tile, k_index = k[:, :, :visible], v[:, :, :visible], key_index[:visible]
         query_index = inputs.past_len + torch.arange(start, stop, device=q.device)
-        allowed = key_index[None, :] <= query_index[:, None]  # [T, S]
-        allowed = allowed[None, None]  # [1, 1, T, S]
+        allowed = k_index[None, :] <= query_index[:, None]  # [T, S']
+        allowed = allowed[None, None]  # [1, 1, T, S']
         if inputs.k_valid is not None:
             # a padding query still sees itself, so its (ignored) row never becomes all -inf
-            is_self = key_index[None, :] == query_index[:, None]
-            allowed = allowed & (inputs.k_valid[:, None, None, :] | is_self)
+            is_self = k_index[None, :] == query_index[:, None]
+            allowed = allowed & (inputs.k_valid[:, None, None, :visible] | is_self)
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
         bias = bias.masked_fill(~allowed, float("-inf"))
         if inputs.slopes is not None:
-            distance = inputs.q_pos[:, start:stop, None] - inputs.k_pos[:, None, :]  # [N, T, S]
+            # [N, T, S']
+            distance = inputs.q_pos[:, start:stop, None] - inputs.k_pos[:, None, :visible]
             bias = bias - inputs.slopes[None, :, None, None] * distance[:, None].float()
         q_tile = q[:, :, start:stop]
         if inputs.want_entropy:
             logits = (
-                torch.einsum("nhtd,nhsd->nhts", q_tile.float(), k.float()) * inputs.scale + bias
+                torch.einsum("nhtd,nhsd->nhts", q_tile.float(), k_tile.float()) * inputs.scale
+                + bias
             )
             probs = logits.softmax(dim=-1)
             entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
-            outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v.float()).to(q.dtype))
+            outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
         else:
             outputs.append(
                 F.scaled_dot_product_attention(
-                    q_tile, k, v, attn_mask=bias.to(q.dtype), scale=inputs.scale
+                    q_tile, k_tile, v_tile, attn_mask=bias.to(q.dtype), scale=inputs.scale
                 )
             )
     entropy = torch.cat(entropies, dim=2) if entropies else None
