@@ -51,6 +51,8 @@ REQUIRED_COLUMNS: list[str] = [
     "corpus_fingerprint",
     "code_version",
 ]
+#: Optional column beyond DESIGN.md's schema: the study arm (``conf/arm``) whose job wrote the row.
+ARM_COLUMN = "arm"
 #: Optional columns of a model fine-tuned at length (``bench.extend``); empty for the others.
 FINETUNE_COLUMNS: list[str] = [
     "finetune_method",
@@ -59,7 +61,6 @@ FINETUNE_COLUMNS: list[str] = [
     "parent_model_id",
 ]
 OPTIONAL_COLUMNS: list[str] = [
-    "arm",
     "bucket_lo",
     "bucket_hi",
     "axis",
@@ -316,7 +317,9 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
         df[TIMESTAMP_COLUMN] = stamps.fillna(pd.Timestamp(datetime.now(timezone.utc)))
     df[TIMESTAMP_COLUMN] = df[TIMESTAMP_COLUMN].astype("datetime64[us, UTC]")
 
-    ordered = REQUIRED_COLUMNS + OPTIONAL_COLUMNS + FINETUNE_COLUMNS + [TIMESTAMP_COLUMN]
+    ordered = (
+        REQUIRED_COLUMNS + OPTIONAL_COLUMNS + [ARM_COLUMN] + FINETUNE_COLUMNS + [TIMESTAMP_COLUMN]
+    )
     extras = [c for c in df.columns if c not in ordered]
     return df[ordered + extras]
 

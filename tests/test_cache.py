@@ -128,7 +128,7 @@ def test_key_ignores_eval_time_settings() -> None:
         experiment_name="x",
         device="cpu",
         paths=replace(job.paths, results="/tmp/x"),
-        train=replace(job.train, eval_every=7, eval_batches=9, log_every=3),
+        train=replace(job.train, eval_every=7, eval_batches=9, log_every=3, compile=True),
         position=replace(job.position, out_of_range="clamp"),
     )
     assert weights_key(eval_time) == key
@@ -147,6 +147,7 @@ def test_weights_fields_are_declared_on_the_schema() -> None:
         "log_every",
         "save_every",
         "save_every_minutes",
+        "compile",  # same math, another kernel schedule
     }
     # a data kind keys on its own settings only (no hf or pycorpus keys for a text corpus)
     data = {"name", "split_fractions", "max_files", "max_bytes", "paths", "suffixes", "root"}

@@ -15,19 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 RESULTS = Path("results") / "perf"
-SETTINGS = {  # name -> environment
+SETTINGS = {  # name -> environment (libgomp: unset = spin 300k iterations, then sleep)
     "1 thread": {"OMP_NUM_THREADS": "1"},
-    "2 threads, OMP active (libgomp default)": {
-        "OMP_NUM_THREADS": "2",
-        "OMP_WAIT_POLICY": "ACTIVE",
-    },
-    "2 threads, OMP passive": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
+    "2 threads, libgomp default": {"OMP_NUM_THREADS": "2"},
+    "2 threads, OMP_WAIT_POLICY=ACTIVE": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE"},
+    "2 threads, OMP_WAIT_POLICY=PASSIVE": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
+    "2 threads, GOMP_SPINCOUNT=10000": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "10000"},
 }
 
 WORKER = """
@@ -61,7 +61,12 @@ while True:
 
 
 def run(env: dict[str, str], args: argparse.Namespace) -> float:
-    full = {**os.environ, **env}
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    }
+    full = {**inherited, **env}
     out = subprocess.run(
         [
             sys.executable,
@@ -86,10 +91,11 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per setting (median)")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_threads.json")
     args = parser.parse_args()
     sys.path.insert(0, str(Path.cwd()))
-    from bench.runtime import machine_summary
+    from bench.runtime import machine_line, machine_summary
 
     results = []
     for load in (False, True):
@@ -98,9 +104,15 @@ def main() -> None:
             competitor = subprocess.Popen([sys.executable, "-c", LOAD])
             time.sleep(1.0)
         try:
-            for name, env in SETTINGS.items():
-                seconds = run(env, args)
-                results.append({"setting": name, "under_load": load, "step_s": seconds})
+            runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
+            for _ in range(args.repeats):  # interleaved, so drifting load hits every setting
+                for name, env in SETTINGS.items():
+                    runs[name].append(run(env, args))
+            for name, times in runs.items():
+                seconds = statistics.median(times)
+                results.append(
+                    {"setting": name, "under_load": load, "step_s": seconds, "runs_s": times}
+                )
                 print(
                     f"{'under load' if load else 'idle':>10}  {name:<42} {seconds * 1000:8.1f} ms/step",
                     flush=True,
@@ -110,7 +122,7 @@ def main() -> None:
                 competitor.kill()
                 competitor.wait()
     machine = machine_summary()
-    print(f"machine: {machine}")
+    print(f"machine: {machine_line(machine)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
