@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, replace
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from bench.extend import base_job, finetune_columns, finetune_scaling
 from bench.metrics import ResolvedEval
 from bench.results import canonical_json, write_results
-from bench.runtime import resolve_device
+from bench.runtime import busy_cores, resolve_device
 from bench.schema import JobConfig, PositionSchema
 from models.scaling import applicable_methods
 from models.scaling_config import ScalingConfig, run_scaling
@@ -233,8 +234,21 @@ def make_run_id(model_id: str, spec: JobSpec) -> str:
 # --------------------------------------------------------------------------- running
 
 
-def configure_threads(threads: int | None) -> None:
-    """torch intra-op threads: ``threads`` if set, else cpu_count / n_jobs under the joblib launcher."""
+#: torch's intra-op thread count when this process started (one per core by default).
+DEFAULT_THREADS = torch.get_num_threads()
+#: Other processes busy on at least this many cores at job start make the job use fewer threads.
+BUSY_THRESHOLD = 0.5
+
+
+def configure_threads(threads: int | None) -> int:
+    """Set and return torch's intra-op threads for a job.
+
+    ``threads`` if set; under the joblib launcher cpu_count / n_jobs; else torch's default (one
+    per core), minus the cores other processes keep busy at job start. Why: with OpenMP's
+    spin-waiting, two threads on two cores next to one busy process ran a training step 2.1x
+    slower than one thread (tests/perf/bench_threads.py, README "Speed"), while on an idle
+    machine two threads are 1.9x faster than one.
+    """
     if threads is None:
         try:
             from hydra.core.hydra_config import HydraConfig
@@ -247,8 +261,20 @@ def configure_threads(threads: int | None) -> None:
                     threads = max(1, cpus // (cpus if n_jobs < 1 else n_jobs))
         except (ImportError, ValueError):  # pragma: no cover
             threads = None
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if threads is None:
+        threads = DEFAULT_THREADS
+        busy = busy_cores()
+        if busy is not None and busy >= BUSY_THRESHOLD and DEFAULT_THREADS > 1:
+            threads = max(1, DEFAULT_THREADS - math.ceil(busy - BUSY_THRESHOLD))
+            log.info(
+                "lenbench: %.1f of %d cores are busy with other processes: using %d torch "
+                "thread(s) (set threads=N to choose).",
+                busy,
+                os.cpu_count() or 1,
+                threads,
+            )
+    torch.set_num_threads(threads)
+    return threads
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -370,8 +396,8 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     base = _labels(cfg)
     try:
         job = cfg if isinstance(cfg, JobConfig) else JobConfig.from_hydra(cfg)
-        configure_threads(job.threads)
         spec = validate_job(job)
+        configure_threads(job.threads)  # after validation: skipped cells sample nothing
     except NotApplicable as exc:
         return _summary("not_applicable", f"{exc}; skipped.", **base)
     except ValueError as exc:

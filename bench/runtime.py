@@ -9,12 +9,20 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["PRECISIONS", "autocast", "machine_line", "machine_summary", "resolve_device"]
+__all__ = [
+    "PRECISIONS",
+    "autocast",
+    "busy_cores",
+    "machine_line",
+    "machine_summary",
+    "resolve_device",
+]
 
 #: CPU flags that decide training speed here: vector width and native bf16 / AMX matmuls.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -90,3 +98,29 @@ def machine_line(summary: dict[str, Any] | None = None) -> str:
         f"{m['cpu']} ({m['cores']} cores; flags {flags}), torch {m['torch']} with "
         f"{m['torch_threads']} threads, OMP_WAIT_POLICY {m['omp_wait_policy']}{gpu}"
     )
+
+
+def busy_cores(interval: float = 0.25) -> float | None:
+    """Cores kept busy by other processes right now: the non-idle share of all cores over
+    ``interval`` seconds (/proc/stat), times the core count; None where /proc/stat is absent.
+    Call it while this process is idle (e.g. before a job starts), or it counts itself."""
+
+    def sample() -> tuple[int, int] | None:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        except (OSError, IndexError):
+            return None
+        if fields[0] != "cpu":
+            return None
+        values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        return sum(values), values[3] + values[4]
+
+    first = sample()
+    if first is None:
+        return None
+    time.sleep(interval)
+    second = sample()
+    if second is None or second[0] <= first[0]:
+        return None
+    total, idle = second[0] - first[0], second[1] - first[1]
+    return (total - idle) / total * (os.cpu_count() or 1)
