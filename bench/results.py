@@ -380,10 +380,12 @@ def _result_files(paths: Sequence[str | Path]) -> list[Path]:
             raise ValueError(
                 f"results path {str(p)!r} does not exist; pass a results directory or .parquet file"
             )
-    unique: dict[Path, None] = {}
+    # one entry per file, named as it was found (relative paths stay relative: reports built from
+    # committed results must not carry this machine's directories)
+    unique: dict[Path, Path] = {}
     for f in files:
-        unique.setdefault(f.resolve(), None)
-    return list(unique)
+        unique.setdefault(f.resolve(), f)
+    return list(unique.values())
 
 
 def _first_bad_file(frames: list[pd.DataFrame]) -> str | None:
