@@ -295,7 +295,9 @@ class JobConfig:
     experiment_name: str = "default"  # results and report go to <paths.*>/<experiment_name>
     seed: int = 0  # weight init and training batches (in the checkpoint key), eval sampling
     device: str = "auto"  # cpu | cuda | cuda:<i> | mps | auto
-    threads: int | None = None  # torch intra-op threads; None = per core, minus busy ones (bench.job)
+    threads: int | None = (
+        None  # torch intra-op threads; None = per core, minus busy ones (bench.job)
+    )
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelSchema = field(default_factory=ModelSchema)
     position: PositionSchema = field(default_factory=PositionSchema)
