@@ -397,7 +397,6 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     try:
         job = cfg if isinstance(cfg, JobConfig) else JobConfig.from_hydra(cfg)
         spec = validate_job(job)
-        configure_threads(job.threads)  # after validation: skipped cells sample nothing
     except NotApplicable as exc:
         return _summary("not_applicable", f"{exc}; skipped.", **base)
     except ValueError as exc:
@@ -422,6 +421,7 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     out_path, cached = results_target(spec, weights_key(job, corpus), base)
     if cached is not None:
         return cached
+    configure_threads(job.threads)  # only jobs with work to do sample the machine's load
 
     try:
         model, _meta, trained = get_or_train(job, corpus, spec.cache_root, device=spec.device)

@@ -19,6 +19,7 @@ __all__ = [
     "PRECISIONS",
     "autocast",
     "busy_cores",
+    "cpu_info",
     "machine_line",
     "machine_summary",
     "resolve_device",
@@ -64,17 +65,28 @@ def autocast(device: str | torch.device, precision: str) -> contextlib.AbstractC
     return contextlib.nullcontext()
 
 
+def cpu_info() -> tuple[str | None, set[str] | None]:
+    """(model name, flags) of the first CPU in /proc/cpuinfo; None for what Linux does not show."""
+    model, flags = None, None
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None, None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model is None:
+            model = value.strip()
+        elif key.strip() == "flags" and flags is None:
+            flags = set(value.split())
+    return model, flags
+
+
 def machine_summary() -> dict[str, Any]:
     """What a benchmark figure depends on: CPU model and flags, cores, torch threads and version,
     OpenMP wait policy, and the GPU when there is one."""
-    model, flags = platform.processor() or platform.machine(), set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
+    model, flags = cpu_info()
+    model = model or platform.processor() or platform.machine()
+    flags = flags or set()
     summary: dict[str, Any] = {
         "cpu": model,
         "cpu_flags": [f for f in CPU_FLAGS if f in flags],

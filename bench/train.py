@@ -13,7 +13,6 @@ import math
 import os
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from bench.batches import TrainingStream, validation_batches
 from bench.corpora import Corpus
 from bench.extend import finetune_recipe, finetune_scaling
 from bench.resume import SaveClock, rng_state, set_rng_state
-from bench.runtime import autocast
+from bench.runtime import autocast, cpu_info
 from bench.schema import WEIGHT_DECAY_SCOPES, JobConfig, TrainConfig
 from models.transformer import DecoderLM
 
@@ -114,14 +113,10 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | No
 
 def cpu_has_native_bf16() -> bool | None:
     """True/False from the CPU flags (AVX512-BF16 or AMX-BF16) where Linux shows them, else None."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), None)
+    _, flags = cpu_info()
     if flags is None:
         return None
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
 def _warn_if_emulated_bf16(device: torch.device, precision: str) -> None:

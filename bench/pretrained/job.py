@@ -17,6 +17,7 @@ from bench.job import (
     _first_line,
     _is_oom,
     _summary,
+    configure_threads,
     empty_test_split,
     resolve_path,
     results_target,
@@ -91,6 +92,7 @@ def run_pretrained_job(spec: JobSpec, base: dict[str, Any], started: float) -> d
     out_path, cached = results_target(spec, mid, base)
     if cached is not None:
         return cached
+    configure_threads(job.threads)
     try:
         model, tokenizer = load_pretrained(pretrained, spec.device)
         lm = PretrainedLM(model, tokenizer, train_length)

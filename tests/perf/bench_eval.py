@@ -164,42 +164,6 @@ def _in_order(per_metric: dict) -> dict:
     return {name: per_metric[name] for name in registry if name in per_metric}
 
 
-def machine_info() -> dict:
-    """CPU model, the flags that matter for bf16 (avx512_bf16, AMX), cores, load, versions."""
-    import os
-
-    import torch
-
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model in (
-                "",
-                platform.machine(),
-                platform.processor(),
-            ):
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    info = {
-        "cpu": model,
-        "cpu_flags": {
-            f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-        },
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-    }
-    if torch.cuda.is_available():
-        info["cuda_device"] = torch.cuda.get_device_name()
-    return info
-
-
 def _loadavg() -> list[float] | None:
     try:
         return [round(x, 2) for x in __import__("os").getloadavg()]
@@ -277,12 +241,9 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
 
 def print_table(results: list[dict], info: dict, load: dict) -> None:
     """Seconds and peak memory per length and metric; the slowest metric per length."""
-    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["cpu_flags"].items())
-    print(
-        f"\nmachine: {info['cpu']} ({info['cpu_count']} CPUs; {flags}); torch {info['torch']}, "
-        f"{info['torch_threads']} threads"
-        + (f"; {info['cuda_device']}" if "cuda_device" in info else "")
-    )
+    from bench.runtime import machine_line
+
+    print(f"\nmachine: {machine_line(info)}")
     print(f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}")
     memory = (
         "CUDA peak" if any("metric_cuda_peak_allocated_mib" in r for r in results) else "peak RSS"
@@ -372,7 +333,9 @@ def main() -> None:
                 flush=True,
             )
     load["after"] = _loadavg()
-    info = machine_info()
+    from bench.runtime import machine_summary
+
+    info = machine_summary()
     if args.threads:
         info["torch_threads"] = args.threads
     print_table(results, info, load)
@@ -386,7 +349,7 @@ def main() -> None:
         "threads": info["torch_threads"],
         "torch": info["torch"],
         "python": info["python"],
-        "machine": info["machine"],
+        "machine": platform.machine(),
         "machine_info": info,
         "load_average": load,
         "memory_measure": "CPU: per metric, peak RSS (VmHWM) after resetting it through "
