@@ -28,6 +28,7 @@ from bench.passkey import passkey_template as passkey_template_of
 from bench.tokenizer import ByteTokenizer
 
 __all__ = [
+    "PASSKEY_LENGTHS",
     "PASSKEY_LOSSES",
     "TrainingBatch",
     "TrainingStream",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 PASSKEY_LOSSES = ("all", "answer")
+#: full: every passkey example is a whole row; uniform: its length is uniform between the
+#: template's minimum and the row, and the rest of the row is training text
+PASSKEY_LENGTHS = ("full", "uniform")
 
 
 def concat_documents(docs: Sequence[Document]) -> np.ndarray:
@@ -78,10 +82,15 @@ class TrainingStream:
 
     ``passkey_fraction`` of the rows (exactly, over the run: step k holds
     ``floor(f*B*(k+1)) - floor(f*B*k)`` rows, at random row positions) are passkey
-    examples of exactly seq_len+1 tokens with a random key and depth.
+    examples with a random key and depth: of exactly seq_len+1 tokens
+    (``passkey_length="full"``), or (``"uniform"``) of a length drawn uniformly between the
+    template's minimum and seq_len+1, at the start of the row, the rest of the row keeping its
+    training text (a short example is a long one's easier case: less filler to search, so a
+    small model finds the needle by content before it has to do so over the whole window).
     ``passkey_filler="corpus"`` fills them with a random window of the training
     text instead of the standard sentences. ``passkey_loss="answer"`` restricts the
-    loss of passkey rows to the answer tokens; "all" (default) trains on every token.
+    loss of passkey rows to the answer tokens (and the end text after it); "all" (default)
+    trains on every token.
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class TrainingStream:
         start_step: int = 0,
         tokenizer: ByteTokenizer | None = None,
         passkey_template: str = DEFAULT_TEMPLATE,
+        passkey_length: str = "full",
     ) -> None:
         if int(seq_len) < 1 or int(batch_size) < 1:
             raise ValueError(
@@ -108,6 +118,10 @@ class TrainingStream:
         if passkey_filler not in PASSKEY_FILLERS:
             raise ValueError(
                 f"passkey_filler {passkey_filler!r} is unknown; allowed fillers are {', '.join(PASSKEY_FILLERS)}."
+            )
+        if passkey_length not in PASSKEY_LENGTHS:
+            raise ValueError(
+                f"passkey_length {passkey_length!r} is unknown; allowed values are {', '.join(PASSKEY_LENGTHS)}."
             )
         if passkey_loss not in PASSKEY_LOSSES:
             raise ValueError(
@@ -123,6 +137,7 @@ class TrainingStream:
         self.start_step = int(start_step)
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.passkey_template = passkey_template
+        self.passkey_length = passkey_length
         self._end_ids = self.tokenizer.encode(passkey_template_of(passkey_template).end)
         needed = min_passkey_length(template=passkey_template) + len(self._end_ids)
         if self.passkey_fraction > 0 and self.seq_len + 1 < needed:
@@ -160,16 +175,20 @@ class TrainingStream:
         rows = torch.randperm(self.batch_size, generator=gen)[:n_passkey].sort().values
         for row in rows.tolist():
             example = self._passkey_example(rng)
-            tokens[row] = torch.tensor(example.input_ids + self._end_ids, dtype=torch.long)
+            ids = example.input_ids + self._end_ids
+            tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             if self.passkey_loss == "answer":
                 loss_mask[row] = False
-                # target j predicts token j+1: the first answer token is predicted at len(prompt)-1.
-                loss_mask[row, len(example.prompt_ids) - 1 :] = True
+                # target j predicts token j+1: the first answer token is predicted at
+                # len(prompt)-1, the end text's last token at len(ids)-2
+                loss_mask[row, len(example.prompt_ids) - 1 : len(ids) - 1] = True
         return TrainingBatch(tokens, loss_mask, rows)
 
     def _passkey_example(self, rng: random.Random) -> PasskeyExample:
         """An example that leaves room for the template's end text after the answer."""
         total = self.seq_len + 1 - len(self._end_ids)
+        if self.passkey_length == "uniform":
+            total = rng.randint(min_passkey_length(template=self.passkey_template), total)
         key, depth = random_key(rng), rng.random()
         source = None
         if self.passkey_filler == "corpus":

@@ -42,6 +42,7 @@ import torch
 
 from bench.corpora import Corpus
 from bench.extend import base_job, extend_weights
+from bench.passkey import passkey_template
 from bench.results import canonical_json
 from bench.resume import RESUME_FILE, TMP_PREFIX, ResumeFile, atomic_write
 from bench.schema import JobConfig, PositionSchema, weight_fields, weights_dict
@@ -114,6 +115,12 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
         "train": weights_dict(job.train),
         "seed": job.seed,
     }
+    if job.train.passkey_fraction > 0:
+        # the template's text, not only its name: editing a template retrains its models
+        out["passkey_text"] = asdict(passkey_template(job.train.passkey_template))
+    else:
+        # without passkey rows it cannot change the weights (and keys from before it existed hold)
+        del out["train"]["passkey_length"]
     if corpus is not None:
         out["corpus_fingerprint"] = corpus if isinstance(corpus, str) else corpus.fingerprint
     return _normalized(out)

@@ -81,8 +81,11 @@ class PasskeyTemplate:
 
 #: ``landmark`` is Landmark attention's text (also used by PI and YaRN); it needs 253 tokens, so
 #: at short training lengths the haystack is a few tokens and "depth" means little. ``short``
-#: keeps the structure (task, filler, needle, filler, question) in 69 tokens, and its question
-#: ends in the same words as the needle ("pass key:"), which the standard filler never contains.
+#: keeps the structure (task, filler, needle, filler, question) in 68 tokens. Its question ends
+#: in the needle's own words ("pass key:") and the key follows the colon with no space, so the
+#: token before the first digit occurs only in the needle and the question (never in the
+#: filler): retrieval is one content match, which a 2-layer byte-level model learns (with a
+#: space there, the token before the key is one the filler has everywhere; README, "Passkey").
 PASSKEY_TEMPLATES = {
     "landmark": PasskeyTemplate(
         name="landmark",
@@ -96,8 +99,9 @@ PASSKEY_TEMPLATES = {
     "short": PasskeyTemplate(
         name="short",
         task="Find the pass key.",
-        needle="pass key: {key}.",
+        needle="pass key:{key}.",
         question="What is the pass key? pass key:",
+        answer="{key}",
     ),
 }
 DEFAULT_TEMPLATE = "landmark"

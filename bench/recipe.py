@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.batches import PASSKEY_LOSSES
+from bench.batches import PASSKEY_LENGTHS, PASSKEY_LOSSES
 from bench.metrics.checks import boolean, choice, integer, number
 from bench.metrics.lengths import parse_length
 from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES
@@ -59,6 +59,7 @@ class TrainConfig:
     passkey_filler: str = "standard"
     passkey_template: str = "landmark"  # text around the filler (bench.passkey.PASSKEY_TEMPLATES)
     passkey_loss: str = "all"  # all | answer
+    passkey_length: str = "full"  # full (a whole row) | uniform (template minimum .. row, README)
     # what is measured and shown, never the weights:
     eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
     eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none
@@ -96,6 +97,7 @@ class TrainConfig:
         choice("train.passkey_filler", self.passkey_filler, PASSKEY_FILLERS)
         choice("train.passkey_template", self.passkey_template, tuple(PASSKEY_TEMPLATES))
         choice("train.passkey_loss", self.passkey_loss, PASSKEY_LOSSES)
+        choice("train.passkey_length", self.passkey_length, PASSKEY_LENGTHS)
         self.eval_every = integer("train.eval_every", self.eval_every, 0)
         self.eval_batches = integer("train.eval_batches", self.eval_batches, 0)
         self.log_every = integer("train.log_every", self.log_every, 1)

@@ -304,6 +304,7 @@ def train_model(
         passkey_filler=spec.passkey_filler,
         passkey_loss=spec.passkey_loss,
         passkey_template=spec.passkey_template,
+        passkey_length=spec.passkey_length,
     )
     validator = _Validator(corpus, spec, rank, world)
     optimizer = torch.optim.AdamW(

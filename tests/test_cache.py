@@ -31,6 +31,7 @@ from bench.cache import (
     weights_key,
 )
 from bench.corpora import Corpus, load_corpus
+from bench.passkey import PASSKEY_TEMPLATES
 from bench.resume import ResumeFile
 from bench.schema import DataConfig, JobConfig, PositionSchema, ScalingSchema
 from bench.train import make_model
@@ -176,6 +177,25 @@ def test_key_changes_with_what_changes_the_weights(section: str, field: str, val
     changed = json.loads(json.dumps(raw))
     changed[section][field] = value
     assert weights_key(JobConfig.from_hydra(changed)) != weights_key(JobConfig.from_hydra(raw))
+
+
+def test_key_changes_with_the_passkey_template_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Editing a template's text retrains the models trained on it, and only those."""
+    raw = raw_cfg(length=256)
+    raw["train"].update(passkey_fraction=0.5, passkey_template="short")
+    passkey_model, plain_model = JobConfig.from_hydra(raw), make_cfg()
+    before = weights_key(passkey_model), weights_key(plain_model)
+    edited = replace(PASSKEY_TEMPLATES["short"], needle="pass key: {key}.")
+    monkeypatch.setitem(PASSKEY_TEMPLATES, "short", edited)
+    assert weights_key(passkey_model) != before[0]
+    assert weights_key(plain_model) == before[1]  # control: no passkey rows, no template in the key
+    # passkey_length changes the key where there are passkey rows, and only there
+    raw["train"]["passkey_length"] = "uniform"
+    assert weights_key(JobConfig.from_hydra(raw)) != weights_key(passkey_model)
+    plain = raw_cfg(length=256)
+    uniform = json.loads(json.dumps(plain))
+    uniform["train"]["passkey_length"] = "uniform"
+    assert weights_key(JobConfig.from_hydra(uniform)) == weights_key(JobConfig.from_hydra(plain))
 
 
 def test_key_changes_with_seed_corpus_and_salt(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ from bench.corpora import (
     load_corpus,
     stdlib_root,
 )
-from bench.passkey import STANDARD_FILLER, TASK_DESCRIPTION
+from bench.passkey import STANDARD_FILLER, TASK_DESCRIPTION, min_passkey_length
 from bench.schema import DataConfig
 from bench.tokenizer import ByteTokenizer
 
@@ -431,6 +431,44 @@ def test_passkey_rows_content_and_answer_loss(pycorpus: Corpus) -> None:
         text = TOK.decode(cb.tokens[row])
         assert "The pass key is" in text and "The grass is green" not in text
     assert bool(cb.loss_mask.all())  # default passkey_loss="all"
+
+
+def test_uniform_passkey_lengths(pycorpus: Corpus) -> None:
+    """passkey_length=uniform: each example is a prefix of its row, of a length spread between the
+    template's minimum and the row, the rest of the row training text; the answer loss covers the
+    key and the end text only. Control: "full" rows are whole examples."""
+    seq_len, batch = 256, 16
+    docs = pycorpus.split("train")
+    minimum = min_passkey_length(template="short")
+    stream = TrainingStream(
+        docs, seq_len, batch, seed=7, passkey_fraction=1.0, passkey_loss="answer",
+        passkey_template="short", passkey_length="uniform",
+    )
+    lengths = []
+    for step in range(8):
+        tokens, mask = stream.batch(step).tokens, stream.batch(step).loss_mask
+        for row in range(batch):
+            text = TOK.decode(tokens[row])
+            question = "What is the pass key? pass key:"
+            end = text.index(question) + len(question)
+            key = text[end:].split(".")[0]
+            assert key.isdigit() and f"pass key:{key}." in text[: end - len(question)]
+            example_length = end + len(key)  # prompt + answer tokens (bytes)
+            assert minimum <= example_length <= seq_len  # seq_len + 1 minus the "." after the key
+            lengths.append(example_length)
+            # targets: the key's digits and the "." after it, nothing else
+            targets = mask[row].nonzero().flatten().tolist()
+            assert targets == list(range(end - 1, end + len(key)))
+    assert min(lengths) < minimum + 40 and max(lengths) > seq_len - 40  # spread over the range
+    assert len(set(lengths)) > len(lengths) // 2
+    full = TrainingStream(
+        docs, seq_len, batch, seed=7, passkey_fraction=1.0, passkey_template="short"
+    ).batch(0)
+    for row in range(batch):
+        text = TOK.decode(full.tokens[row])
+        assert text.endswith(".") and text.index("What is the pass key?") > seq_len - 40
+    with pytest.raises(ValueError, match="passkey_length 'random' is unknown"):
+        TrainingStream(docs, seq_len, batch, seed=0, passkey_length="random")
 
 
 def test_training_stream_rejects_bad_arguments(pycorpus: Corpus) -> None:

@@ -214,7 +214,8 @@ def test_templates_keep_the_landmark_structure(template: str) -> None:
     text = TOK.decode(ex.prompt_ids)
     lines = text.split("\n")
     assert lines[0] == t.task and lines[2] == t.needle.format(key=4321)
-    assert lines[-1] == t.question and TOK.decode(ex.answer_ids) == " 4321"
+    assert lines[-1] == t.question and TOK.decode(ex.answer_ids) == t.answer.format(key=4321)
+    assert TOK.decode(ex.answer_ids) == {"short": "4321", "landmark": " 4321"}[template]
     assert ex.template == template and len(ex.prompt_ids) + len(ex.answer_ids) == 300
     # The question ends in words of the needle; in the short template the standard filler never
     # contains them (a copy cue with one match), in Landmark's it does ("The sky is blue").
@@ -239,3 +240,24 @@ def test_answer_verdict_requires_the_key_to_end() -> None:
     assert not answer_matches("1234", " 1234")
     assert is_digit_token(TOK.encode("7")[0]) and not is_digit_token(TOK.encode(".")[0])
     assert not is_digit_token(TOK.EOS)
+
+
+def _tokens_before_the_key(template: str, key: int = 31337, length: int = 256) -> tuple[int, list[int]]:
+    """(the token right before the key in the needle, every prompt position holding that token)."""
+    example = make_passkey_example(length, 0.5, key, template=template)
+    prompt = example.prompt_ids
+    needle_key = example.needle_start + TOK.decode(prompt[example.needle_start :]).index(str(key))
+    before = prompt[needle_key - 1]
+    return before, [i for i, t in enumerate(prompt) if t == before]
+
+
+def test_short_template_cues_the_key_uniquely() -> None:
+    """In the short template the token before the key's first digit occurs only in the needle and
+    at the end of the question, so the question's last token points at the key by content alone.
+    Control: the landmark template puts a space there, which the filler repeats everywhere."""
+    before, where = _tokens_before_the_key("short")
+    example = make_passkey_example(256, 0.5, 31337, template="short")
+    assert where == [where[0], len(example.prompt_ids) - 1]  # needle, then the question's end
+    assert example.answer_ids == TOK.encode("31337")
+    landmark_before, landmark_where = _tokens_before_the_key("landmark")
+    assert TOK.decode([landmark_before]) == " " and len(landmark_where) > 20

@@ -227,8 +227,8 @@ def test_passkey_examples_have_the_eval_length_in_model_tokens(hf_bpe):
             example = fit_passkey_example(length, depth, 31337, hf_bpe, template="short")
             assert example.length == length
             text = hf_bpe.decode(example.prompt_ids)
-            assert "pass key: 31337." in text and text.endswith("pass key:")
-            assert example.answer_text == " 31337" and hf_bpe.decode(example.answer_ids) == " 31337"
+            assert "pass key:31337." in text and text.endswith("pass key:")
+            assert example.answer_text == "31337" and hf_bpe.decode(example.answer_ids) == "31337"
     with pytest.raises(ValueError, match="too short"):
         fit_passkey_example(10, 0.5, 31337, hf_bpe, template="short")
 
@@ -243,8 +243,8 @@ class _Oracle(torch.nn.Module):
     def generate_greedy(self, prompts, max_new_tokens):
         rows = []
         for prompt in prompts.tolist():
-            key = self.tokenizer.decode(prompt).split("pass key: ")[1].split(".")[0]
-            ids = self.tokenizer.encode(f" {key}{self.extra}", add_special_tokens=False)
+            key = self.tokenizer.decode(prompt).split("pass key:")[1].split(".")[0]
+            ids = self.tokenizer.encode(f"{key}{self.extra}", add_special_tokens=False)
             rows.append((ids + [0] * max_new_tokens)[:max_new_tokens])
         return torch.tensor(rows)
 
