@@ -32,9 +32,8 @@ def test_each_quickstart_arm_gets_its_own_presets():
         256,
         64,
     )
-    assert (
-        retrieval.train.passkey_fraction == 0.9 and retrieval.train.passkey_template == "landmark"
-    )
+    assert (retrieval.model.n_layers, retrieval.train.passkey_fraction) == (3, 0.9)
+    assert (retrieval.train.passkey_template, retrieval.train.passkey_length) == ("short", "uniform")
     assert retrieval.eval.passkey.enabled and not retrieval.eval.nll.enabled
     # the two arms train different models: their checkpoint-relevant values differ
     assert lm.train.length != retrieval.train.length
