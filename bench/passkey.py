@@ -81,11 +81,12 @@ class PasskeyTemplate:
 
 #: ``landmark`` is Landmark attention's text (also used by PI and YaRN); it needs 253 tokens, so
 #: at short training lengths the haystack is a few tokens and "depth" means little. ``short``
-#: keeps the structure (task, filler, needle, filler, question) in 68 tokens. Its question ends
-#: in the needle's own words ("pass key:") and the key follows the colon with no space, so the
-#: token before the first digit occurs only in the needle and the question (never in the
-#: filler): retrieval is one content match, which a 2-layer byte-level model learns (with a
-#: space there, the token before the key is one the filler has everywhere; README, "Passkey").
+#: keeps the structure (task, filler, needle, filler, question) in 73 tokens (5-digit key). Its
+#: question ends in the needle's own words ("pass key:") and the key follows the colon with no
+#: space, so the token before the first digit occurs only in the needle and the question (never
+#: in the filler): retrieval is a content match, which the retrieval arm's 3-layer byte-level
+#: model learns (with a space there, the token before the key is one the filler has at every
+#: word; README, "Why the retrieval arm's settings").
 PASSKEY_TEMPLATES = {
     "landmark": PasskeyTemplate(
         name="landmark",
