@@ -33,7 +33,10 @@ def test_each_quickstart_arm_gets_its_own_presets():
         64,
     )
     assert (retrieval.model.n_layers, retrieval.train.passkey_fraction) == (3, 0.9)
-    assert (retrieval.train.passkey_template, retrieval.train.passkey_length) == ("short", "uniform")
+    assert (retrieval.train.passkey_template, retrieval.train.passkey_length) == (
+        "short",
+        "uniform",
+    )
     assert retrieval.eval.passkey.enabled and not retrieval.eval.nll.enabled
     # the two arms train different models: their checkpoint-relevant values differ
     assert lm.train.length != retrieval.train.length

@@ -441,8 +441,14 @@ def test_uniform_passkey_lengths(pycorpus: Corpus) -> None:
     docs = pycorpus.split("train")
     minimum = min_passkey_length(template="short")
     stream = TrainingStream(
-        docs, seq_len, batch, seed=7, passkey_fraction=1.0, passkey_loss="answer",
-        passkey_template="short", passkey_length="uniform",
+        docs,
+        seq_len,
+        batch,
+        seed=7,
+        passkey_fraction=1.0,
+        passkey_loss="answer",
+        passkey_template="short",
+        passkey_length="uniform",
     )
     lengths = []
     for step in range(8):

@@ -242,7 +242,9 @@ def test_answer_verdict_requires_the_key_to_end() -> None:
     assert not is_digit_token(TOK.EOS)
 
 
-def _tokens_before_the_key(template: str, key: int = 31337, length: int = 256) -> tuple[int, list[int]]:
+def _tokens_before_the_key(
+    template: str, key: int = 31337, length: int = 256
+) -> tuple[int, list[int]]:
     """(the token right before the key in the needle, every prompt position holding that token)."""
     example = make_passkey_example(length, 0.5, key, template=template)
     prompt = example.prompt_ids
