@@ -139,7 +139,8 @@ class TrainingStream:
         self.passkey_template = passkey_template
         self.passkey_length = passkey_length
         self._end_ids = self.tokenizer.encode(passkey_template_of(passkey_template).end)
-        needed = min_passkey_length(template=passkey_template) + len(self._end_ids)
+        self._min_example = min_passkey_length(template=passkey_template)  # any key fits
+        needed = self._min_example + len(self._end_ids)
         if self.passkey_fraction > 0 and self.seq_len + 1 < needed:
             # Checked against the longest key now, rather than failing at a random later step.
             raise ValueError(
@@ -188,7 +189,7 @@ class TrainingStream:
         """An example that leaves room for the template's end text after the answer."""
         total = self.seq_len + 1 - len(self._end_ids)
         if self.passkey_length == "uniform":
-            total = rng.randint(min_passkey_length(template=self.passkey_template), total)
+            total = rng.randint(self._min_example, total)
         key, depth = random_key(rng), rng.random()
         source = None
         if self.passkey_filler == "corpus":

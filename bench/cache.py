@@ -118,9 +118,6 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
     if job.train.passkey_fraction > 0:
         # the template's text, not only its name: editing a template retrains its models
         out["passkey_text"] = asdict(passkey_template(job.train.passkey_template))
-    else:
-        # without passkey rows it cannot change the weights (and keys from before it existed hold)
-        del out["train"]["passkey_length"]
     if corpus is not None:
         out["corpus_fingerprint"] = corpus if isinstance(corpus, str) else corpus.fingerprint
     return _normalized(out)

@@ -13,7 +13,7 @@ from bench.metrics.checks import boolean, choice, integer, number
 from bench.metrics.lengths import parse_length
 from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES
 from bench.runtime import PRECISIONS
-from bench.schema_fields import WEIGHTS
+from bench.schema_fields import NOT_IN_KEY, WEIGHTS
 from models.scaling import SCALING_METHODS
 
 __all__ = ["EXTEND_NONE", "WEIGHT_DECAY_SCOPES", "ExtendConfig", "TrainConfig"]
@@ -59,7 +59,16 @@ class TrainConfig:
     passkey_filler: str = "standard"
     passkey_template: str = "landmark"  # text around the filler (bench.passkey.PASSKEY_TEMPLATES)
     passkey_loss: str = "all"  # all | answer
-    passkey_length: str = "full"  # full (a whole row) | uniform (template minimum .. row, README)
+    # full (a whole row) | uniform (template minimum .. row, README); in the key only where there
+    # are passkey rows (so the keys of models trained before the field existed hold)
+    passkey_length: str = field(
+        default="full",
+        metadata={
+            WEIGHTS: lambda train: (
+                train.passkey_length if train.passkey_fraction > 0 else NOT_IN_KEY
+            )
+        },
+    )
     # what is measured and shown, never the weights:
     eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
     eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none

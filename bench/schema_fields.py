@@ -10,10 +10,13 @@ from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import Field, field, fields
 from typing import Any
 
-__all__ = ["FAMILIES", "KINDS", "WEIGHTS", "weight_fields", "weights_dict"]
+__all__ = ["FAMILIES", "KINDS", "NOT_IN_KEY", "WEIGHTS", "weight_fields", "weights_dict"]
 
 # Field metadata keys.
-WEIGHTS = "weights"  # False: not in the checkpoint key; fn(section): the value that enters it
+# False: not in the checkpoint key; fn(section): the value that enters it, or NOT_IN_KEY when
+# this section's other values make the field irrelevant to the weights
+WEIGHTS = "weights"
+NOT_IN_KEY = object()
 KINDS = "kinds"  # data kinds (DataConfig.name) the field belongs to; absent = every kind
 FAMILIES = "families"  # position families whose parameters include the field (position_params)
 
@@ -30,7 +33,9 @@ def weights_dict(section: Any) -> dict[str, Any]:
         kinds = f.metadata.get(KINDS)
         if rule is False or (kinds and section.name not in kinds):
             continue
-        out[f.name] = rule(section) if callable(rule) else getattr(section, f.name)
+        value = rule(section) if callable(rule) else getattr(section, f.name)
+        if value is not NOT_IN_KEY:
+            out[f.name] = value
     return out
 
 

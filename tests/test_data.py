@@ -452,7 +452,8 @@ def test_uniform_passkey_lengths(pycorpus: Corpus) -> None:
     )
     lengths = []
     for step in range(8):
-        tokens, mask = stream.batch(step).tokens, stream.batch(step).loss_mask
+        made = stream.batch(step)
+        tokens, mask = made.tokens, made.loss_mask
         for row in range(batch):
             text = TOK.decode(tokens[row])
             question = "What is the pass key? pass key:"
