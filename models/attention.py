@@ -17,7 +17,7 @@ import functools
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -427,22 +427,39 @@ class Attention(nn.Module):
         x: torch.Tensor,
         inputs: AttentionInputs,
         cached: tuple[torch.Tensor, torch.Tensor] | None,
+        query_from: int = 0,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        """x [N, L, D] -> (output [N, L - query_from, D], (k, v) [N, G, S, d], entropy).
+
+        ``query_from`` > 0: keys and values for all L new tokens, queries (and the output) only
+        for tokens ``query_from..L-1``, which attend as new tokens after a cache of that length.
+        """
         n, length, _ = x.shape
+        queries = length - query_from
         q = (
-            self.q_proj(x).view(n, length, self.n_heads, self.head_dim).transpose(1, 2)
-        )  # [N, H, L, d]
+            self.q_proj(x[:, query_from:]).view(n, queries, self.n_heads, self.head_dim)
+        ).transpose(1, 2)  # [N, H, L - query_from, d]
         k, v = (
             self.kv_proj(x).view(n, length, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )  # [N, G, L, d] each
         if inputs.cos is not None:  # RoPE: rotate this layer's queries and keys, never the values
-            q = rotate(q, inputs.cos, inputs.sin, inputs.layout)
+            q_cos, q_sin = inputs.cos[:, :, query_from:], inputs.sin[:, :, query_from:]
+            q = rotate(q, q_cos, q_sin, inputs.layout)
             k = rotate(k, inputs.cos, inputs.sin, inputs.layout)
         if inputs.q_scale is not None:  # log-n, per query position
-            q = (q.float() * inputs.q_scale).to(q.dtype)
+            q = (q.float() * inputs.q_scale[:, :, query_from:]).to(q.dtype)
         if cached is not None:
             k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
             v = torch.cat((cached[1], v), dim=2)
+        if query_from:
+            if inputs.want_entropy:
+                raise ValueError("attention entropy needs every query: query_from must be 0.")
+            inputs = replace(
+                inputs,
+                q_pos=inputs.q_pos[:, query_from:],
+                past_len=inputs.past_len + query_from,
+                flex_cache={},  # another query range: another block mask
+            )
         out, entropy = attend(q, k, v, inputs)
-        out = out.transpose(1, 2).reshape(n, length, -1)  # [N, L, D]
+        out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
         return self.o_proj(out), (k, v), entropy

@@ -204,9 +204,10 @@ class Block(nn.Module):
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, inputs, cached):
-        attn_out, kv, entropy = self.attn(self.attn_norm(x), inputs, cached)
-        x = x + self.dropout(attn_out)
+    def forward(self, x, inputs, cached, query_from: int = 0):
+        """x [N, L, D] -> (x [N, L - query_from, D], (k, v), entropy); see Attention.forward."""
+        attn_out, kv, entropy = self.attn(self.attn_norm(x), inputs, cached, query_from)
+        x = x[:, query_from:] + self.dropout(attn_out)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))
         return x, kv, entropy
 
@@ -344,9 +345,25 @@ class DecoderLM(nn.Module):
         use_cache: bool = False,
         output_hidden_states: bool = False,
         output_attn_entropy: bool = False,
+        logits_from: int = 0,
     ) -> LMOutput:
-        """input_ids [N, L]; attention_mask [N, L] covers the new tokens only (the cache keeps the rest)."""
+        """input_ids [N, L]; attention_mask [N, L] covers the new tokens only (the cache keeps the rest).
+
+        ``logits_from`` = f > 0: logits only for the new tokens f..L-1 ([N, L - f, V]), equal to
+        the full pass's ``logits[:, f:]``; the last layer then computes keys and values for every
+        token but queries, attention output and MLP only for those (what a metric that scores a
+        suffix needs). Not with hidden states or attention entropy, which need every token.
+        """
         n, length = input_ids.shape
+        if not 0 <= logits_from < length:
+            raise ValueError(
+                f"logits_from must be in [0, {length}) for {length} tokens, got {logits_from}."
+            )
+        if logits_from and (output_hidden_states or output_attn_entropy):
+            raise ValueError(
+                "logits_from > 0 leaves out the last layer's earlier tokens: it cannot be combined "
+                "with output_hidden_states or output_attn_entropy."
+            )
         device = input_ids.device
         valid = (
             torch.ones(n, length, dtype=torch.bool, device=device)
@@ -401,9 +418,10 @@ class DecoderLM(nn.Module):
         hidden_states = [x] if output_hidden_states else None
         entropies = [] if output_attn_entropy else None
         new_keys, new_values = [], []
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             cached = (past.keys[i], past.values[i]) if past is not None else None
-            x, (k, v), entropy = block(x, inputs, cached)
+            x, (k, v), entropy = block(x, inputs, cached, logits_from if i == last else 0)
             new_keys.append(k)
             new_values.append(v)
             if hidden_states is not None:

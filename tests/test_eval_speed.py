@@ -17,7 +17,7 @@ import torch
 from bench.evaluate import evaluate_model
 from bench.metrics import METRICS, EvalContext
 from bench.metrics.context import first_windows
-from models.transformer import ScalingConfig
+from models.transformer import DecoderLM, ScalingConfig
 
 TRAIN = 32
 LENGTHS = [32, 64, 128]
@@ -246,3 +246,52 @@ def test_prepare_runs_before_every_metric_of_the_length(tiny_model, random_docs,
         ("nll", 64),
         ("position_probe_r2", 64),
     ]
+
+
+class WithoutLogitsFrom(DecoderLM):
+    """The same model behind a forward that takes no ``logits_from``: the context then slices the
+    full pass's logits (what it does for any model that cannot skip the work)."""
+
+    def forward(
+        self,
+        input_ids,
+        position_ids=None,
+        attention_mask=None,
+        past=None,
+        use_cache=False,
+        output_hidden_states=False,
+        output_attn_entropy=False,
+    ):
+        return super().forward(
+            input_ids,
+            position_ids,
+            attention_mask,
+            past,
+            use_cache,
+            output_hidden_states,
+            output_attn_entropy,
+        )
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_suffix_only_passes_give_the_same_rows(tiny_model, random_docs, kind):
+    # order_dnll's shuffled variants, context_nll's shorter contexts and passkey's answer score a
+    # suffix: the model computes only its logits (and skips the rest of its last layer)
+    cfg = dict(
+        EVERY_METRIC, passkey={"lengths": [128], "depths": 2, "trials": 2, "template": "short"}
+    )
+    docs = random_docs([LENGTHS[-1] + 1 + 3 * i for i in range(8)])
+    model = tiny_model(kind)
+    asked = []
+    forward = model.forward
+    model.forward = lambda ids, **kw: asked.append(kw.get("logits_from", 0)) or forward(ids, **kw)
+    suffix = run(model, docs, cfg)
+    assert sum(f > 0 for f in asked) > 0  # the suffix-only path ran
+    model.forward = forward
+    model.__class__ = WithoutLogitsFrom
+    asked.clear()
+    model.forward = lambda ids, **kw: asked.append(kw.get("logits_from", 0)) or forward(ids, **kw)
+    whole = run(model, docs, cfg)
+    assert not any(asked)  # control: this model was never asked for a suffix
+    assert {r["metric"] for r in suffix} >= {"order_dnll", "context_nll", "passkey_acc"}
+    assert_same_rows(suffix, whole, rel=1e-5)

@@ -331,6 +331,30 @@ def test_alibi_model_with_flex_forced_equals_the_default_path(
     assert torch.equal(flex_generated, tiled_generated)
 
 
+@torch.no_grad()
+def test_flex_logits_from_equals_the_full_pass_suffix(compiled_flex_cpu, tiny_model, monkeypatch):
+    # the last layer's queries start at logits_from: the block mask must be offset like a cache's
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2)
+    model = tiny_model("alibi", model_cfg=cfg)
+    ids = torch.randint(0, 256, (2, 15), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 15)
+    mask[0, :4] = 0  # row 0 is left-padded
+    monkeypatch.setattr(attention_module, "FLEX_BLOCK_SIZE", BLOCK)
+    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "off")
+    tiled = model(ids, attention_mask=mask).logits
+    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "always")
+    calls = []
+    real_attend_flex = attention_module.attend_flex
+    monkeypatch.setattr(
+        attention_module,
+        "attend_flex",
+        lambda *args, **kwargs: calls.append(args[0].shape[2]) or real_attend_flex(*args, **kwargs),
+    )
+    suffix = model(ids, attention_mask=mask, logits_from=9).logits
+    assert calls == [15, 6]  # both layers ran flex, the last one with the 6 suffix queries
+    torch.testing.assert_close(suffix, tiled[:, 9:], atol=ATOL, rtol=ATOL)
+
+
 def test_cpu_default_never_takes_the_flex_path(tiny_model, monkeypatch):
     monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "auto")
 

@@ -334,6 +334,27 @@ def test_attention_entropy_matches_eager_attention_probabilities(arch, hf_model_
     assert (ours[0][:, :, 1:] > 0.1).any()  # negative control: not trivially zero
 
 
+@pytest.mark.parametrize("arch", ["llama", "neox", "gpt2", "bloom"])
+def test_logits_from_keeps_only_the_suffix_logits(arch, hf_model_dirs):
+    lm = load_adapter(hf_model_dirs[arch])
+    tokens = torch.randint(0, 300, (2, 40))
+    head_rows = []  # positions the output embedding (LM head) computed, per call
+    hook = lm.hf.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: head_rows.append(args[0].shape[1])
+    )
+    with torch.no_grad():
+        full = lm(tokens).logits
+        suffix = lm(tokens, logits_from=31).logits
+    hook.remove()
+    assert suffix.shape == (2, 9, full.shape[-1])
+    torch.testing.assert_close(suffix, full[:, 31:], atol=1e-5, rtol=1e-5)
+    assert head_rows == [40, 9]  # transformers' logits_to_keep: the head ran on 9 positions only
+    with pytest.raises(
+        ValueError, match=r"logits_from must be in \[0, 40\) for 40 tokens, got 40\.$"
+    ):
+        lm(tokens, logits_from=40)
+
+
 # --------------------------------------------------------------------------- parity with DecoderLM
 
 

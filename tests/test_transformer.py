@@ -75,10 +75,10 @@ def test_decode_that_restarts_positions_at_zero_is_detected():
 class ReRotatingAttention(attention_module.Attention):
     """The seed's bug: rotate the whole cached history again with the current step's angle."""
 
-    def forward(self, x, inputs, cached):
+    def forward(self, x, inputs, cached, query_from=0):
         if cached is not None and inputs.cos is not None:
             cached = (rotate(cached[0], inputs.cos, inputs.sin, inputs.layout), cached[1])
-        return super().forward(x, inputs, cached)
+        return super().forward(x, inputs, cached, query_from)
 
 
 def test_decode_that_re_rotates_cached_keys_is_detected():
@@ -486,3 +486,87 @@ def test_resolve_scaling_checks_a_scaling_without_a_model():
     model = tiny_model("rope", train_length=16)
     model.set_scaling(yarn, 64)
     assert model.scaling == out
+
+
+# ---------------------------------------------------------------- logits for a suffix only
+
+
+@pytest.mark.parametrize(
+    ("kind", "scaling", "padded", "cached"),
+    [
+        ("rope", None, False, False),
+        ("rope", DYNAMIC, True, False),
+        ("rope", LOGN, False, False),
+        ("rope", None, False, True),
+        ("alibi", None, True, False),
+        ("alibi", LOGN, False, True),
+        ("learned", None, False, False),
+        ("sinusoidal", DYNAMIC, True, False),
+        ("nope", None, False, False),
+    ],
+    ids=[
+        "rope",
+        "rope-dynamic-padded",
+        "rope-logn",
+        "rope-after-cache",
+        "alibi-padded",
+        "alibi-logn-after-cache",
+        "learned",
+        "sinusoidal-dynamic-padded",
+        "nope",
+    ],
+)
+def test_logits_from_equals_the_full_pass_suffix(kind, scaling, padded, cached):
+    model = tiny_model(
+        kind,
+        train_length=40 if kind == "learned" else 16,  # a learned table has no position 40
+        model_cfg=ModelConfig(n_layers=3, d_model=32, n_heads=4),
+    )
+    model.set_scaling(scaling, eval_length=40)
+    ids = random_tokens(2, 40)
+    mask = torch.ones(2, 40)
+    if padded:
+        mask[1, :9] = 0  # row 1 is left-padded
+    past = None
+    if cached:  # 10 tokens in the cache, 30 new ones
+        past = model(ids[:, :10], attention_mask=mask[:, :10], use_cache=True).past
+        ids, mask = ids[:, 10:], mask[:, 10:]
+    full = model(ids, attention_mask=mask, past=past).logits
+    suffix = model(ids, attention_mask=mask, past=past, logits_from=22).logits
+    assert suffix.shape == (2, ids.shape[1] - 22, full.shape[-1])
+    torch.testing.assert_close(suffix, full[:, 22:], atol=1e-5, rtol=1e-5)
+    # negative control: the suffix's logits depend on the tokens before it
+    alone = model(ids[:, 22:], attention_mask=mask[:, 22:]).logits
+    assert (alone - full[:, 22:]).abs().max() > 1e-2
+
+
+def test_logits_from_skips_the_last_layers_work_on_earlier_tokens():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = tiny_model("rope", model_cfg=ModelConfig(n_layers=2, d_model=64, n_heads=4))
+    ids = random_tokens(2, 64)
+
+    def flops(**kwargs):
+        with FlopCounterMode(display=False) as counter:
+            model(ids, **kwargs)
+        return counter.get_total_flops()
+
+    full, suffix = flops(), flops(logits_from=48)
+    print(f"FLOPs: full {full:,}, logits_from=48 of 64 {suffix:,} ({suffix / full:.2f})")
+    # the last of 2 layers keeps only its key/value projections for 48 of 64 tokens
+    assert suffix < 0.8 * full
+    # control: logits_from=0 is the full pass
+    assert flops(logits_from=0) == full
+
+
+def test_logits_from_refuses_bad_values_with_one_sentence():
+    model = tiny_model("rope")
+    ids = random_tokens(1, 8)
+    for bad in (-1, 8, 9):
+        with pytest.raises(
+            ValueError, match=rf"logits_from must be in \[0, 8\) for 8 tokens, got {bad}\.$"
+        ):
+            model(ids, logits_from=bad)
+    for flag in ("output_hidden_states", "output_attn_entropy"):
+        with pytest.raises(ValueError, match="cannot be combined with output_hidden_states"):
+            model(ids, logits_from=2, **{flag: True})

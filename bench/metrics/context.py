@@ -11,7 +11,10 @@ documents), cut windows into position buckets, bootstrap over documents and buil
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import hashlib
+import inspect
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -80,10 +83,21 @@ class EvalContext:
     def bar(self, total: int, desc: str, unit: str = "win") -> tqdm:
         return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not self.progress)
 
-    def forward(self, input_ids: torch.Tensor, **kwargs):
-        """The model's output for ``input_ids`` moved to the device, without autograd."""
+    def forward(self, input_ids: torch.Tensor, logits_from: int = 0, **kwargs):
+        """The model's output for ``input_ids`` moved to the device, without autograd.
+
+        ``logits_from`` = f: only the logits of tokens f..L-1 are wanted ([N, L - f, V]); a model
+        whose forward takes ``logits_from`` skips the work for the others, for any other model
+        the full logits are sliced.
+        """
         with torch.no_grad(), self.autocast():
-            return self.model(input_ids.to(self.device), **kwargs)
+            if not logits_from:
+                return self.model(input_ids.to(self.device), **kwargs)
+            if _takes_logits_from(self.model):
+                return self.model(input_ids.to(self.device), logits_from=logits_from, **kwargs)
+            out = copy.copy(self.model(input_ids.to(self.device), **kwargs))
+            out.logits = out.logits[:, logits_from:]
+            return out
 
     def position_range_error(self, max_position: int, seq_len: int) -> str | None:
         """Why the model cannot embed positions up to ``max_position`` (its own hook), or None."""
@@ -109,9 +123,11 @@ class EvalContext:
         tokens: torch.Tensor,
         position_offset: int,
         hidden_for: dict[bytes, int],
+        score_from: int = 0,
     ) -> torch.Tensor:
-        """:meth:`token_nll`; also keeps the hidden states wanted (:meth:`want_hidden`) of the rows
-        ``hidden_for`` (input digest -> row index in ``tokens``) from the same forward pass."""
+        """:meth:`token_nll` of the targets from ``score_from`` on ([N, L - score_from]); also keeps
+        the hidden states wanted (:meth:`want_hidden`) of the rows ``hidden_for`` (input digest ->
+        row index in ``tokens``) from the same forward pass (which then scores every target)."""
         n, width = tokens.shape
         length = width - 1
         kwargs = {}
@@ -119,17 +135,18 @@ class EvalContext:
             kwargs["position_ids"] = torch.arange(length, device=self.device) + int(position_offset)
         if hidden_for:
             kwargs["output_hidden_states"] = True
-        out = self.forward(tokens[:, :-1], **kwargs)
-        logits = out.logits  # [N, L, V]
-        targets = tokens[:, 1:].to(logits.device)
+            score_from = 0
+        out = self.forward(tokens[:, :-1], logits_from=score_from, **kwargs)
+        logits = out.logits  # [N, L - score_from, V]
+        targets = tokens[:, 1 + score_from :].to(logits.device)
         nll = F.cross_entropy(
-            logits.float().reshape(n * length, -1), targets.reshape(-1), reduction="none"
+            logits.float().reshape(targets.numel(), -1), targets.reshape(-1), reduction="none"
         )
         for digest, row in hidden_for.items():
             layer, positions = self._wanted.pop(digest)
             index = torch.from_numpy(positions).to(out.hidden_states[layer].device)
             self._hidden[(digest, layer)] = (positions, out.hidden_states[layer][row, index].cpu())
-        return nll.view(n, length).cpu()
+        return nll.view(n, length - score_from).cpu()
 
     def window_nll(
         self,
@@ -180,9 +197,13 @@ class EvalContext:
                     for j, i in enumerate(rows):
                         if i in wanted:
                             hidden_for.setdefault(wanted[i], j)
-                    nll = self._forward_nll(windows[rows], int(position_offset), hidden_for)
-                    out[rows] = nll
-                    if memo is not None:
+                    # the memo keeps whole rows; a pass whose rows are all forgotten scores only
+                    # the positions asked for (the model then skips the rest of its last layer)
+                    kept = memo is not None and any(flags[i] for i in rows)
+                    first = 0 if kept or hidden_for else score_from
+                    nll = self._forward_nll(windows[rows], int(position_offset), hidden_for, first)
+                    out[rows, first:] = nll
+                    if kept:
                         for j, i in enumerate(rows):
                             if flags[i]:
                                 memo[keys[i]] = nll[j].clone()
@@ -252,6 +273,16 @@ class EvalContext:
                     parts[i] = states[j]
                 bar.update(len(rows))
         return torch.stack(parts)  # type: ignore[arg-type]
+
+
+def _takes_logits_from(model: nn.Module) -> bool:
+    """Whether ``model.forward`` accepts ``logits_from`` (lenbench's models do)."""
+    return _forward_takes_logits_from(type(model))
+
+
+@functools.cache
+def _forward_takes_logits_from(model_type: type) -> bool:
+    return "logits_from" in inspect.signature(model_type.forward).parameters
 
 
 def _digest(row: torch.Tensor) -> bytes:

@@ -175,11 +175,12 @@ def passkey_verdicts(
             ids = torch.tensor([e.input_ids for e in batch], dtype=torch.long)  # [B, L]
             answer_lens = torch.tensor([len(e.answer_ids) for e in batch])
             span = int(answer_lens.max())
-            logits = ctx.forward(ids).logits  # [B, L, V]
-            predicted = logits[:, length - 1 - span : length - 1].argmax(dim=-1).cpu()  # [B, A]
+            # only the last span + 1 positions' logits: [B, A + 1, V]
+            logits = ctx.forward(ids, logits_from=length - 1 - span).logits
+            predicted = logits[:, :span].argmax(dim=-1).cpu()  # [B, A]
             targets = ids[:, length - span :]
             in_answer = torch.arange(span)[None, :] >= (span - answer_lens)[:, None]
-            after = logits[:, length - 1].argmax(dim=-1).cpu()  # [B]: the token after the key
+            after = logits[:, span].argmax(dim=-1).cpu()  # [B]: the token after the key
             ended = ~torch.isin(after, _DIGIT_IDS)
             ok = ((predicted == targets) | ~in_answer).all(dim=1) & ended
             for i, verdict in zip(indices[start : start + step], ok.tolist(), strict=True):

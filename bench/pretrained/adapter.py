@@ -281,14 +281,24 @@ class PretrainedLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attn_entropy: bool = False,
+        logits_from: int = 0,
     ) -> LMOutput:
-        """input_ids [N, L] -> LMOutput(logits [N, L, V] float32, hidden_states, attn_entropy)."""
+        """input_ids [N, L] -> LMOutput(logits [N, L - logits_from, V] float32, hidden_states,
+        attn_entropy); transformers computes only those logits (``logits_to_keep``) where the
+        model takes it, which matters for a large vocabulary at long lengths."""
         n, length = input_ids.shape
+        if not 0 <= logits_from < length:
+            raise ValueError(
+                f"logits_from must be in [0, {length}) for {length} tokens, got {logits_from}."
+            )
         kwargs = {
             "attention_mask": attention_mask,
             "output_hidden_states": output_hidden_states,
             "use_cache": False,
         }
+        keep = logits_from and "logits_to_keep" in inspect.signature(self.hf.forward).parameters
+        if keep:
+            kwargs["logits_to_keep"] = length - logits_from
         if position_ids is not None:
             problem = self.position_ids_error()
             if problem is not None:
@@ -304,7 +314,8 @@ class PretrainedLM(nn.Module):
             out = self.hf(input_ids, output_attentions=True, **kwargs)
             entropy = [-torch.special.xlogy(a.float(), a.float()).sum(-1) for a in out.attentions]
         hidden = list(out.hidden_states) if output_hidden_states else None
-        return LMOutput(out.logits.float(), None, hidden, entropy)
+        logits = out.logits if keep or not logits_from else out.logits[:, logits_from:]
+        return LMOutput(logits.float(), None, hidden, entropy)
 
     def _entropy_forward(self, input_ids: torch.Tensor, kwargs: dict):
         _register_entropy_attention()
