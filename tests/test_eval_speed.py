@@ -273,20 +273,38 @@ class WithoutLogitsFrom(DecoderLM):
         )
 
 
-@pytest.mark.parametrize("kind", ["rope", "alibi"])
-def test_suffix_only_passes_give_the_same_rows(tiny_model, random_docs, kind):
-    # order_dnll's shuffled variants, context_nll's shorter contexts and passkey's answer score a
-    # suffix: the model computes only its logits (and skips the rest of its last layer)
+SLIDING_NLL = {
+    "protocol": "sliding",
+    "stride": 24,
+    "max_windows": 3,
+    "max_docs": 4,
+    "bootstrap": 50,
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "nll"),
+    [("rope", None), ("alibi", None), ("rope", SLIDING_NLL)],
+    ids=["rope", "alibi", "rope-sliding"],
+)
+def test_suffix_only_passes_give_the_same_rows(tiny_model, random_docs, kind, nll):
+    # order_dnll's shuffled variants, context_nll's shorter contexts, passkey's answer and sliding
+    # windows after the first score a suffix: the model computes only its logits (and skips the
+    # rest of its last layer)
     cfg = dict(
         EVERY_METRIC, passkey={"lengths": [128], "depths": 2, "trials": 2, "template": "short"}
     )
-    docs = random_docs([LENGTHS[-1] + 1 + 3 * i for i in range(8)])
+    if nll is not None:
+        cfg["nll"] = dict(EVERY_METRIC["nll"], **nll)
+    docs = random_docs([3 * LENGTHS[-1] + 1 + 3 * i for i in range(8)])
     model = tiny_model(kind)
     asked = []
     forward = model.forward
     model.forward = lambda ids, **kw: asked.append(kw.get("logits_from", 0)) or forward(ids, **kw)
     suffix = run(model, docs, cfg)
     assert sum(f > 0 for f in asked) > 0  # the suffix-only path ran
+    if nll is not None:  # sliding windows after the first at L = 128 score their last 24 tokens
+        assert 128 - 24 in asked
     model.forward = forward
     model.__class__ = WithoutLogitsFrom
     asked.clear()

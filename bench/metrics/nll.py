@@ -173,11 +173,13 @@ def nll_rows(
             tokens = torch.stack([selected[d].tensor(s, s + length + 1) for d, s, _ in chunk])
             # a document's first window is what the probes read too: remember it for them
             first = [s == 0 for _, s, _ in chunk]
-            nll = ctx.window_nll(tokens, desc=None, remember=first).double()  # [B, L]
+            # sliding windows after a document's first score only their last tokens
+            low = min(f for _, _, f in chunk)
+            nll = ctx.window_nll(tokens, desc=None, remember=first, score_from=low).double()
             doc_ids = torch.tensor([d for d, _, _ in chunk])
             score_from = torch.tensor([f for _, _, f in chunk])
-            scored = positions[None, :] >= score_from[:, None]  # [B, L]
-            cell = doc_ids[:, None] * n_buckets + bucket_of[None, :]  # [B, L]
+            scored = positions[None, low:] >= score_from[:, None]  # [B, L - low]
+            cell = doc_ids[:, None] * n_buckets + bucket_of[None, low:]  # [B, L - low]
             sums.index_add_(0, cell[scored], nll[scored])
             counts.index_add_(0, cell[scored], torch.ones_like(nll[scored]))
             bar.update(len(chunk))
