@@ -7,6 +7,8 @@ Training, evaluation and the lm-eval adapter all call these, so ``device=auto`` 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import platform
 import time
@@ -51,6 +53,13 @@ def resolve_device(requested: Any) -> str:
             f"device {name!r} is not available on this machine; use device=cpu or auto."
         )
     return name
+
+
+@functools.cache
+def forward_takes(model_type: type, keyword: str) -> bool:
+    """Whether ``model_type.forward`` has a parameter named ``keyword`` (cached per class: it is
+    asked on every forward pass)."""
+    return keyword in inspect.signature(model_type.forward).parameters
 
 
 def autocast(device: str | torch.device, precision: str) -> contextlib.AbstractContextManager:

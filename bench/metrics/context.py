@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import hashlib
-import inspect
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -28,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bench.corpora import Document
-from bench.runtime import autocast
+from bench.runtime import autocast, forward_takes
 
 __all__ = [
     "EvalContext",
@@ -93,7 +91,7 @@ class EvalContext:
         with torch.no_grad(), self.autocast():
             if not logits_from:
                 return self.model(input_ids.to(self.device), **kwargs)
-            if _takes_logits_from(self.model):
+            if forward_takes(type(self.model), "logits_from"):  # lenbench's models do
                 return self.model(input_ids.to(self.device), logits_from=logits_from, **kwargs)
             out = copy.copy(self.model(input_ids.to(self.device), **kwargs))
             out.logits = out.logits[:, logits_from:]
@@ -273,16 +271,6 @@ class EvalContext:
                     parts[i] = states[j]
                 bar.update(len(rows))
         return torch.stack(parts)  # type: ignore[arg-type]
-
-
-def _takes_logits_from(model: nn.Module) -> bool:
-    """Whether ``model.forward`` accepts ``logits_from`` (lenbench's models do)."""
-    return _forward_takes_logits_from(type(model))
-
-
-@functools.cache
-def _forward_takes_logits_from(model_type: type) -> bool:
-    return "logits_from" in inspect.signature(model_type.forward).parameters
 
 
 def _digest(row: torch.Tensor) -> bytes:

@@ -24,6 +24,7 @@ from torch import nn
 
 from bench.job import NotApplicable
 from bench.pretrained.source import position_family, rope_geometry
+from bench.runtime import forward_takes
 from models.attention import ATTENTION_TILE_ELEMENTS
 from models.scaling import rope_parameters
 from models.scaling_config import ScalingConfig, resolve_params
@@ -296,7 +297,7 @@ class PretrainedLM(nn.Module):
             "output_hidden_states": output_hidden_states,
             "use_cache": False,
         }
-        keep = logits_from and "logits_to_keep" in inspect.signature(self.hf.forward).parameters
+        keep = logits_from and forward_takes(type(self.hf), "logits_to_keep")
         if keep:
             kwargs["logits_to_keep"] = length - logits_from
         if position_ids is not None:
@@ -338,11 +339,7 @@ class PretrainedLM(nn.Module):
         """Greedy decoding with the model's KV cache -> [N, max_new_tokens] (no early stop)."""
         self._reset_dynamic()
         # transformers >= 5.24 names the KV cache ``cache``; older model code ``past_key_values``
-        name = (
-            "cache"
-            if "cache" in inspect.signature(self.hf.forward).parameters
-            else "past_key_values"
-        )
+        name = "cache" if forward_takes(type(self.hf), "cache") else "past_key_values"
         out = self.hf(input_ids, use_cache=True)
         generated = []
         for _ in range(int(max_new_tokens)):
