@@ -15,6 +15,11 @@ bench_*.py); prints a table and writes results/perf/bench_train_<config>.json::
     python tests/perf/bench_train.py --width 128
     python tests/perf/bench_train.py --layers 2 --width 64 --heads 2 --positions rope,alibi --compile
     python tests/perf/bench_train.py --width 256 --precisions fp32,bf16 --steps 8
+    python tests/perf/bench_train.py --layers 2 --width 128 --seq 64 --batch 32 --kernel-share
+
+``--kernel-share`` also profiles Llama's step and prints the share of its time in GEMMs and in
+SDPA's fused attention kernels: a model that does Llama's FLOPs through the same kernels cannot be
+faster than Llama by more than step / (GEMM + attention), whatever else it removes.
 """
 
 from __future__ import annotations
@@ -262,6 +267,49 @@ def throughput(
     return times
 
 
+#: Profiler keys of the kernels that a model with Llama's FLOPs has to run as well.
+GEMM_KERNELS = ("aten::mm", "aten::bmm", "aten::addmm")
+
+
+def llama_kernel_share(
+    args: argparse.Namespace, precision: str, device: torch.device, batches: list[torch.Tensor]
+) -> dict:
+    """Share of Llama's training step (profiler self time) in GEMMs and in SDPA's fused kernels.
+
+    A model with Llama's FLOPs that runs them through the same GEMM and attention kernels can at
+    most remove the rest, so ``bound`` = step / (GEMM + attention) caps its speed-up over Llama.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    model = build(args, "llama", device)
+    step = make_step(model, "llama", precision, device)
+    for batch in batches[:2]:
+        step(batch)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for batch in batches:
+            step(batch)
+        sync(device)
+    events = prof.key_averages()
+    on_device = device.type == "cuda"
+
+    def self_time(event) -> float:
+        return event.self_device_time_total if on_device else event.self_cpu_time_total
+
+    total = sum(self_time(e) for e in events)
+    gemm = sum(self_time(e) for e in events if e.key in GEMM_KERNELS)
+    attention = sum(self_time(e) for e in events if "scaled_dot_product" in e.key)
+    del model, step
+    release_memory()
+    return {
+        "precision": precision,
+        "gemm": gemm / total,
+        "attention": attention / total,
+        "rest": 1 - (gemm + attention) / total,
+        "bound": total / (gemm + attention),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -281,6 +329,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--base", type=float, default=10000.0, help="RoPE base")
+    parser.add_argument(
+        "--kernel-share",
+        action="store_true",
+        help="also profile Llama's step: its share in GEMM and fused-attention kernels, and the "
+        "speed-up over Llama that a model with the same FLOPs and kernels cannot exceed",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
@@ -326,6 +380,11 @@ def main(argv: list[str] | None = None) -> dict:
                     "peak_mem_mib": peak_memory_mb(args, name, precision, device, batches),
                 }
             )
+    shares = (
+        [llama_kernel_share(args, p, device, batches) for p in precisions]
+        if args.kernel_share
+        else []
+    )
     n_params = build_ours(args).num_parameters()
     machine = machine_summary()
     result = {
@@ -333,6 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
         "n_params": n_params,
         "parity_max_abs_diff": max_diff,
         "rows": rows,
+        "llama_kernel_share": shares,
         "machine": machine,
         "env": {
             "transformers": transformers.__version__,
@@ -356,6 +416,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{row['precision']:<9} {row['model']:<20} {row['tokens_per_s']:>10,.0f} "
             f"{row['median_step_s']:>8.4f} {row['vs_llama']:>8.2f}x {row['peak_mem_mib']:>9.1f}"
+        )
+    for share in shares:
+        print(
+            f"{share['precision']} llama step (profiler self time): GEMM {share['gemm']:.0%}, "
+            f"fused attention {share['attention']:.0%}, rest {share['rest']:.0%} -> a model "
+            f"with Llama's FLOPs and kernels is at most {share['bound']:.2f}x faster than Llama"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     name = (
