@@ -18,8 +18,9 @@ bench_*.py); prints a table and writes results/perf/bench_train_<config>.json::
     python tests/perf/bench_train.py --layers 2 --width 128 --seq 64 --batch 32 --kernel-share
 
 ``--kernel-share`` also profiles Llama's step and prints the share of its time in GEMMs and in
-SDPA's fused attention kernels: a model that does Llama's FLOPs through the same kernels cannot be
-faster than Llama by more than step / (GEMM + attention), whatever else it removes.
+SDPA's fused attention kernels (profiled self time per step over its unprofiled median step): a
+model that does Llama's FLOPs through the same kernels cannot be faster than Llama by more than
+step / (GEMM + attention), whatever else it removes.
 """
 
 from __future__ import annotations
@@ -272,12 +273,18 @@ GEMM_KERNELS = ("aten::mm", "aten::bmm", "aten::addmm")
 
 
 def llama_kernel_share(
-    args: argparse.Namespace, precision: str, device: torch.device, batches: list[torch.Tensor]
+    args: argparse.Namespace,
+    precision: str,
+    device: torch.device,
+    batches: list[torch.Tensor],
+    step_s: float,
 ) -> dict:
-    """Share of Llama's training step (profiler self time) in GEMMs and in SDPA's fused kernels.
+    """Time per Llama training step in GEMMs and in SDPA's fused kernels, as shares of ``step_s``.
 
-    A model with Llama's FLOPs that runs them through the same GEMM and attention kernels can at
-    most remove the rest, so ``bound`` = step / (GEMM + attention) caps its speed-up over Llama.
+    ``step_s`` is Llama's unprofiled median step (wall clock) from the throughput run; the kernel
+    times come from a profile of the same step (self time per step). A model with Llama's FLOPs
+    that runs them through the same GEMM and attention kernels can at most remove the rest, so
+    ``bound`` = step_s / (GEMM + attention) caps its speed-up over Llama.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -290,23 +297,29 @@ def llama_kernel_share(
         for batch in batches:
             step(batch)
         sync(device)
-    events = prof.key_averages()
     on_device = device.type == "cuda"
 
-    def self_time(event) -> float:
-        return event.self_device_time_total if on_device else event.self_cpu_time_total
+    def seconds_per_step(keep: Callable[[str], bool]) -> float:
+        micros = sum(
+            e.self_device_time_total if on_device else e.self_cpu_time_total
+            for e in prof.key_averages()
+            if keep(e.key)
+        )
+        return micros / 1e6 / len(batches)
 
-    total = sum(self_time(e) for e in events)
-    gemm = sum(self_time(e) for e in events if e.key in GEMM_KERNELS)
-    attention = sum(self_time(e) for e in events if "scaled_dot_product" in e.key)
+    gemm = seconds_per_step(lambda key: key in GEMM_KERNELS)
+    attention = seconds_per_step(lambda key: "scaled_dot_product" in key)
     del model, step
     release_memory()
     return {
         "precision": precision,
-        "gemm": gemm / total,
-        "attention": attention / total,
-        "rest": 1 - (gemm + attention) / total,
-        "bound": total / (gemm + attention),
+        "step_s": step_s,
+        "gemm_s": gemm,
+        "attention_s": attention,
+        "gemm": gemm / step_s,
+        "attention": attention / step_s,
+        "rest": 1 - (gemm + attention) / step_s,
+        "bound": step_s / (gemm + attention),
     }
 
 
@@ -381,7 +394,11 @@ def main(argv: list[str] | None = None) -> dict:
                 }
             )
     shares = (
-        [llama_kernel_share(args, p, device, batches) for p in precisions]
+        [
+            llama_kernel_share(args, row["precision"], device, batches, row["median_step_s"])
+            for row in rows
+            if row["model"] == "llama"
+        ]
         if args.kernel_share
         else []
     )
@@ -419,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     for share in shares:
         print(
-            f"{share['precision']} llama step (profiler self time): GEMM {share['gemm']:.0%}, "
+            f"{share['precision']} llama step {share['step_s']:.4f} s: GEMM {share['gemm']:.0%}, "
             f"fused attention {share['attention']:.0%}, rest {share['rest']:.0%} -> a model "
             f"with Llama's FLOPs and kernels is at most {share['bound']:.2f}x faster than Llama"
         )
