@@ -34,7 +34,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,12 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
 def weights_key(job: JobConfig, corpus: Corpus | str | None = None) -> str:
     """sha256 hex[:16] of ``weights_config(job, corpus)``."""
     return key_of(weights_config(job, corpus))
+
+
+def model_config_id(job: JobConfig, corpus: Corpus | str | None = None) -> str:
+    """The weights key with the seed left out: equal for every seed of one model configuration
+    (the ``model_config_id`` column that ``bench.series`` counts in a series)."""
+    return weights_key(replace(job, seed=0), corpus)
 
 
 # --------------------------------------------------------------------------- paths

@@ -406,7 +406,7 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
 
         return run_pretrained_job(spec, base, started)
 
-    from bench.cache import get_or_train, weights_key
+    from bench.cache import get_or_train, model_config_id, weights_key
     from bench.corpora import load_corpus
     from bench.evaluate import evaluate_model
     from bench.train import TrainingDiverged
@@ -469,6 +469,7 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
         "position": job.position.kind,
         "position_params": position_params_json(job.position),
         "train_length": job.train.length,
+        "model_config_id": model_config_id(job, corpus),
     }
     if job.extend.active:
         model_columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))

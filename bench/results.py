@@ -53,6 +53,11 @@ REQUIRED_COLUMNS: list[str] = [
 ]
 #: Optional column beyond DESIGN.md's schema: the study arm (``conf/arm``) whose job wrote the row.
 ARM_COLUMN = "arm"
+#: Optional columns beyond DESIGN.md's schema: a hash of everything that determines the weights
+#: except the seed (``bench.cache.model_config_id``; what tells two series apart beyond the
+#: named columns, ``bench.series``), and the passkey template a ``passkey_acc`` row measured.
+MODEL_CONFIG_COLUMN = "model_config_id"
+TEMPLATE_COLUMN = "template"
 #: Optional columns of a model fine-tuned at length (``bench.extend``); empty for the others.
 FINETUNE_COLUMNS: list[str] = [
     "finetune_method",
@@ -101,6 +106,8 @@ CELL_COLUMNS: list[str] = [
     "axis",
     "axis_value",
     "layer",
+    "arm",
+    "template",
     *FINETUNE_COLUMNS,
 ]
 
@@ -119,7 +126,14 @@ _PARAMS_COLUMNS = ["position_params", "scaling_params"]
 _INT_COLUMNS = ["train_length", "eval_length", "n", "seed"]
 _FLOAT_OPTIONAL = ["bucket_lo", "bucket_hi", "ci_lo", "ci_hi"]
 _INT_OPTIONAL = ["layer", "finetune_length", "finetune_steps"]
-_STRING_OPTIONAL = ["arm", "axis", "finetune_method", "parent_model_id"]
+_STRING_OPTIONAL = [
+    "arm",
+    "axis",
+    "finetune_method",
+    "parent_model_id",
+    "model_config_id",
+    "template",
+]
 
 
 # ----------------------------------------------------------------------------- canonical JSON
@@ -318,7 +332,11 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
     df[TIMESTAMP_COLUMN] = df[TIMESTAMP_COLUMN].astype("datetime64[us, UTC]")
 
     ordered = (
-        REQUIRED_COLUMNS + OPTIONAL_COLUMNS + [ARM_COLUMN] + FINETUNE_COLUMNS + [TIMESTAMP_COLUMN]
+        REQUIRED_COLUMNS
+        + OPTIONAL_COLUMNS
+        + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN]
+        + FINETUNE_COLUMNS
+        + [TIMESTAMP_COLUMN]
     )
     extras = [c for c in df.columns if c not in ordered]
     return df[ordered + extras]

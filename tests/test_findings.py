@@ -16,10 +16,16 @@ from bench.findings import (
     ALIBI_MAX_RATIO,
     FAILS,
     HOLDS,
+    NOT_DECIDED,
     NOT_MEASURED,
     RUN_CI,
     SEED_CI,
+    UNDECIDED,
+    Estimate,
+    accuracy_estimate,
     check_findings,
+    decide,
+    wilson,
 )
 from bench.report import generate_report, main
 from bench.results import canonical_json, normalize_results, write_results
@@ -40,9 +46,11 @@ NLL = {
 #: passkey accuracy at 1x, 2x, 4x L per (position, scaling, finetune_method)
 PASSKEY = {
     ("rope", "none", None): (1.0, 0.0, 0.0),
-    ("rope", "pi", "pi"): (0.95, 0.9, 0.85),  # a fine-tune's scaling label is the method's
-    ("rope", "yarn", "yarn"): (0.95, 0.95, 0.9),
+    ("rope", "pi", "pi"): (0.96, 0.93, 0.92),  # a fine-tune's scaling label is the method's
+    ("rope", "yarn", "yarn"): (0.96, 0.96, 0.93),
 }
+#: passkey trials per length and seed: enough that every accuracy's Wilson interval decides
+TRIALS = 200
 #: shift-probe dNLL per position at delta = L and 4L
 SHIFT = {"rope": 1e-7, "alibi": 0.0, "nope": 0.0, "sinusoidal": 0.5, "learned": 0.4}
 
@@ -98,7 +106,7 @@ def rows(seeds=SEEDS, nll=None, passkey=None, shift=None) -> list[dict]:
                     continue
                 out.append(
                     {**_base(pos, scal, seed, tuned), "eval_length": k * L, "metric": "passkey_acc",
-                     "value": acc, "n": 40, "axis": "template", "axis_value": "short"}
+                     "value": acc, "n": TRIALS, "axis": "template", "axis_value": "short"}
                 )  # fmt: skip
         for pos, v in shift.items():
             if v is None:
@@ -140,9 +148,9 @@ def test_one_seed_uses_the_stored_ci() -> None:
 
 
 NEGATIVE = {
-    "F1 sinusoidal flat": ("F1", {"nll": {("sinusoidal", "none"): (2.0, 2.0, 2.0)}}),
+    "F1 sinusoidal improves": ("F1", {"nll": {("sinusoidal", "none"): (2.0, 1.9, 1.8)}}),
     "F2 alibi degrades": ("F2", {"nll": {("alibi", "none"): (2.0, 2.0, 2.0 + 0.05)}}),
-    "F3 raw rope flat": ("F3", {"nll": {("rope", "none"): (2.0, 2.0, 2.0)}}),
+    "F3 raw rope improves": ("F3", {"nll": {("rope", "none"): (2.0, 1.9, 1.8)}}),
     "F3 ntk worse than PI": ("F3", {"nll": {("rope", "ntk"): (2.0, 3.0, 3.5)}}),
     "F4 yarn ft loses 4L": ("F4", {"passkey": {("rope", "yarn", "yarn"): (0.95, 0.9, 0.5)}}),
     "F4 raw rope beyond L": ("F4", {"passkey": {("rope", "none", None): (1.0, 0.5, 0.0)}}),
@@ -160,11 +168,45 @@ def test_negative_control_does_not_hold(case: str) -> None:
     assert all(s == HOLDS for k, s in got.items() if k != key), got
 
 
-@pytest.mark.parametrize("scale, status", [(0.9, HOLDS), (1.1, FAILS)])
-def test_f2_threshold_is_the_named_constant(scale: float, status: str) -> None:
-    """Seed 1 has no jitter: ratio = ALIBI_MAX_RATIO ** scale."""
-    at_4l = 2.0 + scale * math.log(ALIBI_MAX_RATIO)
-    assert statuses(rows(seeds=(1,), nll={("alibi", "none"): (2.0, 2.0, at_4l)}))["F2"] == status
+@pytest.mark.parametrize("offset, status", [(-0.06, HOLDS), (0.0, NOT_DECIDED), (0.06, FAILS)])
+def test_f2_is_a_non_inferiority_check_on_the_named_constant(offset: float, status: str) -> None:
+    """Seeds jitter the 4L NLL by ±0.01 (t-interval half width 0.025): centred on the tolerance
+    the CI straddles it (not decided, never "holds" from the point estimate); 0.06 nats below,
+    its upper end is under it (holds); 0.06 above, its lower end is over it (does not hold)."""
+    at_4l = 2.0 + math.log(ALIBI_MAX_RATIO) + offset
+    got = statuses(rows(nll={("alibi", "none"): (2.0, 1.98, at_4l)}))
+    assert got["F2"] == status, got
+
+
+def test_f2_undecided_ci_is_not_reported_as_holding() -> None:
+    """The audit's case: a ratio CI of about [0.886, 1.116] with its point estimate under 1.02."""
+    e = Estimate("r", 0.995, 0.886, 1.116, 3, SEED_CI)
+    assert decide(e, ALIBI_MAX_RATIO, "at_most") == UNDECIDED
+    assert decide(Estimate("r", 0.99, 0.98, 1.0), ALIBI_MAX_RATIO, "at_most") is True
+    assert decide(Estimate("r", 1.1, 1.05, 1.2), ALIBI_MAX_RATIO, "at_most") is False
+
+
+@pytest.mark.parametrize(
+    "claim, lo, hi, expected",
+    [
+        ("above", 1.1, 1.3, True),
+        ("above", 0.8, 1.0, False),
+        ("above", 0.9, 1.1, UNDECIDED),
+        ("below", -0.3, -0.1, True),
+        ("below", 0.0, 0.2, False),
+        ("below", -0.1, 0.1, UNDECIDED),
+        ("at_least", 0.8, 0.95, True),
+        ("at_least", 0.5, 0.79, False),
+        ("at_least", 0.7, 0.9, UNDECIDED),
+        ("at_most", 0.0, 0.1, True),
+        ("at_most", 0.11, 0.3, False),
+        ("at_most", 0.05, 0.2, UNDECIDED),
+    ],
+)
+def test_decide_on_the_interval(claim: str, lo: float, hi: float, expected) -> None:
+    threshold = {"above": 1.0, "below": 0.0, "at_least": 0.8, "at_most": 0.1}[claim]
+    assert decide(Estimate("x", (lo + hi) / 2, lo, hi), threshold, claim) == expected
+    assert decide(Estimate("x", (lo + hi) / 2), threshold, claim) is None  # no interval
 
 
 ABSENT = {
@@ -187,7 +229,8 @@ def test_one_seed_without_ci_is_not_measured() -> None:
     r = [{k: v for k, v in x.items() if k not in ("ci_lo", "ci_hi")} for x in rows(seeds=(0,))]
     results = {f.key: f for f in check_findings(normalize_results(r))}
     assert results["F1"].status == NOT_MEASURED and "[no CI]" in results["F1"].numbers
-    assert results["F2"].status == HOLDS  # a point-estimate check needs no CI
+    assert results["F2"].status == NOT_MEASURED  # non-inferiority needs the CI's upper end
+    assert "rope max |dNLL| 0.000" in results["F6"].numbers  # |dNLL| ≈ 0 needs no CI
 
 
 def test_finetuned_rows_are_not_zero_shot() -> None:
@@ -228,3 +271,111 @@ def test_report_starts_with_findings(tmp_path: Path) -> None:
     assert list(table["finding"]) == [f"F{i}" for i in range(1, 7)]
     assert set(table["status"]) == {HOLDS}
     assert table["source"].str.len().min() > 10
+
+
+# --------------------------------------------------------------------------- series, not pools
+
+
+def _estimate(results, key: str, name_start: str) -> list[Estimate]:
+    return [e for e in {r.key: r for r in results}[key].estimates if e.name.startswith(name_start)]
+
+
+def test_another_experiments_run_of_the_same_model_is_its_own_series() -> None:
+    """The audit's case: the quickstart's seed-0 rows next to the findings' 3 seeds. Before, they
+    joined the findings' t-interval as a fourth seed; now each experiment is one line."""
+    base = check_findings(normalize_results(rows()))
+    extra = [
+        {**r, "experiment": "quickstart", "value": r["value"] + 0.2 * (r["metric"] == "nll")}
+        for r in rows(seeds=(0,))
+    ]
+    results = check_findings(normalize_results(rows() + extra))
+    lines = _estimate(results, "F1", "sinusoidal")
+    assert len(lines) == 2, [e.name for e in lines]
+    findings_line = next(e for e in lines if "experiment=findings" in e.name)
+    assert findings_line.n_seeds == 3
+    assert findings_line.value == pytest.approx(_estimate(base, "F1", "sinusoidal")[0].value)
+    assert next(e for e in lines if "experiment=quickstart" in e.name).n_seeds == 1
+    # negative control: the same rows under the findings' name are one series of 4 seeds
+    same = [{**r, "experiment": "findings", "seed": 3} for r in extra]
+    pooled = _estimate(check_findings(normalize_results(rows() + same)), "F1", "sinusoidal")
+    assert len(pooled) == 1 and pooled[0].n_seeds == 4
+
+
+def test_a_second_model_configuration_is_its_own_series() -> None:
+    """Another RoPE base (position_params) or another model width (model_config_id) in the same
+    sweep: F3's raw ratio of the first model is unchanged, the second gets its own line."""
+    base = _estimate(check_findings(normalize_results(rows())), "F3", "rope ppl")[0]
+    for change in ({"position_params": canonical_json({"base": 500})}, {"model_config_id": "w256"}):
+        other = [
+            {**r, **change, "value": r["value"] + 0.5 * (r["eval_length"] > L)}
+            for r in rows()
+            if r["position"] == "rope" and r["metric"] == "nll"
+        ]
+        results = check_findings(normalize_results(rows() + other))
+        ratios = _estimate(results, "F3", "rope ppl")
+        assert len(ratios) == 2, [e.name for e in ratios]
+        assert base.value in [pytest.approx(e.value) for e in ratios]
+        # the scaled-vs-raw differences pair series of one model only: 2 models x 4 pairs
+        assert len(_estimate(results, "F3", "NLL(")) == 8
+
+
+def test_finetunes_of_different_lengths_of_training_are_not_averaged() -> None:
+    """PI fine-tuned for 50 and for 600 updates: two lines, never their average."""
+    longer = [
+        {**r, "finetune_steps": 600, "value": 0.0}
+        for r in rows()
+        if r.get("finetune_method") == "pi"
+    ]
+    results = {r.key: r for r in check_findings(normalize_results(rows() + longer))}
+    lines = _estimate(results.values(), "F4", "pi ft")
+    assert sorted(round(e.value, 2) for e in lines) == [0.0, 0.92], [e.text() for e in lines]
+    assert results["F4"].status == FAILS  # the 600-step series does not retrieve
+
+
+def test_f4_needs_every_length_it_names() -> None:
+    """The audit's case: a fine-tune with only its 4L rows was reported as holding."""
+    r = [x for x in rows() if not (x.get("finetune_method") == "yarn" and x["eval_length"] < 4 * L)]
+    result = {f.key: f for f in check_findings(normalize_results(r))}["F4"]
+    assert result.status == NOT_MEASURED
+    assert "yarn ft@4x at L, 2L" in result.numbers
+
+
+# --------------------------------------------------------------------------- binomial intervals
+
+
+@pytest.mark.parametrize("k, n", [(0, 20), (20, 20), (17, 20), (39, 40), (3, 200)])
+def test_wilson_interval_matches_scipy(k: int, n: int) -> None:
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert wilson(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9)
+
+
+@pytest.mark.parametrize("trials, status", [(20, NOT_DECIDED), (40, HOLDS)])
+def test_f5_decides_on_each_seeds_interval(trials: int, status: str) -> None:
+    """20 of 20 at L: the Wilson interval [0.84, 1] cannot show >= 0.9; 40 of 40 can."""
+    r = [{**x, "n": trials} if x["metric"] == "passkey_acc" else x for x in rows()]
+    assert statuses(r)["F5"] == status
+
+
+def test_f4_raw_rope_near_zero_needs_enough_trials() -> None:
+    """0 of 20 beyond L on one seed: upper end 0.16 > 0.1, not decided; 0 of 200: holds."""
+    few = [{**x, "n": 20} if x["metric"] == "passkey_acc" else x for x in rows(seeds=(0,))]
+    result = {f.key: f for f in check_findings(normalize_results(few))}["F4"]
+    assert result.status == NOT_DECIDED, result.numbers
+    assert statuses(rows(seeds=(0,)))["F4"] == HOLDS
+
+
+def test_accuracy_interval_covers_the_spread_of_seeds() -> None:
+    """Seeds at 0.0, 1.0, 1.0 (200 trials each): the pooled Wilson interval alone would be
+    [0.60, 0.71]; the seed t-interval is far wider, and the estimate's interval covers it."""
+    frame = normalize_results(
+        [
+            {**_base("rope", "none", s), "eval_length": L, "metric": "passkey_acc",
+             "value": v, "n": 200, "axis": "template", "axis_value": "short"}
+            for s, v in zip(SEEDS, (0.0, 1.0, 1.0), strict=True)
+        ]
+    )  # fmt: skip
+    e = accuracy_estimate(frame, "acc")
+    assert e.value == pytest.approx(2 / 3)
+    assert e.lo == 0.0 and e.hi == 1.0

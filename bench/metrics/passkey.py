@@ -13,7 +13,7 @@ text and fitted to each length in its tokens, and :func:`text_passkey_verdicts` 
 and compares the answer as text (``bench.passkey.answer_matches``).
 
 Rows: ``passkey_acc`` per depth (axis="depth") and per length (axis="template", axis_value = the
-template's name) at each eval length, and
+template's name) at each eval length, every one with the template in its ``template`` column, and
 once per run ``passkey_context``: the largest tested length whose accuracy is >= the configured
 threshold (axis="threshold", axis_value = that threshold), computed only here.
 """
@@ -311,12 +311,21 @@ def passkey_rows(
     by_depth: dict[float, list[bool]] = defaultdict(list)
     for example, verdict in zip(examples, verdicts, strict=True):
         by_depth[example.depth].append(verdict)
+    # every row names the template it measured (two templates on one model never collide); the
+    # per-length row has it as its axis too (axis "template")
+    template_name = template if isinstance(template, str) else template.name
     rows = [
-        make_row("passkey_acc", np.mean(v), len(v), length, axis="depth", axis_value=float(depth))
+        make_row(
+            "passkey_acc",
+            np.mean(v),
+            len(v),
+            length,
+            axis="depth",
+            axis_value=float(depth),
+            template=template_name,
+        )
         for depth, v in sorted(by_depth.items())
     ]
-    # the per-length row names the template it measured (axis "template")
-    template_name = template if isinstance(template, str) else template.name
     rows.append(
         make_row(
             "passkey_acc",
@@ -325,6 +334,7 @@ def passkey_rows(
             length,
             axis="template",
             axis_value=template_name,
+            template=template_name,
         )
     )
     return rows

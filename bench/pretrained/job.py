@@ -124,5 +124,6 @@ def run_pretrained_job(spec: JobSpec, base: dict[str, Any], started: float) -> d
         "position": lm.family,
         "position_params": canonical_json(position_params(pretrained, model.config, lm.family)),
         "train_length": train_length,
+        "model_config_id": mid,  # one pretrained model = one configuration; seeds sample the eval
     }
     return write_job_rows(spec, rows, corpus, model_columns, out_path, started, base, False)

@@ -1,8 +1,9 @@
 """Result rows -> report tables: series labels and order, token-weighted aggregation, pivots.
 
-A *series* is one line in a plot: one (experiment, position, scaling, train length) with its
-parameters. Every summary table groups the (deduplicated, ``row_id``-numbered) result rows by
-series plus its own axes and keeps the ids of the rows it was computed from.
+A *series* is one line in a plot: one model identity minus the seed under one scaling
+(``bench.series``, the definition the Findings use too). Every summary table groups the
+(deduplicated, ``row_id``-numbered) result rows by series plus its own axes and keeps the ids of
+the rows it was computed from.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from bench.series import series_key, series_labels
 from models.scaling_config import ORACLE_SUFFIX
 
 POSITION_ORDER = ["rope", "sinusoidal", "learned", "alibi", "nope"]
@@ -150,11 +152,18 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     arm = _arm_labels(df)
     if arm.nunique() > 1:  # different arms train different models: never pool them
         series = series + " [arm " + arm.replace("", "–") + "]"
+    # one line per series (bench.series, shared with the Findings): labels that still stand for
+    # several series (another model configuration, corpus, ...) name what differs
+    key = series_key(df)
+    for label in series[key.groupby(series).transform("nunique") > 1].unique():
+        mask = series == label
+        texts = series_labels(key[mask].tolist())
+        series[mask] = label + " [" + key[mask].map(texts) + "]"
     df["series"] = series
     keys = (
         df[["position", "position_label", "scaling", "scaling_label", "train_length", "experiment"]]
-        .assign(_arm=arm)
-        .drop_duplicates()
+        .assign(_arm=arm, _series=series, _key=key)
+        .drop_duplicates("_key")
         .assign(
             _pr=lambda d: [rank(p, POSITION_ORDER) for p in d["position"]],
             # an oracle series (a factor per eval length) right after its method's
@@ -163,30 +172,20 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
             ],
         )
         .sort_values(
-            ["_pr", "position_label", "_sr", "scaling_label", "train_length", "experiment", "_arm"]
+            [
+                "_pr",
+                "position_label",
+                "_sr",
+                "scaling_label",
+                "train_length",
+                "experiment",
+                "_arm",
+                "_series",
+            ]
         )
     )
-    ranks: dict[tuple, int] = {}
-    for pos, scal, tl, exp, a in zip(
-        keys["position_label"],
-        keys["scaling_label"],
-        keys["train_length"],
-        keys["experiment"],
-        keys["_arm"],
-        strict=True,
-    ):
-        ranks.setdefault((pos, scal, tl, exp, a), len(ranks))
-    df["series_rank"] = [
-        ranks[k]
-        for k in zip(
-            df["position_label"],
-            df["scaling_label"],
-            df["train_length"],
-            df["experiment"],
-            arm,
-            strict=True,
-        )
-    ]
+    ranks = {k: i for i, k in enumerate(keys["_key"])}
+    df["series_rank"] = [ranks[k] for k in key]
     return df
 
 

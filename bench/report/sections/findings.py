@@ -16,10 +16,11 @@ from bench.findings import (
     FAILS,
     FAR,
     HOLDS,
+    NOT_DECIDED,
     NOT_MEASURED,
     check_findings,
     findings_table,
-    ppl_ratio,
+    ppl_ratios,
     select,
 )
 from bench.report.figures import save_figure
@@ -28,9 +29,9 @@ from bench.report.markdown import ReportDir, figure_md, markdown_table
 
 
 def _ratio_figure(rep: ReportDir, df: pd.DataFrame) -> bool:
-    """Plot ppl(4L)/ppl(L) with its CI per position (raw); False (nothing written) if none."""
-    estimates = [ppl_ratio(select(df, pos), pos) for pos in POSITION_ORDER]
-    estimates = [e for e in estimates if not math.isnan(e.value)]
+    """Plot ppl(4L)/ppl(L) with its CI per position and series (raw); False (nothing written) if
+    none."""
+    estimates = [e for pos in POSITION_ORDER for _, e in ppl_ratios(select(df, pos), pos)]
     if not estimates:
         return False
     fig = Figure(figsize=(5.5, 3.2), layout="constrained")
@@ -70,16 +71,19 @@ def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
     table = findings_table(results)
     table.to_csv(rep.tables_dir / "findings.csv", index=False)
     counts = table["status"].value_counts()
-    summary = "; ".join(f"{s}: {counts.get(s, 0)}" for s in (HOLDS, FAILS, NOT_MEASURED))
+    summary = "; ".join(f"{s}: {counts.get(s, 0)}" for s in (HOLDS, FAILS, NOT_DECIDED, NOT_MEASURED))
     text = [
         "## Findings",
         f"The field's known qualitative results checked on these rows ({summary}); "
         "`lenbench-report --check` prints this table and exits 1 if a measured finding does not "
-        "hold. A finding whose rows are absent is not measured. Numbers: point estimate [95% CI] "
-        "(seeds); ratios and NLLs use whole-window `nll` rows of models that were not fine-tuned "
-        "(raw = scaling none), CIs across seeds (mean ± t-interval) or, with one seed, from the "
-        "run's stored bootstrap CIs (column `ci`). Thresholds are fixed constants in "
-        "`bench/findings.py`. Source: `tables/findings.csv`.",
+        "hold. A finding whose rows are absent is not measured; one whose interval straddles its "
+        "threshold is not decided. Each series (one model configuration under one scaling; "
+        "seeds are its replicates) is checked and reported on its own. Numbers: point estimate "
+        "[95% CI] (seeds); ratios and NLLs use whole-window `nll` rows of models that were not "
+        "fine-tuned (raw = scaling none), CIs across seeds (mean ± t-interval) or, with one "
+        "seed, from the run's stored bootstrap CIs; passkey accuracies carry Wilson intervals of "
+        "their trials (column `ci`). Thresholds are fixed constants in `bench/findings.py`. "
+        "Source: `tables/findings.csv`.",
         markdown_table(table.drop(columns=["ci"])),
     ]
     if _ratio_figure(rep, df):
