@@ -23,6 +23,7 @@ __all__ = [
     "small_eval",
     "stdlib_docs",
     "train_bpe_tokenizer",
+    "train_sentencepiece_tokenizer",
 ]
 
 SPECIALS = ["<s>", "</s>", "<pad>"]
@@ -69,6 +70,35 @@ def train_bpe_tokenizer(vocab_size: int = 400):
     )
     tok.train_from_iterator([_training_text()], trainer=trainer)
     return _fast(tok, add_bos=False)
+
+
+def train_sentencepiece_tokenizer(vocab_size: int = 400):
+    """A SentencePiece-style tokenizer (Metaspace "▁" for spaces, byte fallback) as Llama-2,
+    Mistral and their fast tokenizers in transformers have it, trained on stdlib text and
+    wrapped in transformers' ``LlamaTokenizerFast``. Decoding a sequence alone drops the space
+    its first token starts with (" 1234" -> "1234"), as theirs does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", *SPECIALS],
+        initial_alphabet=[f"<0x{i:02X}>" for i in range(256)],
+        show_progress=False,
+    )
+    tok.train_from_iterator([_training_text()], trainer=trainer)
+    return LlamaTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        add_bos_token=True,
+        add_eos_token=False,
+    )
 
 
 def byte_tokenizer():

@@ -245,6 +245,32 @@ def test_dedup_is_nan_safe_and_respects_cells() -> None:
     assert tie["value"].tolist() == [9.0]
 
 
+def test_dedup_keeps_rows_of_other_arms_and_templates() -> None:
+    """Two arms (different models), or two passkey templates on one model, are different cells;
+    before, the newer row of the other arm or template replaced the older one."""
+    t0, t1 = pd.Timestamp("2024-01-01", tz="UTC"), pd.Timestamp("2024-01-02", tz="UTC")
+    passkey = {"metric": "passkey_acc", "axis": "depth", "axis_value": 0.5}
+    df = normalize_results(
+        [
+            row(value=1.0, arm="lm", written_at=t0),
+            row(value=2.0, arm="retrieval", written_at=t1),
+            row(value=3.0, template="short", written_at=t0, **passkey),
+            row(value=4.0, template="landmark", written_at=t1, **passkey),
+        ]
+    )
+    assert sorted(dedup_results(df)["value"]) == [1.0, 2.0, 3.0, 4.0]
+    # control: the same arm and template are one cell, the newest row wins
+    same = normalize_results(
+        [
+            row(value=1.0, arm="lm", written_at=t0),
+            row(value=2.0, arm="lm", written_at=t1),
+            row(value=3.0, template="short", written_at=t0, **passkey),
+            row(value=4.0, template="short", written_at=t1, **passkey),
+        ]
+    )
+    assert sorted(dedup_results(same)["value"]) == [2.0, 4.0]
+
+
 def test_missing_written_at_uses_file_mtime(tmp_path: Path) -> None:
     old = normalize_results([row(value=1.0)]).drop(columns=["written_at"])
     new = normalize_results([row(value=2.0)]).drop(columns=["written_at"])

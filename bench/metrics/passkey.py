@@ -10,7 +10,8 @@ Examples of the same length (a passkey grid cell's length) batch together withou
 
 With a transformers tokenizer on the context (a pretrained model), the examples are built as
 text and fitted to each length in its tokens, and :func:`text_passkey_verdicts` decodes greedily
-and compares the answer as text (``bench.passkey.answer_matches``).
+and compares the answer as text decoded in context (:func:`generated_answer_matches`), so a
+tokenizer that drops a leading space when decoding alone (SentencePiece) scores right.
 
 Rows: ``passkey_acc`` per depth (axis="depth") and per length (axis="template", axis_value = the
 template's name) at each eval length, every one with the template in its ``template`` column, and
@@ -48,6 +49,7 @@ from bench.tokenizer import ByteTokenizer
 
 __all__ = [
     "PasskeyConfig",
+    "generated_answer_matches",
     "greedy_passkey_verdicts",
     "passkey_context",
     "passkey_context_row",
@@ -217,8 +219,8 @@ def text_passkey_verdicts(ctx: EvalContext, examples: Sequence[PasskeyExample]) 
     """Verdicts on text, for a subword tokenizer (``ctx.tokenizer``): greedy decoding (the model's
     ``generate_greedy``, KV cache) of ``len(answer_ids) + 2`` tokens after each prompt (+ 1 where
     a learned position table ends), decoded
-    and compared with ``answer_matches`` (the answer text, then no digit). Prompts of equal
-    length batch together."""
+    and judged in context by :func:`generated_answer_matches` (the answer text, then no digit).
+    Prompts of equal length batch together."""
     verdicts = [False] * len(examples)
     for length, indices in _groups(examples, lambda e: len(e.prompt_ids)).items():
         step = ctx.rows_per_batch(length)
@@ -231,11 +233,38 @@ def text_passkey_verdicts(ctx: EvalContext, examples: Sequence[PasskeyExample]) 
             with ctx.autocast():
                 generated = ctx.model.generate_greedy(prompts, max_new_tokens=new).cpu()
             for i, row in zip(chunk, generated.tolist(), strict=True):
-                text = ctx.tokenizer.decode(
-                    row, skip_special_tokens=True, clean_up_tokenization_spaces=False
-                )
-                verdicts[i] = answer_matches(text, examples[i].answer_text)
+                verdicts[i] = generated_answer_matches(ctx.tokenizer, examples[i], row)
     return verdicts
+
+
+#: Prompt tokens decoded before the generated ones, so that they decode in context.
+CONTEXT_TOKENS = 16
+
+
+def generated_answer_matches(tokenizer, example: PasskeyExample, generated: Sequence[int]) -> bool:
+    """Whether ``generated`` (the tokens after ``example``'s prompt) is the key, then no digit.
+
+    The generation is decoded in context: the prompt's last :data:`CONTEXT_TOKENS` tokens and the
+    generated ones together, minus the text of the prompt tokens alone. Decoded alone, a
+    SentencePiece (Metaspace) tokenizer drops the space that starts " 1234", so a perfect model
+    would score 0. Where the prompt's text is not a prefix of the joint text (a tokenizer that
+    rewrites across the boundary), the verdict is on token ids: the answer's tokens, then a token
+    whose text in context does not start with a digit.
+    """
+    kw = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+    tail = list(example.prompt_ids[-CONTEXT_TOKENS:])
+    generated = [int(t) for t in generated]
+    before = tokenizer.decode(tail, **kw)
+    whole = tokenizer.decode(tail + generated, **kw)
+    if whole.startswith(before):
+        return answer_matches(whole[len(before) :], example.answer_text)
+    answer = list(example.answer_ids)
+    if generated[: len(answer)] != answer:
+        return False
+    context = tail + answer
+    after = tokenizer.decode(context + generated[len(answer) :], **kw)
+    rest = after[len(tokenizer.decode(context, **kw)) :]
+    return not rest[:1].isdigit()
 
 
 def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:

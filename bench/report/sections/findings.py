@@ -71,7 +71,9 @@ def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
     table = findings_table(results)
     table.to_csv(rep.tables_dir / "findings.csv", index=False)
     counts = table["status"].value_counts()
-    summary = "; ".join(f"{s}: {counts.get(s, 0)}" for s in (HOLDS, FAILS, NOT_DECIDED, NOT_MEASURED))
+    summary = "; ".join(
+        f"{s}: {counts.get(s, 0)}" for s in (HOLDS, FAILS, NOT_DECIDED, NOT_MEASURED)
+    )
     text = [
         "## Findings",
         f"The field's known qualitative results checked on these rows ({summary}); "

@@ -1,0 +1,88 @@
+"""Passkey verdicts on text are right for any tokenizer (a pretrained model's).
+
+An oracle model generates exactly the answer's tokens, then ".": every example must pass, with a
+byte-level BPE and with a SentencePiece (Metaspace) tokenizer, whose decoding of the answer
+alone drops its leading space (the defect: a perfect model scored 0). A model that generates
+another key, or the key with one more digit, must fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from bench.metrics.context import EvalContext
+from bench.metrics.passkey import generated_answer_matches, passkey_rows
+from bench.passkey import answer_matches, passkey_grid
+from tests.hf_fixtures import train_bpe_tokenizer, train_sentencepiece_tokenizer
+
+LENGTH = 300
+DEPTHS = [0.0, 0.5, 1.0]
+TRIALS = 2
+
+
+class ScriptedModel(nn.Module):
+    """Greedy generation from a script: prompt -> the tokens it generates (then ".")."""
+
+    def __init__(self, script: dict[tuple[int, ...], list[int]], stop: int):
+        super().__init__()
+        self.script, self.stop = script, stop
+
+    def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        rows = []
+        for prompt in input_ids.tolist():
+            out = (self.script[tuple(prompt)] + [self.stop] * max_new_tokens)[:max_new_tokens]
+            rows.append(out)
+        return torch.tensor(rows)
+
+
+def _examples(tokenizer):
+    return passkey_grid([LENGTH], DEPTHS, TRIALS, seed=0, tokenizer=tokenizer)
+
+
+def _accuracy(tokenizer, answer_of) -> float:
+    """passkey_acc of a scripted model that generates ``answer_of(example)``."""
+    stop = tokenizer.encode(".", add_special_tokens=False)[-1]
+    script = {tuple(e.prompt_ids): answer_of(e) for e in _examples(tokenizer)}
+    ctx = EvalContext(ScriptedModel(script, stop), progress=False, tokenizer=tokenizer)
+    rows = passkey_rows(ctx, LENGTH, depths=DEPTHS, trials=TRIALS, seed=0)
+    # every row, per depth too, names its template (two templates on one model never collide)
+    assert {r["template"] for r in rows} == {"landmark"} and len(rows) == len(DEPTHS) + 1
+    return next(r["value"] for r in rows if r["axis"] == "template")
+
+
+TOKENIZERS = {"byte-level BPE": train_bpe_tokenizer, "SentencePiece": train_sentencepiece_tokenizer}
+
+
+@pytest.fixture(scope="module", params=list(TOKENIZERS))
+def tokenizer(request):
+    return TOKENIZERS[request.param]()
+
+
+def test_an_oracle_scores_every_example(tokenizer) -> None:
+    assert _accuracy(tokenizer, lambda e: list(e.answer_ids)) == 1.0
+
+
+def test_another_key_scores_zero(tokenizer) -> None:
+    def wrong(e):
+        text = e.answer_text.replace(str(e.key), str(e.key + 1))
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    assert _accuracy(tokenizer, wrong) == 0.0
+
+
+def test_a_longer_number_scores_zero(tokenizer) -> None:
+    digit = tokenizer.encode("7", add_special_tokens=False)[-1]
+    assert _accuracy(tokenizer, lambda e: [*e.answer_ids, digit]) == 0.0
+
+
+def test_the_sentencepiece_fixture_has_the_defect_decoding_alone_would_hit() -> None:
+    """Negative control of the fixture: decoded alone, its answer loses the leading space, so
+    judging the text of the generated tokens alone scores a perfect model 0."""
+    tok = train_sentencepiece_tokenizer()
+    e = _examples(tok)[0]
+    assert e.answer_text.startswith(" ")
+    alone = tok.decode(e.answer_ids, skip_special_tokens=True)
+    assert not answer_matches(alone, e.answer_text)
+    assert generated_answer_matches(tok, e, list(e.answer_ids))
