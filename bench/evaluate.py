@@ -36,6 +36,7 @@ from bench.metrics import (
 )
 from bench.metrics.context import run_documents
 from bench.metrics.lengths import parse_length
+from bench.pretrained.documents import window_bos
 from models.scaling_config import ScalingConfig, run_scaling
 
 __all__ = ["evaluate_model", "parse_length"]
@@ -88,6 +89,7 @@ def evaluate_model(
         train_length=cfg.train_length,
         seed=seed,
         tokenizer=tokenizer,
+        window_bos=None if tokenizer is None else window_bos(tokenizer),
     )
     scaled = getattr(model, "scaled", None)
     if scaling is not None and scaled is None:

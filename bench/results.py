@@ -58,6 +58,9 @@ ARM_COLUMN = "arm"
 #: named columns, ``bench.series``), and the passkey template a ``passkey_acc`` row measured.
 MODEL_CONFIG_COLUMN = "model_config_id"
 TEMPLATE_COLUMN = "template"
+#: Optional column of ``nll`` rows under ``max_windows: fill``: S, the tokens of each document
+#: that every eval length scores (``bench.metrics.nll``).
+SPAN_COLUMN = "span"
 #: Optional columns of a model fine-tuned at length (``bench.extend``); empty for the others.
 FINETUNE_COLUMNS: list[str] = [
     "finetune_method",
@@ -125,7 +128,7 @@ _STRING_COLUMNS = [
 _PARAMS_COLUMNS = ["position_params", "scaling_params"]
 _INT_COLUMNS = ["train_length", "eval_length", "n", "seed"]
 _FLOAT_OPTIONAL = ["bucket_lo", "bucket_hi", "ci_lo", "ci_hi"]
-_INT_OPTIONAL = ["layer", "finetune_length", "finetune_steps"]
+_INT_OPTIONAL = ["layer", "finetune_length", "finetune_steps", "span"]
 _STRING_OPTIONAL = [
     "arm",
     "axis",
@@ -334,7 +337,7 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
     ordered = (
         REQUIRED_COLUMNS
         + OPTIONAL_COLUMNS
-        + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN]
+        + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN, SPAN_COLUMN]
         + FINETUNE_COLUMNS
         + [TIMESTAMP_COLUMN]
     )

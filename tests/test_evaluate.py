@@ -38,6 +38,8 @@ ROW_KEYS = {
     "layer",
     "ci_lo",
     "ci_hi",
+    "span",  # nll under fill: the tokens of each document every length scores
+    "template",  # passkey_acc: the template measured
 }
 
 
@@ -172,7 +174,8 @@ def manual_nll(model, doc, start, length):
     return -logits.log_softmax(-1).gather(-1, tokens[:, 1:, None])[0, :, 0].double()
 
 
-def test_nll_buckets_add_up_and_match_an_independent_computation(tiny_model, random_docs):
+def test_nll_buckets_and_whole_window_match_an_independent_computation(tiny_model, random_docs):
+    """Whole window: every scored token; buckets: the first window of each document only."""
     model = tiny_model()
     docs = random_docs([200, 90, 300, 150])
     length = 64
@@ -182,18 +185,37 @@ def test_nll_buckets_add_up_and_match_an_independent_computation(tiny_model, ran
     assert len(whole) == 1 and whole[0]["axis"] == "docs" and whole[0]["axis_value"] == 4
     windows = {200: 2, 90: 1, 300: 2, 150: 2}
     assert whole[0]["n"] == sum(windows.values()) * length
-    assert sum(r["n"] for r in buckets) == whole[0]["n"]
+    assert sum(r["n"] for r in buckets) == len(docs) * length  # first windows
     assert [(r["bucket_lo"], r["bucket_hi"]) for r in buckets][-2:] == [(16, 32), (32, 64)]
     per_token = torch.cat(
         [manual_nll(model, d, k * length, length) for d in docs for k in range(windows[len(d)])]
     )
     assert whole[0]["value"] == pytest.approx(per_token.mean().item(), abs=1e-5)
-    position = torch.arange(length).repeat(len(per_token) // length)
+    first = torch.stack([manual_nll(model, d, 0, length) for d in docs])  # [D, L]
+    position = torch.arange(length)
     for r in buckets:
         in_bucket = (position >= r["bucket_lo"]) & (position < r["bucket_hi"])
-        assert r["value"] == pytest.approx(per_token[in_bucket].mean().item(), abs=1e-5)
+        assert r["value"] == pytest.approx(first[:, in_bucket].mean().item(), abs=1e-5)
         assert r["ci_lo"] <= r["value"] <= r["ci_hi"]
     assert whole[0]["ci_lo"] < whole[0]["value"] < whole[0]["ci_hi"]
+
+
+def test_nll_windows_cover_a_span_the_length_does_not_divide():
+    """fill with S = 10 targets and windows of 4: windows at 0, 4 and 6 (the last one ends at
+    S and scores only targets 8, 9); every target once, none beyond S."""
+    assert nll_windows(11, 4, None, "nonoverlapping", 4, span=10) == [(0, 0), (4, 0), (6, 2)]
+    assert nll_windows(10, 4, None, "nonoverlapping", 4, span=10) == []  # needs S + 1 tokens
+    for length, span, stride, protocol in [
+        (4, 10, 4, "nonoverlapping"),
+        (3, 16, 3, "nonoverlapping"),
+        (6, 16, 2, "sliding"),
+        (16, 16, 16, "nonoverlapping"),
+    ]:
+        scored = []
+        for start, score_from in nll_windows(100, length, None, protocol, stride, span=span):
+            assert 0 <= score_from < length
+            scored += range(start + score_from, start + length)
+        assert scored == list(range(span))
 
 
 def test_sliding_with_stride_equal_to_window_is_nonoverlapping_exactly(tiny_model, random_docs):
@@ -207,7 +229,7 @@ def test_sliding_with_stride_equal_to_window_is_nonoverlapping_exactly(tiny_mode
     short = nll_rows(ctx_of(model), docs, 64, TRAIN, protocol="sliding", stride=16, **kwargs)
     assert short[-1]["n"] == plain[-1]["n"]
     assert abs(short[-1]["value"] - plain[-1]["value"]) > 1e-4
-    assert sum(r["n"] for r in short[:-1]) == short[-1]["n"]
+    assert sum(r["n"] for r in short[:-1]) == 3 * 64  # buckets: each document's first window
 
 
 def test_short_docs_are_skipped_and_counted(caplog, tiny_model, random_docs):
@@ -332,6 +354,60 @@ def test_nll_fill_scores_the_same_tokens_at_every_length(random_docs):
     whole = [r for r in first if "bucket_lo" not in r]
     assert [r["n"] for r in whole] == [6 * 32, 6 * 64, 6 * 128]
     assert max(r["value"] for r in whole) - min(r["value"] for r in whole) > 1e-3
+
+
+def test_nll_fill_scores_the_same_tokens_when_lengths_do_not_divide_the_longest(random_docs):
+    """The audit's case: lengths 1.25x, 1.5x and 3x (40, 48, 96 tokens). Before, 1.25x scored 2
+    windows of 40 = 80 of the 96 tokens (the end dropped); now every length scores exactly the
+    first 96 (the ``span`` recorded), so a model that ignores context gives one NLL everywhere."""
+    docs = random_docs([300] * 5)
+    rows = evaluate_model(
+        UnigramLM(),
+        only(nll={"bootstrap": 0}) | {"lengths": ["1.25x", "1.5x", "3x"]},
+        docs,
+        train_length=TRAIN,
+        progress=False,
+    )
+    whole = [r for r in rows if "bucket_lo" not in r]
+    assert [r["eval_length"] for r in whole] == [40, 48, 96]
+    assert [r["n"] for r in whole] == [5 * 96] * 3 and {r["span"] for r in rows} == {96}
+    assert max(r["value"] for r in whole) - min(r["value"] for r in whole) < 1e-9
+
+
+class PositionLM(nn.Module):
+    """Logits that depend on the token and its position in the window (not on other tokens):
+    a bucket's NLL changes only if the bucket holds other tokens."""
+
+    def __init__(self, vocab: int = 259, positions: int = 512):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.table = nn.Parameter(torch.randn(vocab, vocab, generator=g))
+        self.bias = nn.Parameter(torch.randn(positions, vocab, generator=g))
+
+    def forward(self, input_ids, **kwargs):
+        n = input_ids.shape[1]
+        return SimpleNamespace(logits=self.table[input_ids] + self.bias[None, :n])
+
+
+def test_nll_buckets_hold_the_same_tokens_at_every_length(random_docs):
+    """The audit's case: bucket [0, 32) at 1x and at 4x under fill. From first windows it holds
+    each document's first 32 tokens at both lengths, so a model whose prediction at a position
+    cannot depend on later tokens gives the same value; pooled over every window (before) it
+    held the starts of later windows too, and the values differed (the negative control)."""
+    docs = random_docs([300] * 6)
+    rows = evaluate_model(
+        PositionLM(),
+        only(nll={"bootstrap": 0, "buckets": [0, 32, 64, 128]}) | {"lengths": ["1x", "4x"]},
+        docs,
+        train_length=TRAIN,
+        progress=False,
+    )
+    first = {r["eval_length"]: r for r in rows if r.get("bucket_lo") == 0}
+    assert first[32]["n"] == first[128]["n"] == 6 * 32
+    assert first[32]["value"] == pytest.approx(first[128]["value"], abs=1e-9)
+    model = PositionLM()
+    pooled_1x = torch.cat([manual_nll(model, d, k * 32, 32) for d in docs for k in range(4)])
+    assert abs(pooled_1x.mean().item() - first[128]["value"]) > 1e-3
 
 
 def test_nll_max_windows_is_fill_or_a_positive_integer():

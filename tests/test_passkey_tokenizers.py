@@ -1,4 +1,5 @@
-"""Passkey verdicts on text are right for any tokenizer (a pretrained model's).
+"""Pretrained models' tokenizers: passkey verdicts on text are right for any tokenizer, and
+every nll window has the same form (BOS where the tokenizer adds one).
 
 An oracle model generates exactly the answer's tokens, then ".": every example must pass, with a
 byte-level BPE and with a SentencePiece (Metaspace) tokenizer, whose decoding of the answer
@@ -8,6 +9,7 @@ another key, or the key with one more digit, must fail.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -86,3 +88,43 @@ def test_the_sentencepiece_fixture_has_the_defect_decoding_alone_would_hit() -> 
     alone = tok.decode(e.answer_ids, skip_special_tokens=True)
     assert not answer_matches(alone, e.answer_text)
     assert generated_answer_matches(tok, e, list(e.answer_ids))
+
+
+# --------------------------------------------------------------------------- window form
+
+
+class RecordingLM(nn.Module):
+    """Uniform logits; records every input window it reads."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.inputs = vocab, []
+
+    def forward(self, input_ids, **kwargs):
+        from types import SimpleNamespace
+
+        self.inputs.append(input_ids.clone())
+        return SimpleNamespace(logits=torch.zeros(*input_ids.shape, self.vocab))
+
+
+def test_every_nll_window_starts_with_the_bos_the_tokenizer_adds() -> None:
+    """The audit's case: only a document's first window started with BOS, so short lengths (more
+    windows) carried more BOS-less starts. Now every window starts with it, unscored."""
+    from bench.corpora import Document
+    from bench.metrics.nll import nll_rows
+    from bench.pretrained.documents import window_bos
+
+    tok = train_sentencepiece_tokenizer()
+    bos = window_bos(tok)
+    assert bos == tok.bos_token_id
+    assert window_bos(train_bpe_tokenizer()) is None  # adds no BOS: windows start with text
+    text = "def f(x):\n    return x + 1\n" * 40
+    docs = [Document(f"d{i}", np.asarray(tok(text)["input_ids"], dtype=np.int32)) for i in range(3)]
+    for with_bos, expected in ((bos, True), (None, False)):
+        model = RecordingLM(len(tok))
+        ctx = EvalContext(model, progress=False, tokenizer=tok, window_bos=with_bos)
+        rows = nll_rows(ctx, docs, 32, 32, max_windows=None, span=128, bootstrap=0)
+        starts = torch.cat([x[:, 0] for x in model.inputs])
+        assert len(starts) == 3 * 4  # 4 windows per document
+        assert bool((starts == bos).all()) is expected  # control: without it, only first ones
+        assert rows[-1]["n"] == 3 * 128  # the same targets either way

@@ -59,6 +59,10 @@ class EvalContext:
     # a transformers tokenizer for a pretrained model (passkey prompts are then built as text);
     # None = lenbench's byte tokens
     tokenizer: Any = None
+    # the token every scored window starts with (unscored), where the tokenizer starts each text
+    # with one (a pretrained model's BOS): every window then has the form of a document's first
+    # (bench.pretrained.documents.window_bos); None = windows start with the text
+    window_bos: int | None = None
     # reuse of forward passes (reuse_forwards): per-token NLL by (window digest, position offset),
     # None outside a reuse block; wanted and kept hidden states by input digest
     _memo: dict | None = field(default=None, init=False, repr=False)

@@ -2,14 +2,25 @@
 
 Rows at each eval length: one per position bucket [bucket_lo, bucket_hi) of the window (value =
 mean NLL in nats, n = scored tokens, ci = bootstrap over documents), plus one whole-window row
-without bucket columns, ``axis="docs"`` and ``axis_value`` = documents used. The bucket rows' ``n``
-add up to the whole-window row's. ``docs`` is the run's document set (``bench.evaluate``), so
-every length reads the same documents (up to ``max_docs``). With ``max_windows: fill`` (the
-default) every length also scores the same tokens: each document's first S tokens, S the
-longest length nll runs at, read as S / length consecutive windows (the ALiBi paper's
-nonoverlapping evaluation), so a ratio between two lengths measures the window, not which text
-was scored. ``max_windows: 1`` scores only each document's first window. Called
-directly with a document too short for the length, it skips it; with none long enough, the
+without bucket columns, ``axis="docs"`` and ``axis_value`` = documents used. ``docs`` is the
+run's document set (``bench.evaluate``), so every length reads the same documents (up to
+``max_docs``).
+
+With ``max_windows: fill`` (the default) the whole-window row scores exactly the same tokens at
+every length: each document's first S tokens (S = the longest length nll runs at, recorded in the
+``span`` column), read as consecutive windows of the length (the ALiBi paper's nonoverlapping
+evaluation); where the length does not divide S, the last window ends at S and scores only the
+tokens the previous windows left, so a ratio between two lengths measures the window, not which
+text was scored. ``max_windows: N`` scores each document's first N windows (1 = the first only).
+
+With a pretrained model whose tokenizer starts texts with a BOS, every window starts with that
+BOS as its (unscored) first input, as the document's first window does (``EvalContext.
+window_bos``), so no length gets more BOS-less window starts than another.
+
+Bucket rows come from each document's **first window** only: bucket [lo, hi) then holds the same
+tokens (document positions lo..hi) at every length that reaches hi, so the bucket table can put
+lengths side by side. With one window per document the buckets' ``n`` add up to the whole-window
+row's. Called directly with a document too short, it skips it; with none long enough, the
 whole-window row is still written with value NaN, n=0 and axis_value=0, and a warning is logged
 (never padding).
 """
@@ -66,11 +77,12 @@ class NllConfig(BootstrapConfig):
                 )
             self.max_windows = integer(self.key("max_windows"), self.max_windows, 1)
 
-    def windows_at(self, length: int) -> int:
-        """Windows per document at eval length ``length`` (``lengths`` resolved to tokens)."""
+    def span_at(self, length: int) -> int | None:
+        """Under ``fill``: S, the tokens of each document scored at every length (the longest
+        length nll runs at, ``lengths`` resolved to tokens); None for ``max_windows: N``."""
         if self.max_windows != "fill":
-            return int(self.max_windows)
-        return max(1, max(self.lengths or [length]) // length)
+            return None
+        return max(self.lengths or [length])
 
 
 @register_metric("nll", config=NllConfig)
@@ -85,7 +97,8 @@ def nll_metric(
         protocol=cfg.protocol,
         stride=cfg.stride,
         max_docs=cfg.max_docs,
-        max_windows=cfg.windows_at(length),
+        max_windows=cfg.max_windows if cfg.max_windows != "fill" else None,
+        span=cfg.span_at(length),
         buckets=cfg.buckets,
         bootstrap=cfg.bootstrap,
         ci=cfg.ci,
@@ -94,23 +107,34 @@ def nll_metric(
 
 
 def nll_windows(
-    doc_len: int, length: int, max_windows: int, protocol: str, stride: int
+    doc_len: int,
+    length: int,
+    max_windows: int | None,
+    protocol: str,
+    stride: int,
+    span: int | None = None,
 ) -> list[tuple[int, int]]:
     """(start, score_from) of each window of one document; a window reads tokens[start:start+length+1].
 
-    The scored span is the first ``n * length`` targets, n = min(max_windows, (doc_len-1) // length).
-    ``nonoverlapping`` scores each window from its first token. ``sliding`` starts windows every
-    ``stride`` tokens (the last one ends exactly at the span's end) and scores only the tokens not
-    scored by the previous window, so every target of the span is scored exactly once, and
-    ``stride == length`` is the nonoverlapping protocol.
+    The scored span is the first ``span`` targets (``fill``; the document needs ``span + 1``
+    tokens, else there are no windows), or with ``span`` None the first ``n * length`` targets,
+    n = min(max_windows, (doc_len-1) // length). ``nonoverlapping`` windows start every
+    ``length`` tokens, and where ``length`` does not divide the span a last window ends exactly
+    at the span's end; ``sliding`` starts windows every ``stride`` tokens (the last one ends at
+    the span's end). Each window scores only the targets the windows before it left, so every
+    target of the span is scored exactly once, and ``stride == length`` is the nonoverlapping
+    protocol.
     """
-    n = min(int(max_windows), (int(doc_len) - 1) // int(length))
-    if n <= 0:
+    length, doc_len = int(length), int(doc_len)
+    if span is None:
+        span = min(int(max_windows), (doc_len - 1) // length) * length
+    elif doc_len - 1 < int(span):
         return []
-    if protocol == "nonoverlapping" or stride >= length:
-        return [(k * length, 0) for k in range(n)]
-    span = n * length
-    starts = list(range(0, span - length + 1, stride))
+    span = int(span)
+    if span < length:
+        return []
+    step = length if protocol == "nonoverlapping" else min(int(stride), length)
+    starts = list(range(0, span - length + 1, step))
     if starts[-1] != span - length:
         starts.append(span - length)
     out, scored_until = [], 0
@@ -129,28 +153,33 @@ def nll_rows(
     protocol: str = "nonoverlapping",
     stride: int | None = None,
     max_docs: int = 64,
-    max_windows: int = 1,
+    max_windows: int | None = 1,
+    span: int | None = None,
     buckets: Sequence[int] | None = None,
     bootstrap: int = 1000,
     ci: float = 0.95,
     seed: int = 0,
 ) -> list[dict]:
-    """``nll`` rows at one eval length (see the module doc for the rows)."""
-    selected, n_eligible = select_documents(docs, length + 1, max_docs)
+    """``nll`` rows at one eval length (see the module doc for the rows). ``span``: score each
+    document's first ``span`` tokens (``fill``), else its first ``max_windows`` windows."""
+    if span is not None and int(span) < length:
+        raise ValueError(f"nll span {span} is shorter than the eval length {length}.")
+    need = (int(span) if span is not None else length) + 1
+    selected, n_eligible = select_documents(docs, need, max_docs)
     if n_eligible < len(docs):
         logger.info(
             "nll at eval length %d: %d of %d test documents are shorter than %d tokens and are skipped.",
             length,
             len(docs) - n_eligible,
             len(docs),
-            length + 1,
+            need,
         )
     if not selected:
         logger.warning(
             "nll at eval length %d: no test document has the %d tokens needed; writing an empty "
             "(NaN, n=0) whole-window row.",
             length,
-            length + 1,
+            need,
         )
         return [make_row("nll", float("nan"), 0, length, axis="docs", axis_value=0)]
     edges = bucket_edges(buckets, length, train_length)
@@ -160,17 +189,24 @@ def nll_rows(
         (d, start, score_from)
         for d, doc in enumerate(selected)
         for start, score_from in nll_windows(
-            len(doc), length, max_windows, protocol, stride or length
+            len(doc), length, max_windows, protocol, stride or length, span
         )
     ]
+    # buckets: first windows only (the same tokens at every length); whole: every window
     sums = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
     counts = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
+    doc_sums = torch.zeros(len(selected), dtype=torch.float64)
+    doc_counts = torch.zeros(len(selected), dtype=torch.float64)
     positions = torch.arange(length)
     step = ctx.rows_per_batch(length)
     with ctx.bar(len(windows), f"nll L={length}") as bar:
         for begin in range(0, len(windows), step):
             chunk = windows[begin : begin + step]
             tokens = torch.stack([selected[d].tensor(s, s + length + 1) for d, s, _ in chunk])
+            if ctx.window_bos is not None:
+                # every window starts as a document does: BOS, then the window's targets (the
+                # replaced token is input only, scored by the window before)
+                tokens[:, 0] = ctx.window_bos
             # a document's first window is what the probes read too: remember it for them
             first = [s == 0 for _, s, _ in chunk]
             # sliding windows after a document's first score only their last tokens
@@ -179,16 +215,20 @@ def nll_rows(
             doc_ids = torch.tensor([d for d, _, _ in chunk])
             score_from = torch.tensor([f for _, _, f in chunk])
             scored = positions[None, low:] >= score_from[:, None]  # [B, L - low]
+            docs_of = doc_ids[:, None].expand_as(scored)  # [B, L - low]
+            doc_sums.index_add_(0, docs_of[scored], nll[scored])
+            doc_counts.index_add_(0, docs_of[scored], torch.ones_like(nll[scored]))
+            in_first = scored & torch.tensor(first)[:, None]  # [B, L - low]
             cell = doc_ids[:, None] * n_buckets + bucket_of[None, low:]  # [B, L - low]
-            sums.index_add_(0, cell[scored], nll[scored])
-            counts.index_add_(0, cell[scored], torch.ones_like(nll[scored]))
+            sums.index_add_(0, cell[in_first], nll[in_first])
+            counts.index_add_(0, cell[in_first], torch.ones_like(nll[in_first]))
             bar.update(len(chunk))
     sums_arr = sums.view(len(selected), n_buckets).numpy()
     counts_arr = counts.view(len(selected), n_buckets).numpy()
     rng = np.random.default_rng([int(seed), int(length), 1])
     # the whole window is one more column, so its CI comes from the same resamples
-    all_sums = np.concatenate([sums_arr, sums_arr.sum(1, keepdims=True)], axis=1)
-    all_counts = np.concatenate([counts_arr, counts_arr.sum(1, keepdims=True)], axis=1)
+    all_sums = np.concatenate([sums_arr, doc_sums.numpy()[:, None]], axis=1)
+    all_counts = np.concatenate([counts_arr, doc_counts.numpy()[:, None]], axis=1)
     lo, hi = bootstrap_ratio_ci(all_sums, all_counts, bootstrap, ci, rng)
     totals, token_counts = all_sums.sum(0), all_counts.sum(0)
 
@@ -204,6 +244,7 @@ def nll_rows(
                 length,
                 bucket_lo=int(edges[b]),
                 bucket_hi=int(edges[b + 1]),
+                span=span,
                 **ci_bounds(lo[b], hi[b]),
             )
         )
@@ -215,6 +256,7 @@ def nll_rows(
             length,
             axis="docs",
             axis_value=len(selected),
+            span=span,
             **ci_bounds(lo[-1], hi[-1]),
         )
     )

@@ -4,6 +4,10 @@ Corpora hold byte tokens (``bench.corpora``); a pretrained model reads its own s
 each test document is decoded to text and re-tokenized with the model's tokenizer, with its
 default special tokens (e.g. a BOS at the start). Lengths, buckets and windows then count the
 model's tokens, and "eval length" means the context the model read.
+
+Where the tokenizer starts each text with a BOS, a document's first window starts with it and
+later windows would not; :func:`window_bos` names that token so that the metrics put it at the
+start of every window (as its unscored first input), giving every window the same form.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 from bench.corpora import Document
 from bench.tokenizer import ByteTokenizer
 
-__all__ = ["retokenize"]
+__all__ = ["retokenize", "window_bos"]
 
 
 def retokenize(docs: Sequence[Document], tokenizer, batch: int = 64) -> list[Document]:
@@ -31,3 +35,12 @@ def retokenize(docs: Sequence[Document], tokenizer, batch: int = 64) -> list[Doc
             for d, ids in zip(part, encoded, strict=True)
         ]
     return out
+
+
+def window_bos(tokenizer) -> int | None:
+    """The token ``tokenizer`` puts before every text (its BOS, where it adds one), else None."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return int(bos) if ids and ids[0] == bos else None
