@@ -142,7 +142,7 @@ class ExtendConfig:
     lr: float = 1.0e-3
     min_lr_ratio: float = 0.1  # the lr at the last update, as a fraction of lr
     warmup_steps: int = 20
-    decay_steps: int | None = None  # as train.decay_steps
+    decay_steps: int | None = None  # cosine over the last N updates; null = all after warmup
     batch_size: int | None = None  # null = train.batch_size
     passkey_fraction: float | None = None  # null = train.passkey_fraction
 

@@ -8,12 +8,14 @@ hold, and regenerating the report from the rows reproduces every committed table
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from bench.findings import FAILS, HOLDS, check_findings, findings_table
+from bench.findings import FAILS, HOLDS, NOT_DECIDED, check_findings, findings_table
 from bench.report.cli import main as report_main
 from bench.results import load_results
 
@@ -45,8 +47,10 @@ def test_the_reference_shows_the_findings_the_readme_claims():
         claim = f"| {key} | {value} |"
         assert claim in readme, f"README's reference table must say {claim!r}"
     # at least the language-modelling findings reproduce at this scale on every seed
-    assert all(status[k] == HOLDS for k in ("F1", "F2", "F3", "F5", "F6")), status
-    assert set(status.values()) <= {HOLDS, FAILS}  # everything is measured
+    assert all(status[k] == HOLDS for k in ("F1", "F2", "F3", "F6")), status
+    # the committed rows have 20 passkey examples per length and seed: too few to decide F5
+    assert status["F5"] == NOT_DECIDED, status
+    assert set(status.values()) <= {HOLDS, FAILS, NOT_DECIDED}  # everything is measured
 
 
 def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monkeypatch):
@@ -61,3 +65,114 @@ def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monk
         b = pd.read_csv(out / "tables" / name)
         pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9, obj=name)
     assert (out / "report.md").read_text() == (REPORT / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- README numbers
+
+NUMBER = r"-?\d+\.\d+"
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(title)
+    return text[start : text.index("\n## ", start)]
+
+
+def _table(section: str, header_start: str) -> dict[str, list[str]]:
+    """The Markdown table whose header row starts with ``header_start``: first cell -> cells."""
+    lines = section[section.index(header_start) :].splitlines()
+    out = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        out[cells[0]] = cells[1:]
+    return out
+
+
+def _agrees(printed: str, value: float) -> bool:
+    """``printed`` is ``value`` rounded to the digits printed (half a unit of the last digit)."""
+    decimals = len(printed.split(".")[1])
+    return abs(float(printed) - value) <= 0.5 * 10**-decimals + 1e-9
+
+
+def _rows():
+    from bench import findings as F
+
+    return F, F._with_series(load_results(RESULTS))
+
+
+def test_readme_per_seed_passkey_table_equals_the_rows():
+    F, df = _rows()
+    section = _readme_section("### Reference results")
+    table = _table(section, "| model | seed 0 |")
+    models = {
+        "raw RoPE": F.select(df, "rope"),
+        "YaRN fine-tuned": F.select(df, "rope", None, tuned="yarn"),
+        "PI fine-tuned": F.select(df, "rope", None, tuned="pi"),
+        "NTK-aware zero-shot": F.select(df, "rope", "ntk"),
+        "YaRN zero-shot": F.select(df, "rope", "yarn"),
+        "PI zero-shot": F.select(df, "rope", "linear"),
+    }
+    checked = 0
+    for label, cells in table.items():
+        rows = F._passkey(next(v for k, v in models.items() if label.startswith(k)))
+        for seed, cell in enumerate(cells):
+            measured = [
+                float(F._trials(F._at(rows[rows["seed"] == seed], k))["acc"].iloc[0])
+                for k in (1, 2, 4)
+            ]
+            printed = [cell.split()[0]] * 3 if "everywhere" in cell else cell.split(" / ")
+            for p, v in zip(printed, measured, strict=True):
+                assert _agrees(p, v), (label, seed, p, v)
+                checked += 1
+    assert checked == 6 * 3 * 3
+
+
+def test_readme_robustness_tables_equal_the_rows():
+    F, df = _rows()
+    section = _readme_section("### Reference results")
+    ratios = _table(section, "| per seed (0 / 1 / 2) | sinusoidal |")
+    header = ["sinusoidal", "learned", "rope", "alibi"]
+    checked = 0
+    for pos, cell in zip(header, ratios["perplexity at 4L / at L"], strict=True):
+        ((_, g),) = F.by_series(F._window_nll(F.select(df, pos)))
+        m = F._per_seed(g, 4).merge(F._per_seed(g, 1), on="seed")
+        for p, v in zip(cell.split(" / "), np.exp(m["value_x"] - m["value_y"]), strict=True):
+            assert _agrees(p, v), (pos, p, v)
+            checked += 1
+    for pos, cell in zip(header, ratios["shift ΔNLL at Δ = 4L (nats)"], strict=True):
+        if not cell:
+            continue
+        r = F._shift(df, pos)
+        top = r[r["delta"] == r["delta"].max()].groupby("seed")["value"].mean()
+        for p, v in zip(cell.split(" / "), top, strict=True):
+            assert _agrees(p, v), (pos, p, v)
+            checked += 1
+    diffs = _table(section, "| per seed (0 / 1 / 2), NLL at 4L (nats) |")["RoPE, zero-shot"]
+    for method, cell in zip(("ntk", "yarn"), diffs, strict=True):
+        a, b = F._window_nll(F.select(df, "rope", method)), F._window_nll(F.select(df, "rope"))
+        d, _ = F.nll_difference(a, b, 4, 4)
+        for p, v in zip(cell.split(" / "), d, strict=True):
+            assert _agrees(p, v), (method, p, v)
+            checked += 1
+    assert checked == 4 * 3 + 2 * 3 + 2 * 3
+
+
+def test_readme_findings_table_intervals_equal_the_rows():
+    """Every "value [lo, hi]" in the README's reference Findings table is one the findings
+    computed from the rows give (to the digits printed)."""
+    section = _readme_section("### Reference results")
+    table = _table(section, "| finding | status |")
+    computed = {r.key: r for r in check_findings(load_results(RESULTS))}
+    pattern = re.compile(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]")
+    checked = 0
+    for key, (status, numbers) in table.items():
+        assert computed[key].status == status, key
+        estimates = [(e.value, e.lo, e.hi) for e in computed[key].estimates]
+        for triple in pattern.findall(numbers):
+            assert any(
+                all(_agrees(p, v) for p, v in zip(triple, e, strict=True)) for e in estimates
+            ), (key, triple, estimates)
+            checked += 1
+    assert checked >= 12

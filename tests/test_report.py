@@ -15,7 +15,7 @@ import pytest
 
 from bench import report as report_mod
 from bench.report import generate_report, latest_experiment_dir, main
-from bench.results import canonical_json, load_results, write_results
+from bench.results import canonical_json, load_results, normalize_results, write_results
 
 POSITIONS = ["rope", "sinusoidal", "learned", "alibi", "nope"]
 SCALINGS = {
@@ -878,3 +878,22 @@ def test_report_figures_have_no_empty_panels(full_report: tuple[Path, Path]) -> 
             assert f">{family}" in svg, (name, family)
     text = report.read_text()
     assert "95% t-interval of the mean over 2 seeds" in text
+
+
+def test_configuration_lists_only_measured_eval_lengths() -> None:
+    """passkey_context (and harness) rows carry eval_length 0: not an eval length."""
+    from bench.report.sections.config import config_section
+
+    base = {
+        "experiment": "e", "run_id": "r", "model_id": "m", "position": "rope",
+        "position_params": "{}", "scaling": "none", "scaling_params": "{}", "train_length": 64,
+        "seed": 0, "corpus": "c", "corpus_fingerprint": "f", "code_version": "v", "n": 1,
+    }  # fmt: skip
+    df = normalize_results(
+        [
+            {**base, "eval_length": 64, "metric": "passkey_acc", "value": 1.0},
+            {**base, "eval_length": 0, "metric": "passkey_context", "value": 64.0},
+        ]
+    ).assign(source_file="x.parquet")
+    line = next(x for x in config_section(df, ["x"]).splitlines() if "eval lengths" in x)
+    assert line.replace(" ", "").endswith("|64|"), line

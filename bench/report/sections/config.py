@@ -36,7 +36,8 @@ def config_section(df: pd.DataFrame, paths: Sequence[str | Path]) -> str:
         ("positions", distinct(["position", "position_params"], named)),
         ("scalings", distinct(["scaling", "scaling_params"], named)),
         ("train lengths", ", ".join(str(v) for v in sorted(df["train_length"].unique()))),
-        ("eval lengths", ", ".join(str(v) for v in sorted(df["eval_length"].unique()))),
+        # rows measured at no length (passkey_context, harness scores) carry eval_length 0
+        ("eval lengths", ", ".join(str(v) for v in sorted(df["eval_length"].unique()) if v > 0)),
         ("seeds", ", ".join(str(v) for v in sorted(df["seed"].unique()))),
         ("models", f"{df['model_id'].nunique()} distinct model_id"),
         ("code versions", ", ".join(sorted(df["code_version"].unique()))),
