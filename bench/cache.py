@@ -379,6 +379,41 @@ def _finish(model: DecoderLM, job: JobConfig, device: Any) -> DecoderLM:
     return model.to(device).eval()
 
 
+def curve_job(job: JobConfig, steps: int) -> JobConfig:
+    """The fine-tune of ``job`` stopped after ``steps`` updates (a point of its recovery curve)."""
+    return replace(job, extend=job.extend.with_steps(steps))
+
+
+def save_snapshot(
+    job: JobConfig,
+    corpus: Corpus,
+    cache_root: str | Path | None,
+    steps: int,
+    model: DecoderLM,
+    stats: Mapping[str, Any],
+) -> Path | None:
+    """Store ``model`` (a fine-tune of ``job`` after ``steps`` updates) as the checkpoint of
+    :func:`curve_job` ``(job, steps)``; nothing if it exists or another process holds its lock."""
+    from filelock import FileLock, Timeout
+
+    point = curve_job(job, steps)
+    config = weights_config(point, corpus)
+    key = key_of(config)
+    root = _root(cache_root)
+    directory = root / key
+    if (directory / DONE_FILE).exists():
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(root / f"{key}.lock"), timeout=0):
+            if (directory / DONE_FILE).exists():
+                return None
+            _clean_leftovers(directory)
+            return save_checkpoint(model, key, config, root, _json_safe(stats))
+    except Timeout:
+        return None  # being trained by another process: its own run writes it
+
+
 def get_or_train(
     job: JobConfig,
     corpus: Corpus,
@@ -430,6 +465,11 @@ def get_or_train(
     def load() -> tuple[DecoderLM, dict[str, Any], bool]:
         model, meta = load_model(directory, device=device, expected_config=config)
         return _finish(model, job, device), meta, False
+
+    if job.extend.active and any(job.extend.curve):
+        kwargs["snapshot"] = lambda steps, model, stats: save_snapshot(
+            job, corpus, root, steps, model, stats
+        )
 
     def train_and_save(write: bool) -> tuple[DecoderLM, dict[str, Any], bool]:
         model, stats = train_fn(job, corpus, **kwargs)

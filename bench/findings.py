@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from bench.series import SERIES_COLUMNS, model_key, series_key, series_labels
+from bench.series import SERIES_COLUMNS, columns_key, model_key, series_key, series_labels
 
 HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured"
 NOT_DECIDED = "not decided"
@@ -55,6 +55,10 @@ ACC_CI = (
     "across seeds where that is wider"
 )
 SEED_ACC_CI = "accuracy per seed: Wilson interval of that seed's trials"
+CURVE_CI = (
+    "updates to retrieve: the fewest on the fine-tune's grid whose accuracy at every length has "
+    "its interval's lower end >= the threshold (inf: none)"
+)
 
 
 @dataclass
@@ -67,13 +71,16 @@ class Estimate:
     hi: float = math.nan
     n_seeds: int = 0
     ci: str = ""
+    digits: int = 3
 
-    def text(self, digits: int = 3) -> str:
+    def text(self, digits: int | None = None) -> str:
+        digits = self.digits if digits is None else digits
         if math.isnan(self.value):
             return f"{self.name} n/a"
         ci = "" if math.isnan(self.lo) else f" [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
         ci = " [no CI]" if self.ci == NO_CI else ci
-        return f"{self.name} {self.value:.{digits}f}{ci} ({self.n_seeds} seed{'s' * (self.n_seeds != 1)})"
+        seeds = f" ({self.n_seeds} seed{'s' * (self.n_seeds != 1)})" if self.n_seeds else ""
+        return f"{self.name} {self.value:.{digits}f}{ci}{seeds}"
 
 
 @dataclass
@@ -424,34 +431,143 @@ def _passkey_labels(keys: list[str]) -> dict[str, str]:
     return series_labels(keys, [*SERIES_COLUMNS, "template"])
 
 
-def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
-    est, checks, missing = [], [], []
-    lengths = (1, 2, FAR)
-    for method in ("pi", "yarn"):
+#: F4's fine-tuning methods: the PI paper's two (PI, direct fine-tuning with the raw rotary) and
+#: YaRN's.
+F4_METHODS = ("pi", "direct", "yarn")
+
+
+#: What a PI curve and a direct (or YaRN) curve must share to be compared: one parent model
+#: configuration, fine-tuned at one length, measured with one template.
+PAIR_COLUMNS = [
+    "experiment",
+    "arm",
+    "position",
+    "position_params",
+    "train_length",
+    "corpus_fingerprint",
+    "finetune_length",
+    "template",
+]
+
+
+@dataclass
+class Curve:
+    """One recovery curve: update count -> whether retrieval over L..4L is recovered."""
+
+    method: str
+    key: str  # the curve (one fine-tune recipe of one model configuration, any update count)
+    pair: str  # what curves of other methods must share to be compared (PAIR_COLUMNS)
+    points: dict[int, Check]
+    n_seeds: int
+
+    def first_recovered(self) -> tuple[int | None, bool]:
+        """(the fewest updates at which retrieval is recovered, whether every smaller count is
+        decidedly not); (None, decided) when no count recovers it: decided when none could."""
+        for steps in sorted(self.points):
+            if self.points[steps] is True:
+                return steps, all(self.points[k] is False for k in self.points if k < steps)
+        return None, all(c is False for c in self.points.values())
+
+
+def recovery_curves(df: pd.DataFrame) -> list[Curve]:
+    """The recovery curves of the fine-tunes at FAR x L of the F4 methods: at each update count,
+    whether every length L..FAR L has accuracy >= RETRIEVAL_MIN_ACC on its interval (None where
+    a length is missing)."""
+    out = []
+    for method in F4_METHODS:
         tuned = select(df, "rope", None, tuned=method)
         at_far = _col(tuned, "finetune_length") == tuned["train_length"] * FAR
-        series = _passkey_series(tuned[at_far.fillna(False).astype(bool)])
-        if not series:
-            missing.append(f"{method} ft@{FAR}x")
-            checks.append(None)
+        p = _passkey(tuned[at_far.fillna(False).astype(bool)])
+        if p.empty:
             continue
-        labels = _passkey_labels([k for k, _ in series])
-        for key, rows in series:
-            accs = {k: accuracy_estimate(_at(rows, k), "") for k in lengths}
-            absent = [k for k, e in accs.items() if math.isnan(e.value)]
-            if absent:  # the claim names every length L..4L
-                where = ", ".join(f"{k}L" if k > 1 else "L" for k in absent)
-                missing.append(_named(f"{method} ft@{FAR}x at {where}", key, labels))
-                checks.append(None)
+        template = _col(p, "template").astype(object)
+        curve_id = _col(p, "finetune_curve_id")
+        p = p.assign(
+            template=template.where(template.notna(), _col(p, "axis_value")),
+            # every update count of one recipe: one curve
+            model_config_id=curve_id.where(curve_id.notna(), _col(p, "model_config_id")),
+        )
+        columns = [c for c in SERIES_COLUMNS if c != "finetune_steps"]
+        p = p.assign(
+            _curve=columns_key(p, [*columns, "template"]), _pair=columns_key(p, PAIR_COLUMNS)
+        )
+        for key, rows in p.groupby("_curve", sort=True):
+            points = {}
+            for steps, at in rows.groupby("finetune_steps", sort=True):
+                accs = [accuracy_estimate(_at(at, k), "") for k in (1, 2, FAR)]
+                measured = not any(math.isnan(e.value) for e in accs)
+                points[int(steps)] = (
+                    _all([decide(e, RETRIEVAL_MIN_ACC, "at_least") for e in accs])
+                    if measured
+                    else None
+                )
+            out.append(
+                Curve(method, str(key), rows["_pair"].iloc[0], points, rows["seed"].nunique())
+            )
+    return out
+
+
+def _recovered_before(first: Curve, other: Curve) -> Check:
+    """``first`` recovers retrieval at an update count where ``other`` decidedly has not (None
+    when ``other`` was not measured at that count)."""
+    k, _ = first.first_recovered()
+    at = other.points.get(k)
+    if at is None:
+        return None
+    return True if at is False else (False if at is True else UNDECIDED)
+
+
+def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
+    """The papers' contrasts on recovery curves (retrieval over L..4L after k fine-tuning updates
+    at 4L, k on the run's grid): PI recovers within the grid while direct fine-tuning (the raw
+    rotary at 4L) has not at that count (Chen et al.); YaRN recovers with fewer updates than PI
+    (Peng et al.); and raw RoPE retrieves <= 0.1 beyond L without fine-tuning."""
+    est, checks, missing = [], [], []
+    curves = recovery_curves(df)
+    labels: dict[str, str] = {}  # what tells a method's curves apart, where it has several
+    for method in F4_METHODS:
+        keys = [c.key for c in curves if c.method == method]
+        labels.update(series_labels(keys, [*SERIES_COLUMNS[:-1], "template"]))
+    for curve in curves:
+        k, _ = curve.first_recovered()
+        grid = "/".join(str(x) for x in sorted(curve.points))
+        name = _named(
+            f"{curve.method} ft@{FAR}x updates to retrieve over L..{FAR}L", curve.key, labels
+        )
+        value = math.inf if k is None else float(k)
+        est.append(
+            Estimate(f"{name} (grid {grid})", value, n_seeds=curve.n_seeds, ci=CURVE_CI, digits=0)
+        )
+    by_method = {m: [c for c in curves if c.method == m] for m in F4_METHODS}
+    for method in F4_METHODS:
+        if not by_method[method]:
+            missing.append(f"{method} ft@{FAR}x")
+    # Chen et al.: PI recovers where direct fine-tuning has not; Peng et al.: YaRN before PI
+    for curve in curves:
+        absent = [k for k, c in sorted(curve.points.items()) if c is None]
+        if absent:  # the claim names every length L..4L at every update count
+            where = "/".join(str(k) for k in absent)
+            missing.append(f"{curve.method} ft@{FAR}x: L..{FAR}L at {where} updates")
+            checks.append(None)
+    for earlier, later in (("pi", "direct"), ("yarn", "pi")):
+        if not by_method[earlier]:
+            checks.append(None)
+        for a in by_method[earlier]:
+            k, decided = a.first_recovered()
+            if k is None:  # it does not recover within its grid: the claim fails on its own
+                checks.append(False if decided else UNDECIDED)
                 continue
-            worst_k = min(lengths, key=lambda k: (accs[k].value, accs[k].lo))
-            worst = accs[worst_k]
-            where = f"{worst_k}L" if worst_k > 1 else "L"
-            worst.name = _named(f"{method} ft@{FAR}x worst acc L..{FAR}L (at {where})", key, labels)
-            est.append(worst)
-            checks.append(_all([decide(e, RETRIEVAL_MIN_ACC, "at_least") for e in accs.values()]))
+            others = [b for b in by_method[later] if b.pair == a.pair]
+            if not others:
+                missing.append(f"{later} ft@{FAR}x next to {earlier}")
+                checks.append(None)
+            for b in others:
+                check = _recovered_before(a, b)
+                if check is None:
+                    missing.append(f"{later} ft@{FAR}x at {k} updates")
+                checks.append(check)
     raw = _passkey_series(select(df, "rope"))
-    labels = _passkey_labels([k for k, _ in raw])
+    raw_labels = _passkey_labels([k for k, _ in raw])
     raw_checked = False
     for key, rows in raw:
         accs = {k: accuracy_estimate(_at(rows, k), "") for k in (2, FAR)}
@@ -460,12 +576,12 @@ def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
         raw_checked = True
         absent = [k for k, e in accs.items() if math.isnan(e.value)]
         if absent:
-            missing.append(_named(f"raw rope at {absent[0]}L", key, labels))
+            missing.append(_named(f"raw rope at {absent[0]}L", key, raw_labels))
             checks.append(None)
             continue
         best_k = max(accs, key=lambda k: (accs[k].value, accs[k].hi))
         best = accs[best_k]
-        best.name = _named(f"raw rope max acc over 2L..{FAR}L (at {best_k}L)", key, labels)
+        best.name = _named(f"raw rope max acc over 2L..{FAR}L (at {best_k}L)", key, raw_labels)
         est.append(best)
         checks.append(_all([decide(e, NEAR_ZERO_ACC, "at_most") for e in accs.values()]))
     if not raw_checked:
@@ -473,12 +589,13 @@ def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
         checks.append(None)
     return FindingResult(
         "F4",
-        f"after a fine-tune at {FAR}L, PI and YaRN retrieve the passkey over L..{FAR}L "
-        f"(acc >= {RETRIEVAL_MIN_ACC}, CI lower end, at every length); raw RoPE <= "
+        f"fine-tuning at {FAR}L (passkey over L..{FAR}L, acc >= {RETRIEVAL_MIN_ACC} on its "
+        "interval, after k updates): PI recovers within the grid where direct fine-tuning has "
+        "not; YaRN recovers with fewer updates than PI; raw RoPE <= "
         f"{NEAR_ZERO_ACC} beyond L (CI upper end)",
         _status(checks),
-        "Chen et al. 2023, Position Interpolation, passkey retrieval after fine-tuning; Peng et al. "
-        "2024, YaRN, passkey retrieval",
+        "Chen et al. 2023, Position Interpolation, Sec. 3.2 passkey retrieval (PI vs direct "
+        "fine-tuning); Peng et al. 2024, YaRN, Sec. 4 (fewer training steps than PI)",
         est,
         missing,
     )

@@ -16,7 +16,9 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +311,11 @@ def results_target(
     return out_path, cached
 
 
+#: A row's own identity columns (``model_id``, ...) where a job measured several models (a
+#: fine-tune's recovery curve); they override the job's.
+ROW_IDENTITY = "_identity"
+
+
 def write_job_rows(
     spec: JobSpec,
     rows: list[dict[str, Any]],
@@ -344,7 +351,17 @@ def write_job_rows(
         "corpus_fingerprint": corpus.fingerprint,
         "code_version": code_version(),
     }
-    write_results([{**row, **identity} for row in rows], out_path)
+    write_results(
+        [
+            {
+                **{k: v for k, v in row.items() if k != ROW_IDENTITY},
+                **identity,
+                **row.get(ROW_IDENTITY, {}),
+            }
+            for row in rows
+        ],
+        out_path,
+    )
     seconds = time.perf_counter() - started
     return _summary(
         "done",
@@ -406,7 +423,7 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
 
         return run_pretrained_job(spec, base, started)
 
-    from bench.cache import get_or_train, model_config_id, weights_key
+    from bench.cache import curve_job, get_or_train, model_config_id, weights_key
     from bench.corpora import load_corpus
     from bench.evaluate import evaluate_model
     from bench.train import TrainingDiverged
@@ -435,15 +452,26 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
         return _summary("invalid", str(exc), **base)
 
     try:
-        rows = evaluate_model(
-            model,
-            spec.eval,
-            corpus.split("test"),
-            train_length=job.train.length,
-            scaling=spec.scaling,
-            device=spec.device,
-            seed=job.seed,
-        )
+        rows = []
+        # a recovery curve's points first (states of the one fine-tune run), then the job's model
+        for point, point_model in chain(_curve_models(job, corpus, spec), [(job, model)]):
+            point_rows = evaluate_model(
+                point_model,
+                spec.eval,
+                corpus.split("test"),
+                train_length=job.train.length,
+                scaling=spec.scaling,
+                device=spec.device,
+                seed=job.seed,
+            )
+            if point is not job:  # rows of another model than the job's: its own identity
+                own = {
+                    "model_id": weights_key(point, corpus),
+                    "model_config_id": model_config_id(point, corpus),
+                    "finetune_steps": point.extend.steps,
+                }
+                point_rows = [{**row, ROW_IDENTITY: own} for row in point_rows]
+            rows += point_rows
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc):
             raise
@@ -473,7 +501,22 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     }
     if job.extend.active:
         model_columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
+        # one id for every update count of this fine-tune recipe: the points of one curve
+        model_columns["finetune_curve_id"] = model_config_id(curve_job(job, 0), corpus)
     return write_job_rows(spec, rows, corpus, model_columns, out_path, started, base, trained)
+
+
+def _curve_models(job: JobConfig, corpus: Any, spec: JobSpec) -> Iterator[tuple[JobConfig, Any]]:
+    """(fine-tune after k updates, its model) for each k of ``extend.curve``, one at a time: the
+    states the job's run stored (``bench.cache.save_snapshot``), or trained like any checkpoint."""
+    from bench.cache import curve_job, get_or_train
+
+    if not job.extend.active:
+        return
+    for k in job.extend.curve:
+        point = curve_job(job, k)
+        point_model, _, _ = get_or_train(point, corpus, spec.cache_root, device=spec.device)
+        yield point, point_model
 
 
 def _first_line(exc: BaseException) -> str:

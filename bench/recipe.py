@@ -5,7 +5,7 @@ at a longer length with a scaling method active), as typed, checked dataclasses.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.batches import PASSKEY_LENGTHS, PASSKEY_LOSSES
@@ -145,10 +145,19 @@ class ExtendConfig:
     decay_steps: int | None = None  # cosine over the last N updates; null = all after warmup
     batch_size: int | None = None  # null = train.batch_size
     passkey_fraction: float | None = None  # null = train.passkey_fraction
+    # a recovery curve: the fine-tune is also evaluated after each of these update counts (< steps;
+    # 0 = the parent with the scaling), from states saved along the one run as the checkpoints of
+    # the same fine-tune with that many steps. Needs min_lr_ratio 1 (a learning rate that does not
+    # depend on steps), so that the state after k updates is the k-update fine-tune's own.
+    curve: list[int] = field(default_factory=list, metadata={WEIGHTS: False})
 
     @property
     def active(self) -> bool:
         return self.method != EXTEND_NONE
+
+    def with_steps(self, steps: int) -> ExtendConfig:
+        """This fine-tune stopped after ``steps`` updates (a point of its curve; no curve)."""
+        return replace(self, steps=int(steps), curve=[])
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -175,3 +184,23 @@ class ExtendConfig:
         if self.passkey_fraction is not None:
             what = "extend.passkey_fraction"
             self.passkey_fraction = number(what, self.passkey_fraction, 0.0, 1.0)
+        self.curve = self._checked_curve(self.curve)
+
+    def _checked_curve(self, curve: Any) -> list[int]:
+        if curve is None:
+            return []
+        if isinstance(curve, (str, bytes)) or not hasattr(curve, "__iter__"):
+            raise ValueError(f"extend.curve must be a list of update counts, got {curve!r}.")
+        points = sorted({integer("extend.curve", k, 0) for k in curve})
+        if points and self.active and points[-1] >= self.steps:
+            raise ValueError(
+                f"extend.curve points must be below extend.steps = {self.steps} (the curve's "
+                f"end), got {points[-1]}."
+            )
+        if any(points) and self.active and self.min_lr_ratio != 1.0:
+            raise ValueError(
+                f"extend.curve needs extend.min_lr_ratio 1.0 (a learning rate that does not "
+                f"depend on steps, so a state after k updates is the k-update fine-tune's), "
+                f"got {self.min_lr_ratio}."
+            )
+        return points

@@ -61,6 +61,9 @@ TEMPLATE_COLUMN = "template"
 #: Optional column of ``nll`` rows under ``max_windows: fill``: S, the tokens of each document
 #: that every eval length scores (``bench.metrics.nll``).
 SPAN_COLUMN = "span"
+#: Optional column of a fine-tuned model's rows: ``model_config_id`` of the same fine-tune with 0
+#: updates, equal for every update count of one recipe (the points of one recovery curve).
+CURVE_COLUMN = "finetune_curve_id"
 #: Optional columns of a model fine-tuned at length (``bench.extend``); empty for the others.
 FINETUNE_COLUMNS: list[str] = [
     "finetune_method",
@@ -136,6 +139,7 @@ _STRING_OPTIONAL = [
     "parent_model_id",
     "model_config_id",
     "template",
+    "finetune_curve_id",
 ]
 
 
@@ -337,7 +341,7 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
     ordered = (
         REQUIRED_COLUMNS
         + OPTIONAL_COLUMNS
-        + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN, SPAN_COLUMN]
+        + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN, SPAN_COLUMN, CURVE_COLUMN]
         + FINETUNE_COLUMNS
         + [TIMESTAMP_COLUMN]
     )

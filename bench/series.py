@@ -20,6 +20,7 @@ import pandas as pd
 __all__ = [
     "MODEL_COLUMNS",
     "SERIES_COLUMNS",
+    "columns_key",
     "model_key",
     "series_key",
     "series_labels",
@@ -53,7 +54,8 @@ def _text(values: pd.Series) -> pd.Series:
     return out.where(out.notna(), "").map(str)
 
 
-def _key(df: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+def columns_key(df: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+    """One opaque string per row, equal exactly for rows equal in ``columns`` (missing = "")."""
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
     parts = [_text(df[c]) if c in df.columns else pd.Series("", index=df.index) for c in columns]
@@ -65,12 +67,12 @@ def _key(df: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
 
 def series_key(df: pd.DataFrame) -> pd.Series:
     """One opaque string per row, equal exactly for rows of the same series."""
-    return _key(df, SERIES_COLUMNS)
+    return columns_key(df, SERIES_COLUMNS)
 
 
 def model_key(df: pd.DataFrame) -> pd.Series:
     """One opaque string per row, equal for rows of the same trained model series (any scaling)."""
-    return _key(df, MODEL_COLUMNS)
+    return columns_key(df, MODEL_COLUMNS)
 
 
 def series_labels(keys: Sequence[str], columns: Sequence[str] = SERIES_COLUMNS) -> dict[str, str]:

@@ -13,6 +13,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -247,6 +248,7 @@ def train_model(
     accelerator: Any = None,
     init: DecoderLM | None = None,
     resume: Any = None,
+    snapshot: Callable[[int, DecoderLM, dict[str, Any]], None] | None = None,
 ) -> tuple[DecoderLM, dict[str, Any]]:
     """Train a DecoderLM for ``job`` (its model, position, train recipe and seed) on ``corpus``'s
     training split. Under DDP every process builds the same global batch and takes rows
@@ -260,7 +262,9 @@ def train_model(
     ``train.save_every_minutes`` (rank 0 writes). A state holds the weights, optimizer and RNG
     states and the update count, which is also the data position (batches are a pure function of
     (seed, update)), so a resumed run ends with the same weights as an uninterrupted one on the
-    same machine and thread count.
+    same machine and thread count. ``snapshot(k, model, stats)`` is called (rank 0) after each
+    update count k of a fine-tune's ``extend.curve`` with the weights at that point (a recovery
+    curve: ``bench.cache`` stores them as the k-update fine-tune's checkpoint).
 
     Returns (model in eval mode on the accelerator's device, train_stats) where train_stats holds
     ``final_train_loss``, ``train_losses`` {update: mean loss of the log window ending there},
@@ -443,6 +447,21 @@ def train_model(
                 tok_s=f"{tokens_done / train_time:,.0f}",
             )
             tick = time.perf_counter()
+        if snapshot is not None and extended and done in job.extend.curve:
+            check(done)  # never store a diverged state
+            if accelerator.is_main_process:
+                done_stats = {
+                    "steps": done,
+                    "tokens": tokens_done,
+                    "final_train_loss": float(losses[max(0, done - spec.log_every) : done].mean()),
+                    "train_losses": dict(train_losses),
+                    "snapshot_of_steps": steps,
+                    "n_params": n_params,
+                    "precision": spec.precision,
+                    "device": str(device),
+                    "num_processes": world,
+                }
+                snapshot(done, accelerator.unwrap_model(model), done_stats)
         if resume is not None and not last and clock.due(done):
             check(done)  # never save a diverged state
             train_time += time.perf_counter() - tick

@@ -43,7 +43,7 @@ GROUPS = {
         "pretrained",
     ],
     "arm": ["all", "lm", "retrieval"],
-    "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope"],
+    "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct"],
     "hydra/launcher": ["basic", "joblib", "submitit_local", "submitit_slurm"],
 }
 
@@ -131,7 +131,7 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     "base_study": (6, 0),
     "extend_study": (7, 9),
     # per seed (3): lm 11 (4 scalings, extend none); retrieval rope x 4 scalings + pi, yarn tunes
-    "findings": (51, 309),
+    "findings": (54, 426),
     "pretrained": (3, 0),  # on the tiny local Llama of tests/conftest.py (hf_model_dirs)
 }
 
@@ -676,3 +676,35 @@ def test_passkey_is_evaluated_with_the_template_the_model_was_trained_with():
     assert template("train.passkey_template=landmark") == "landmark"
     # control: an explicit eval template wins over the training one
     assert template("train.passkey_template=short", "eval.passkey.template=landmark") == "landmark"
+
+
+def test_a_recovery_curve_writes_rows_of_each_point(in_tmp, monkeypatch, capsys):
+    """extend.curve [0, 1] of a 2-update PI fine-tune: one job, rows of three models (0, 1 and 2
+    updates), each with its own model_id, finetune_steps and series; the 0-update point is the
+    parent with PI (its zero-shot rows equal a zero-shot linear run of the parent)."""
+    import pandas as pd
+
+    from bench.series import series_key
+
+    original = cache_module.get_or_train
+    monkeypatch.setattr(
+        cache_module,
+        "get_or_train",
+        lambda cfg, corpus, root=None, **kw: original(
+            cfg, corpus, root, **{**kw, "progress": False}
+        ),
+    )
+    common = [
+        "+experiment=smoke",
+        "hydra.mode=RUN",
+        "position=rope",
+        f"paths.cache={in_tmp / 'cache'}",
+        "hydra.callbacks.report.enabled=false",
+    ]
+    curve = ["extend=pi", "extend.steps=2", "extend.warmup_steps=1", "extend.min_lr_ratio=1.0"]
+    assert main([*common, *curve, "extend.curve=[0,1]"]) == 0, capsys.readouterr().err
+    df = pd.concat(pd.read_parquet(f) for f in (in_tmp / "results" / "smoke").glob("*.parquet"))
+    assert sorted(df["finetune_steps"].unique()) == [0, 1, 2]
+    assert df.groupby("finetune_steps")["model_id"].nunique().tolist() == [1, 1, 1]
+    assert df["model_id"].nunique() == 3 and series_key(df).nunique() == 3
+    assert df.groupby("finetune_steps")["model_config_id"].nunique().tolist() == [1, 1, 1]

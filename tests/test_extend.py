@@ -124,7 +124,8 @@ FINETUNE_CHANGES = {
 
 def test_every_finetune_field_is_covered_by_the_key_test() -> None:
     names = {f.name for f in fields(ExtendConfig)}
-    assert names - set(FINETUNE_CHANGES) == {"name", "base_factor"}  # label; tested below
+    # label and curve: not in the key (tested below); base_factor: tested below
+    assert names - set(FINETUNE_CHANGES) == {"name", "base_factor", "curve"}
 
 
 @pytest.mark.parametrize("field", sorted(FINETUNE_CHANGES))
@@ -371,7 +372,7 @@ def test_report_labels_finetuned_series_next_to_zero_shot_ones() -> None:
     assert plain == ["rope / none", "rope / linear"]
 
 
-@pytest.mark.parametrize("option", ["pi", "yarn", "ntk", "abf", "longrope"])
+@pytest.mark.parametrize("option", ["pi", "yarn", "ntk", "abf", "longrope", "direct"])
 def test_every_shipped_extend_option_fine_tunes_and_reloads(
     option: str, corpus: Corpus, corpus_dir: Path, tmp_path: Path
 ) -> None:
@@ -511,3 +512,58 @@ def test_harness_evaluates_a_finetuned_checkpoint_with_its_trained_scaling(
     # control: asking for another scaling on a fine-tuned checkpoint is one clear error
     with pytest.raises(ValueError, match="was fine-tuned with scaling"):
         LenbenchLM(pretrained=key, cache_root=str(tmp_path), device="cpu", scaling="yarn")
+
+
+# --------------------------------------------------------------------------- recovery curves
+
+
+def curve_cfg(corpus_dir: Path, **fields: object) -> JobConfig:
+    extend = pi(steps=6, warmup_steps=2, min_lr_ratio=1.0, curve=[0, 2, 4], **fields)
+    return make_cfg(corpus_dir, extend=extend, steps=20)
+
+
+def test_a_curve_point_is_the_finetune_of_that_many_updates(
+    corpus: Corpus, corpus_dir: Path, tmp_path: Path
+) -> None:
+    """One 6-update run with curve [0, 2, 4] stores the states after 2 and 4 updates under the
+    keys of the 2- and 4-update fine-tunes; a separate 4-update run in another cache gives
+    bit-identical weights (the learning rate does not depend on steps), and reading the curve
+    trains nothing more."""
+    from bench.cache import curve_job
+
+    job = curve_cfg(corpus_dir)
+    counter = Counter()
+    final, _, _ = get_or_train(job, corpus, tmp_path / "a", counter, progress=False)
+    assert [name for name, _ in counter.calls] == ["none", "pi"]  # parent, one fine-tune run
+    for k in (2, 4):
+        assert (tmp_path / "a" / weights_key(curve_job(job, k), corpus) / "DONE").exists()
+    stored, _, trained = get_or_train(curve_job(job, 4), corpus, tmp_path / "a", counter)
+    assert not trained and len(counter.calls) == 2
+    separate, _, _ = get_or_train(curve_job(job, 4), corpus, tmp_path / "b", progress=False)
+    assert same_weights(stored, separate)
+    assert not same_weights(stored, final)  # control: 4 and 6 updates differ
+
+
+def test_a_curve_needs_a_learning_rate_that_does_not_depend_on_steps() -> None:
+    """With a decay to 0.1 lr, update 3 of a 6-update run has another lr than update 3 of a
+    4-update run (so a saved state would not be the 4-update fine-tune): refused."""
+    from bench.extend import finetune_recipe
+    from bench.train import lr_at
+
+    def lr(steps: int, ratio: float) -> float:
+        job = make_cfg(extend=pi(steps=steps, warmup_steps=2, min_lr_ratio=ratio))
+        return lr_at(3, finetune_recipe(job))
+
+    assert lr(6, 1.0) == lr(4, 1.0)
+    assert lr(6, 0.1) != lr(4, 0.1)
+    with pytest.raises(ValueError, match="min_lr_ratio 1.0") as info:
+        make_cfg(extend=pi(steps=6, curve=[2]))
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="below extend.steps = 6"):
+        make_cfg(extend=pi(steps=6, min_lr_ratio=1.0, curve=[6]))
+
+
+def test_the_curve_is_not_part_of_the_key() -> None:
+    a = make_cfg(extend=pi(steps=6, min_lr_ratio=1.0))
+    b = make_cfg(extend=pi(steps=6, min_lr_ratio=1.0, curve=[0, 2, 4]))
+    assert weights_key(a) == weights_key(b)

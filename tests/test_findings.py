@@ -43,11 +43,13 @@ NLL = {
     ("rope", "ntk"): (2.0, 2.05, 2.3),
     ("rope", "yarn"): (2.0, 2.05, 2.25),
 }
-#: passkey accuracy at 1x, 2x, 4x L per (position, scaling, finetune_method)
-PASSKEY = {
-    ("rope", "none", None): (1.0, 0.0, 0.0),
-    ("rope", "pi", "pi"): (0.96, 0.93, 0.92),  # a fine-tune's scaling label is the method's
-    ("rope", "yarn", "yarn"): (0.96, 0.96, 0.93),
+#: passkey accuracy at 1x, 2x, 4x L per (position, scaling), zero-shot
+PASSKEY = {("rope", "none"): (1.0, 0.0, 0.0)}
+#: recovery curves: fine-tune method -> (its scaling label, {updates: accuracy at 1x, 2x, 4x L})
+CURVES = {
+    "direct": ("none", {0: (1.0, 0.0, 0.0), 50: (0.9, 0.3, 0.1), 200: (0.95, 0.6, 0.4)}),
+    "pi": ("pi", {0: (0.0, 0.0, 0.0), 50: (0.5, 0.5, 0.5), 200: (0.96, 0.93, 0.92)}),
+    "yarn": ("yarn", {0: (0.9, 0.8, 0.6), 50: (0.96, 0.96, 0.93), 200: (0.99, 0.98, 0.97)}),
 }
 #: passkey trials per length and seed: enough that every accuracy's Wilson interval decides
 TRIALS = 200
@@ -55,11 +57,11 @@ TRIALS = 200
 SHIFT = {"rope": 1e-7, "alibi": 0.0, "nope": 0.0, "sinusoidal": 0.5, "learned": 0.4}
 
 
-def _base(pos: str, scaling: str, seed: int, tuned: str | None = None) -> dict:
+def _base(pos: str, scaling: str, seed: int, tuned: str | None = None, steps: int = 0) -> dict:
     row = {
         "experiment": "findings",
         "run_id": f"{pos}-{scaling}-{tuned}-s{seed}",
-        "model_id": f"m-{pos}-{tuned}-s{seed}",
+        "model_id": f"m-{pos}-{tuned}-{steps}-s{seed}",
         "position": pos,
         "position_params": canonical_json({}),
         "scaling": scaling,
@@ -72,17 +74,28 @@ def _base(pos: str, scaling: str, seed: int, tuned: str | None = None) -> dict:
     }
     if tuned:
         row.update(
-            finetune_method=tuned, finetune_length=4 * L, finetune_steps=50, parent_model_id="p"
-        )
+            finetune_method=tuned, finetune_length=4 * L, finetune_steps=steps,
+            parent_model_id=f"p-s{seed}", model_config_id=f"c-{tuned}-{steps}",
+            finetune_curve_id=f"c-{tuned}",
+        )  # fmt: skip
     return row
 
 
-def rows(seeds=SEEDS, nll=None, passkey=None, shift=None) -> list[dict]:
-    """Rows of the world in NLL / PASSKEY / SHIFT (overridden per key by the arguments).
+def _passkey_rows(base: dict, accs) -> list[dict]:
+    return [
+        {**base, "eval_length": k * L, "metric": "passkey_acc", "value": acc, "n": TRIALS,
+         "axis": "template", "axis_value": "short", "template": "short"}
+        for k, acc in zip((1, 2, 4), accs, strict=True)
+        if acc is not None
+    ]  # fmt: skip
+
+
+def rows(seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None) -> list[dict]:
+    """Rows of the world in NLL / PASSKEY / CURVES / SHIFT (overridden per key by the arguments).
 
     Seed s adds 0.01 * (s - 1) nats beyond L, so ratios vary across seeds."""
     nll, passkey, shift = {**NLL, **(nll or {})}, {**PASSKEY, **(passkey or {})}, shift or {}
-    shift = {**SHIFT, **shift}
+    shift, curves = {**SHIFT, **shift}, {**CURVES, **(curves or {})}
     out = []
     for seed in seeds:
         for (pos, scal), values in nll.items():
@@ -100,14 +113,11 @@ def rows(seeds=SEEDS, nll=None, passkey=None, shift=None) -> list[dict]:
                     {**b, "eval_length": k * L, "metric": "nll", "value": 50.0, "n": 8 * L,
                      "bucket_lo": 0, "bucket_hi": L}
                 )  # fmt: skip
-        for (pos, scal, tuned), accs in passkey.items():
-            for k, acc in zip((1, 2, 4), accs, strict=True):
-                if acc is None:
-                    continue
-                out.append(
-                    {**_base(pos, scal, seed, tuned), "eval_length": k * L, "metric": "passkey_acc",
-                     "value": acc, "n": TRIALS, "axis": "template", "axis_value": "short"}
-                )  # fmt: skip
+        for (pos, scal), accs in passkey.items():
+            out += _passkey_rows(_base(pos, scal, seed), accs)
+        for method, (scal, points) in curves.items():
+            for steps, accs in (points or {}).items():
+                out += _passkey_rows(_base("rope", scal, seed, method, steps), accs)
         for pos, v in shift.items():
             if v is None:
                 continue
@@ -152,9 +162,17 @@ NEGATIVE = {
     "F2 alibi degrades": ("F2", {"nll": {("alibi", "none"): (2.0, 2.0, 2.0 + 0.05)}}),
     "F3 raw rope improves": ("F3", {"nll": {("rope", "none"): (2.0, 1.9, 1.8)}}),
     "F3 ntk worse than PI": ("F3", {"nll": {("rope", "ntk"): (2.0, 3.0, 3.5)}}),
-    "F4 yarn ft loses 4L": ("F4", {"passkey": {("rope", "yarn", "yarn"): (0.95, 0.9, 0.5)}}),
-    "F4 raw rope beyond L": ("F4", {"passkey": {("rope", "none", None): (1.0, 0.5, 0.0)}}),
-    "F5 rope misses at L": ("F5", {"passkey": {("rope", "none", None): (0.85, 0.0, 0.0)}}),
+    "F4 yarn no faster than PI": (
+        "F4",
+        {"curves": {"yarn": ("yarn", {0: (0.5,) * 3, 50: (0.5,) * 3, 200: (1.0,) * 3})}},
+    ),
+    "F4 direct as fast as PI": (
+        "F4",
+        {"curves": {"direct": ("none", {0: (1.0, 0, 0), 50: (0.5,) * 3, 200: (1.0,) * 3})}},
+    ),
+    "F4 PI never recovers": ("F4", {"curves": {"pi": ("pi", {0: (0.0,) * 3, 200: (0.5,) * 3})}}),
+    "F4 raw rope beyond L": ("F4", {"passkey": {("rope", "none"): (1.0, 0.5, 0.0)}}),
+    "F5 rope misses at L": ("F5", {"passkey": {("rope", "none"): (0.85, 0.0, 0.0)}}),
     "F6 nope moves": ("F6", {"shift": {"nope": 0.05}}),
     "F6 sinusoidal still": ("F6", {"shift": {"sinusoidal": 0.0}}),
 }
@@ -213,8 +231,8 @@ ABSENT = {
     "F1": {"nll": {("learned", "none"): (2.0, None, None)}},
     "F2": {"nll": {("alibi", "none"): (2.0, 1.98, None)}},
     "F3": {"nll": {("rope", "ntk"): (None, None, None)}},
-    "F4": {"passkey": {("rope", "pi", "pi"): (None, None, None)}},
-    "F5": {"passkey": {("rope", "none", None): (None, 0.0, 0.0)}},
+    "F4": {"curves": {"pi": ("pi", None)}},
+    "F5": {"passkey": {("rope", "none"): (None, 0.0, 0.0)}},
     "F6": {"shift": {"learned": None}},
 }
 
@@ -319,17 +337,27 @@ def test_a_second_model_configuration_is_its_own_series() -> None:
         assert len(_estimate(results, "F3", "NLL(")) == 8
 
 
-def test_finetunes_of_different_lengths_of_training_are_not_averaged() -> None:
-    """PI fine-tuned for 50 and for 600 updates: two lines, never their average."""
-    longer = [
-        {**r, "finetune_steps": 600, "value": 0.0}
+def test_two_finetune_recipes_are_two_curves_never_averaged() -> None:
+    """PI fine-tuned with another recipe (another curve id) that never recovers: its own line,
+    and it makes F4 not hold (one series that does not hold is enough)."""
+    other = [
+        {**r, "finetune_curve_id": "c-pi-lr2", "model_config_id": r["model_config_id"] + "-lr2",
+         "value": 0.0}
         for r in rows()
         if r.get("finetune_method") == "pi"
-    ]
-    results = {r.key: r for r in check_findings(normalize_results(rows() + longer))}
-    lines = _estimate(results.values(), "F4", "pi ft")
-    assert sorted(round(e.value, 2) for e in lines) == [0.0, 0.92], [e.text() for e in lines]
-    assert results["F4"].status == FAILS  # the 600-step series does not retrieve
+    ]  # fmt: skip
+    result = {r.key: r for r in check_findings(normalize_results(rows() + other))}["F4"]
+    lines = [e for e in result.estimates if e.name.startswith("pi ft")]
+    assert sorted(e.value for e in lines) == [200, math.inf], [e.text() for e in lines]
+    assert result.status == FAILS
+
+
+def test_recovery_curve_finding_reads_each_point() -> None:
+    """The world's curves: YaRN recovers at 50 updates, PI at 200, direct not within 200."""
+    result = {r.key: r for r in check_findings(normalize_results(rows()))}["F4"]
+    assert result.status == HOLDS, result.numbers
+    first = {e.name.split()[0]: e.value for e in result.estimates if "updates" in e.name}
+    assert first == {"direct": math.inf, "pi": 200, "yarn": 50}
 
 
 def test_f4_needs_every_length_it_names() -> None:
@@ -337,7 +365,7 @@ def test_f4_needs_every_length_it_names() -> None:
     r = [x for x in rows() if not (x.get("finetune_method") == "yarn" and x["eval_length"] < 4 * L)]
     result = {f.key: f for f in check_findings(normalize_results(r))}["F4"]
     assert result.status == NOT_MEASURED
-    assert "yarn ft@4x at L, 2L" in result.numbers
+    assert "yarn ft@4x: L..4L at 0/50/200 updates" in result.numbers, result.numbers
 
 
 # --------------------------------------------------------------------------- binomial intervals
