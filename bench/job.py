@@ -490,7 +490,8 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
             scaling=spec.scaling,
             limit=harness.limit,
             device=spec.device,
-            metadata={"data": asdict(job.data)},
+            # the native passkey metric's template (the training's unless eval names one)
+            metadata={"data": asdict(job.data), "template": _passkey_template(spec)},
         )
         rows += [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
     model_columns = {
@@ -504,6 +505,12 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
         # one id for every update count of this fine-tune recipe: the points of one curve
         model_columns["finetune_curve_id"] = model_config_id(curve_job(job, 0), corpus)
     return write_job_rows(spec, rows, corpus, model_columns, out_path, started, base, trained)
+
+
+def _passkey_template(spec: JobSpec) -> str:
+    passkey = spec.eval.metrics.get("passkey")
+    template = getattr(passkey, "template", None)
+    return str(template or spec.job.train.passkey_template)
 
 
 def _curve_models(job: JobConfig, corpus: Any, spec: JobSpec) -> Iterator[tuple[JobConfig, Any]]:

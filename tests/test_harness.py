@@ -9,6 +9,7 @@ whose numbers differ from the raw one.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -34,6 +35,7 @@ from bench.harness import (
 )
 from bench.harness.args import DEFAULT_MAX_BATCH_SIZE, MODEL_ARGS
 from bench.harness.cli import _with_include_path
+from bench.harness.tasks import training_template
 from bench.metrics.passkey import passkey_verdicts
 from bench.passkey import passkey_grid
 from bench.tokenizer import ByteTokenizer
@@ -437,26 +439,97 @@ def test_passkey_docs_match_the_native_grid():
         passkey_docs(length=300, depths=[1.5])
 
 
-def test_perplexity_docs_exact_bytes(tmp_path):
-    (tmp_path / "a.txt").write_bytes(
-        b"a" * 299 + "é".encode() + b"b" * 100
-    )  # byte 300 splits the é
-    (tmp_path / "b.txt").write_bytes("ü".encode() * 200)
-    (tmp_path / "c.txt").write_bytes(b"short")
+def test_perplexity_docs_tile_one_document_set_at_every_length(tmp_path):
+    """The native protocol: every length reads the same documents and scores the same bytes (the
+    first ``span`` of each, in windows of the length). Before, each length chose its own
+    documents (19 at 256 tokens, 12 at 8192) and read one window of each."""
+    (tmp_path / "a.txt").write_bytes(b"a" * 255 + "é".encode() + b"b" * 400)  # é across byte 256
+    (tmp_path / "b.txt").write_bytes("ü".encode() * 300)
+    (tmp_path / "c.txt").write_bytes(b"c" * 700)
+    (tmp_path / "d.txt").write_bytes(b"short")
+    (tmp_path / "e.txt").write_bytes(b"e" * 300)  # long enough for 256, not for the span
     data = {
         "name": "text",
         "paths": [str(tmp_path)],
         "split_fractions": {"train": 0, "validation": 0, "test": 1},
     }
-    docs = perplexity_docs(length=300, data=data, version=1.0)
-    assert [d["id"] for d in docs] == ["b.txt"]  # a.txt: invalid UTF-8 cut; c.txt: too short
-    assert len(docs[0]["text"].encode()) == 300 and docs[0]["eval_length"] == 300
-    assert (
-        len(perplexity_docs(length=301, data=data)) == 1
-    )  # a.txt's first 301 bytes are valid; b's are not
-    assert len(perplexity_docs(length=200, data=data, max_docs=1)) == 1
+    by_length = {n: perplexity_docs(length=n, data=data, span=512, version=1.0) for n in (256, 512)}
+    for n, docs in by_length.items():
+        assert {d["id"].split("#")[0] for d in docs} == {"b.txt", "c.txt"}, n
+        assert all(len(d["text"].encode()) == n and d["eval_length"] == n for d in docs)
+        assert len(docs) == 2 * 512 // n
+    joined = {
+        n: {doc_id: "".join(d["text"] for d in docs if d["id"].startswith(doc_id)) for doc_id in ("b.txt", "c.txt")}
+        for n, docs in by_length.items()
+    }  # fmt: skip
+    assert joined[256] == joined[512]  # the same bytes at both lengths
+    assert joined[512]["c.txt"] == "c" * 512
+    with pytest.raises(ValueError, match="span 512 is not a multiple of the task length 300"):
+        perplexity_docs(length=300, data=data, span=512)
     with pytest.raises(ValueError, match="no document with 5000 bytes"):
-        perplexity_docs(length=5000, data=data)
+        perplexity_docs(length=1000, data=data, span=5000)
+
+
+def test_passkey_docs_use_the_template_asked_for():
+    short = passkey_docs(length=256, depths=2, trials=2, seed=1, template="short")
+    examples = passkey_grid([256], [0.0, 1.0], 2, 1, template="short")
+    assert [list(d["prompt"].encode()) for d in short] == [e.prompt_ids for e in examples]
+    assert [list(d["answer"].encode()) for d in short] == [e.answer_ids for e in examples]
+    assert {d["template"] for d in short} == {"short"}
+    landmark = passkey_docs(length=256, depths=2, trials=2, seed=1)  # the default
+    assert {d["template"] for d in landmark} == {"landmark"}
+    assert landmark[0]["prompt"] != short[0]["prompt"]
+
+
+def test_training_template_of_a_checkpoint_and_its_finetunes():
+    meta = {"weights_config": {"train": {"passkey_template": "short"}}}
+    assert training_template(meta) == "short"
+    assert training_template({"weights_config": {"parent": meta["weights_config"]}}) == "short"
+    assert training_template({"key": None}) is None
+
+
+def test_harness_passkey_uses_the_checkpoints_training_template(tmp_path):
+    """A checkpoint trained with the short template: run_harness and lenbench-harness give its
+    passkey tasks short-template prompts (the native metric's), unless the metadata names one;
+    the harness verdicts equal the native ones on the same examples."""
+    from bench.cache import key_of, save_checkpoint
+    from bench.harness.cli import _with_training_template
+
+    from bench.schema import PositionSchema, weight_fields
+
+    model = tiny_model(seed=3)
+    position = dataclasses.asdict(model.position_cfg)
+    config = {
+        "model": dataclasses.asdict(model.model_cfg),
+        "position": {k: v for k, v in position.items() if k in weight_fields(PositionSchema)},
+        "train": {"length": model.train_length, "passkey_template": "short"},
+    }
+    key = key_of(config)
+    save_checkpoint(model, key, config, tmp_path)
+    results = run_harness(
+        key, "lenbench_passkey_256", cache_root=tmp_path, limit=4, log_samples=True
+    )
+    samples = samples_by_doc(results, "lenbench_passkey_256")
+    examples = passkey_grid([256], [round(d / 9, 6) for d in range(10)], 10, 0, template="short")[
+        :4
+    ]
+    assert [s["arguments"][0][0] for s in samples] == [
+        bytes(e.prompt_ids).decode() for e in examples
+    ]
+    native = passkey_verdicts(model, examples, batch_size=4)
+    assert [bool(s["acc"]) for s in samples] == native
+    # the metadata names a template: it wins
+    named = run_harness(
+        key, "lenbench_passkey_256", cache_root=tmp_path, limit=1, log_samples=True,
+        metadata={"template": "landmark"},
+    )  # fmt: skip
+    assert samples_by_doc(named, "lenbench_passkey_256")[0]["doc"]["template"] == "landmark"
+    # the CLI wrapper adds it to --metadata
+    argv = ["--model", "lenbench", "--model_args", f"pretrained={key},cache_root={tmp_path}"]
+    out = _with_training_template(argv)
+    assert out[-2:] == ["--metadata", '{"template": "short"}']
+    given = [*argv, "--metadata", '{"template": "landmark"}']
+    assert _with_training_template(given) == given
 
 
 def test_task_files_are_indexed():
@@ -499,9 +572,10 @@ def test_harness_passkey_accuracy_equals_native_verdicts():
 def test_harness_bits_per_byte_equals_native_nll(text_corpus):
     model = tiny_model(seed=1)
     tasks = ["lenbench_ppl_256", "lenbench_ppl_512", "lenbench_passkey_256"]
-    results = run_harness(model, tasks, limit=3, batch_size=2, metadata={"data": text_corpus})
+    metadata = {"data": text_corpus, "span": 512}
+    results = run_harness(model, tasks, limit=3, batch_size=2, metadata=metadata)
     for length in (256, 512):
-        texts = [d["text"] for d in perplexity_docs(length=length, data=text_corpus)][:3]
+        texts = [d["text"] for d in perplexity_docs(length=length, **metadata)][:3]
         assert len(texts) == 3 and all(len(t.encode()) == length for t in texts)
         got = results["results"][f"lenbench_ppl_{length}"]
         bpb = native_bits_per_byte(model, texts)
@@ -518,10 +592,10 @@ def test_harness_bits_per_byte_equals_native_nll(text_corpus):
         scaling={"method": "yarn", "params": {"factor": "auto"}},
         limit=3,
         batch_size=2,
-        metadata={"data": text_corpus},
+        metadata=metadata,
     )
     assert model.scaling == ScalingConfig()  # run_harness restores a model instance's scaling
-    texts = [d["text"] for d in perplexity_docs(length=512, data=text_corpus)][:3]
+    texts = [d["text"] for d in perplexity_docs(length=512, **metadata)][:3]
     model.set_scaling(ScalingConfig(name="yarn", method="yarn", params={"factor": "auto"}), 512)
     assert model.scaling.params["factor"] == 8.0
     scaled_native = native_bits_per_byte(model, texts)
@@ -655,7 +729,7 @@ def test_cli_wrapper_runs_lenbench_model_offline(tmp_path, text_corpus):
         "--model", "lenbench",
         "--model_args", f"pretrained={key},cache_root={tmp_path / 'ckpt'},scaling=linear,factor=2",
         "--tasks", "lenbench_passkey_256,lenbench_ppl_512",
-        "--metadata", json.dumps({"data": text_corpus}),
+        "--metadata", json.dumps({"data": text_corpus, "span": 512}),
         "--limit", "2", "--batch_size", "2", "--device", "cpu",
         "--output_path", str(tmp_path / "out"),
     ]  # fmt: skip
@@ -677,7 +751,7 @@ def test_cli_wrapper_runs_lenbench_model_offline(tmp_path, text_corpus):
     rows = {r["metric"]: r for r in harness_rows(results)}
     assert rows["harness/lenbench_passkey_256/acc"]["n"] == 2
     # the number crossed the whole CLI path intact: linear factor 2 applied, as computed here
-    texts = [d["text"] for d in perplexity_docs(length=512, data=text_corpus)][:2]
+    texts = [d["text"] for d in perplexity_docs(length=512, data=text_corpus, span=512)][:2]
     model.set_scaling(ScalingConfig(name="linear", method="linear", params={"factor": 2}))
     expected = native_bits_per_byte(model, texts)
     model.set_scaling(None)
@@ -746,7 +820,9 @@ def test_tasks_run_on_lm_eval_hf_model(tmp_path, text_corpus):
 
     save_tiny_hf_model(tmp_path / "tiny-llama")
     manager = TaskManager(
-        include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": text_corpus}
+        include_path=str(TASKS_DIR),
+        include_defaults=False,
+        metadata={"data": text_corpus, "span": 512},
     )
     results = lm_eval.simple_evaluate(
         model="hf",
@@ -769,7 +845,7 @@ def test_tasks_run_on_lm_eval_hf_model(tmp_path, text_corpus):
     # bits per byte recomputed with the HF model itself: prefix token (its BOS) + the text's bytes
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tiny-llama")
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "tiny-llama", dtype=torch.float32).eval()
-    texts = [d["text"] for d in perplexity_docs(length=256, data=text_corpus)][:2]
+    texts = [d["text"] for d in perplexity_docs(length=256, data=text_corpus, span=512)][:2]
     nll, n_bytes = 0.0, 0
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -72,11 +72,56 @@ def _skip_builtin_index_if_possible(argv: Sequence[str]) -> None:
         logger.debug("not skipping lm-eval's task index: %s", err)
 
 
+def _model_arg(argv: Sequence[str], name: str) -> str | None:
+    for item in (_option_value(argv, "--model_args") or "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def _with_training_template(argv: list[str]) -> list[str]:
+    """``argv`` with ``template`` in ``--metadata``: the passkey template the ``lenbench``
+    checkpoint trained with (its DONE record), as the native passkey metric uses, unless the
+    metadata names one or the checkpoint cannot be read here (the model then reports it)."""
+    import json
+
+    from bench.cache import DONE_FILE, _resolve
+    from bench.harness.tasks import training_template
+
+    if _option_value(argv, "--model") != "lenbench":
+        return argv
+    given = _option_value(argv, "--metadata")
+    try:
+        metadata = json.loads(given) if given else {}
+        ref = _model_arg(argv, "pretrained")
+        if not isinstance(metadata, dict) or "template" in metadata or not ref:
+            return argv
+        root = _model_arg(argv, "cache_root")
+        record = json.loads((_resolve(ref, root) / DONE_FILE).read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return argv
+    template = training_template(record)
+    if template is None:
+        return argv
+    metadata = json.dumps({**metadata, "template": template})
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--metadata" and i + 1 < len(out):
+            out[i + 1] = metadata
+            return out
+        if arg.startswith("--metadata="):
+            out[i] = f"--metadata={metadata}"
+            return out
+    return [*out, "--metadata", metadata]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``lenbench-harness``: lm-eval's CLI with the ``lenbench`` model and our tasks available."""
     from lm_eval.__main__ import cli_evaluate
 
     args = _with_include_path(list(sys.argv[1:] if argv is None else argv))
+    args = _with_training_template(args)
     _skip_builtin_index_if_possible(args)
     sys.argv = ["lenbench-harness", *args]
     cli_evaluate()

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from bench.harness.args import parse_scaling
 from bench.harness.model import LenbenchLM
-from bench.harness.tasks import TASKS_DIR, split_tasks, task_names
+from bench.harness.tasks import TASKS_DIR, split_tasks, task_names, training_template
 from models.transformer import DecoderLM
 
 
@@ -72,10 +72,15 @@ def run_harness(
             device=device,
             **dict(model_args or {}),
         )
+        metadata = dict(metadata or {})
+        # passkey tasks use the template the checkpoint trained with, as the native metric does
+        template = training_template(lm.meta)
+        if template is not None:
+            metadata.setdefault("template", template)
         task_manager = TaskManager(
             include_path=str(TASKS_DIR),
             include_defaults=not set(names) <= set(task_names()),
-            metadata=OmegaConf.to_container(OmegaConf.create(dict(metadata or {})), resolve=True),
+            metadata=OmegaConf.to_container(OmegaConf.create(metadata), resolve=True),
         )
         results = lm_eval.simple_evaluate(
             model=lm,

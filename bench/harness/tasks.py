@@ -6,6 +6,7 @@ task's ``metadata``; the YAMLs reach these builders through ``tasks/utils.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,13 @@ from typing import Any
 import numpy as np
 
 from bench.harness.args import positive_int
-from bench.passkey import ANSWER_TEMPLATE, answer_matches, parse_passkey, passkey_grid
+from bench.passkey import (
+    DEFAULT_TEMPLATE,
+    answer_matches,
+    parse_passkey,
+    passkey_grid,
+    passkey_template,
+)
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
@@ -44,13 +51,17 @@ def passkey_docs(
     trials: int = 10,
     seed: int = 0,
     filler: str = "standard",
+    template: str = DEFAULT_TEMPLATE,
     **_: Any,
 ) -> list[dict]:
-    """One document per example of ``passkey_grid([length], depths, trials, seed)``.
+    """One document per example of ``passkey_grid([length], depths, trials, seed, template=...)``.
 
-    Fields: ``prompt`` (the prompt bytes as text), ``answer`` (``" <key>"``), ``key``, ``depth``,
-    ``trial``, ``eval_length`` (= length, prompt + answer in bytes). Extra keyword arguments (lm-eval
-    passes every metadata key to every task) are ignored.
+    ``template`` is the native metric's: ``run_harness`` and ``lenbench-harness`` set it to the
+    checkpoint's training template unless the metadata names one (as the native evaluation
+    follows the training). Fields: ``prompt`` (the prompt bytes as text), ``answer`` (the
+    template's answer with the key), ``key``, ``depth``, ``trial``, ``eval_length`` (= length,
+    prompt + answer in bytes), ``template``. Extra keyword arguments (lm-eval passes every
+    metadata key to every task) are ignored.
     """
     if filler != "standard":
         raise ValueError(
@@ -58,13 +69,18 @@ def passkey_docs(
             "filler bytes need not be valid UTF-8 text, which lm-eval prompts must be)."
         )
     length = positive_int(length, "passkey length")
+    fixed = passkey_template(template)
     examples = passkey_grid(
-        [length], _depth_list(depths), positive_int(trials, "passkey trials"), int(seed)
+        [length],
+        _depth_list(depths),
+        positive_int(trials, "passkey trials"),
+        int(seed),
+        template=fixed,
     )
     docs = []
     for example in examples:
         prompt = bytes(example.prompt_ids).decode("utf-8")
-        answer = ANSWER_TEMPLATE.format(key=example.key)
+        answer = fixed.answer.format(key=example.key)
         assert list(answer.encode()) == example.answer_ids
         docs.append(
             {
@@ -74,6 +90,7 @@ def passkey_docs(
                 "depth": float(example.depth),
                 "trial": int(example.trial),
                 "eval_length": length,
+                "template": fixed.name,
             }
         )
     return docs
@@ -96,42 +113,68 @@ def passkey_process_results(doc: Mapping, results: Sequence[str]) -> dict[str, i
     }
 
 
+#: Lengths of the ``lenbench_ppl_<L>`` tasks; their default ``span`` is the longest.
+PPL_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
 def perplexity_docs(
     length: int,
     data: Mapping | None = None,
     split: str = "test",
     max_docs: int = 64,
+    span: int = max(PPL_LENGTHS),
     **_: Any,
 ) -> list[dict]:
-    """The first ``length`` bytes of up to ``max_docs`` documents of ``split`` of corpus ``data``.
+    """Windows of ``length`` bytes tiling the first ``span`` bytes of up to ``max_docs``
+    documents of ``split`` of corpus ``data``: the native ``nll`` protocol (``max_windows:
+    fill``), so every task of the group reads one document set and scores the same bytes.
 
     ``data`` is a lenbench data config (default ``{"name": "pycorpus"}``, the held-out stdlib
-    files). Documents shorter than ``length`` bytes, or whose first ``length`` bytes are not valid
-    UTF-8 text, are skipped; the rest are picked evenly over the corpus order as the native
-    evaluation does (``bench.metrics.context.select_documents``). Fields: ``id``, ``text``,
+    files). A document is used if it has ``span`` bytes that cut into valid UTF-8 text at every
+    multiple of the shortest task length (so at every task's window boundaries); they are picked
+    evenly over the corpus order (``bench.metrics.context.select_documents``), whatever
+    ``length`` is. ``length`` must divide ``span``. Fields: ``id`` (document#window), ``text``,
     ``eval_length``.
     """
     from bench.corpora import load_corpus
     from bench.metrics.context import select_documents
 
     length = positive_int(length, "perplexity length")
+    span = positive_int(span, "perplexity span")
+    if span % length:
+        raise ValueError(
+            f"perplexity span {span} is not a multiple of the task length {length}; give a span "
+            "(metadata 'span') that every task length of the group divides."
+        )
     corpus = load_corpus(dict(data) if data is not None else {"name": "pycorpus"})
+    cut = math.gcd(min(PPL_LENGTHS), length)  # every window boundary is a multiple of it
     eligible, texts = [], {}
     for doc in corpus.split(split):
-        if len(doc) < length:
+        if len(doc) < span:
             continue
+        raw = doc.tokens[:span].astype(np.uint8).tobytes()
         try:
-            texts[doc.id] = doc.tokens[:length].astype(np.uint8).tobytes().decode("utf-8")
+            texts[doc.id] = [raw[i : i + cut].decode("utf-8") for i in range(0, span, cut)]
         except UnicodeDecodeError:
             continue
         eligible.append(doc)
-    selected, _ = select_documents(eligible, length, positive_int(max_docs, "perplexity max_docs"))
+    selected, _ = select_documents(eligible, span, positive_int(max_docs, "perplexity max_docs"))
     if not selected:
         raise ValueError(
             f"the {split} split of corpus {corpus.name} ({corpus.fingerprint}) has no document with "
-            f"{length} bytes of valid UTF-8 text; use a shorter length or another corpus (metadata 'data')."
+            f"{span} bytes of valid UTF-8 text; use a shorter span (metadata 'span') or another "
+            "corpus (metadata 'data')."
         )
-    return [{"id": d.id, "text": texts[d.id], "eval_length": length} for d in selected]
+    per_window = length // cut
+    return [
+        {
+            "id": f"{d.id}#{k}",
+            "text": "".join(texts[d.id][k * per_window : (k + 1) * per_window]),
+            "eval_length": length,
+        }
+        for d in selected
+        for k in range(span // length)
+    ]
 
 
 def perplexity_dataset(**metadata: Any) -> dict:
@@ -139,6 +182,16 @@ def perplexity_dataset(**metadata: Any) -> dict:
     import datasets
 
     return {"test": datasets.Dataset.from_list(perplexity_docs(**metadata))}
+
+
+def training_template(meta: Mapping | None) -> str | None:
+    """The passkey template a checkpoint trained with (its parent's, for a fine-tune), from its
+    ``weights_config``; None when the meta does not say."""
+    config = (meta or {}).get("weights_config") or {}
+    while "parent" in config:
+        config = config["parent"]
+    template = (config.get("train") or {}).get("passkey_template")
+    return str(template) if template else None
 
 
 def task_names() -> list[str]:
