@@ -55,6 +55,13 @@ ACC_CI = (
     "across seeds where that is wider"
 )
 SEED_ACC_CI = "accuracy per seed: Wilson interval of that seed's trials"
+SEED_DOC_CI = (
+    "mean ± t-interval across seeds, widened to a seed x document bootstrap where that is wider"
+)
+DOC_CI = (
+    "one seed: document bootstrap (paired across lengths), widened to the run's stored CIs "
+    "where those are wider"
+)
 CURVE_CI = (
     "updates to retrieve: the fewest on the fine-tune's grid whose accuracy at every length has "
     "its interval's lower end >= the threshold (inf: none)"
@@ -241,15 +248,83 @@ def nll_difference(a: pd.DataFrame, b: pd.DataFrame, multiple_a: float, multiple
     return (m["value_a"] - m["value_b"]).to_numpy(), np.hypot(m["se_a"], m["se_b"]).to_numpy()
 
 
+#: Resamples of the seed x document bootstrap.
+BOOTSTRAP = 2000
+
+
+def _doc_sums(rows: pd.DataFrame, multiple: float) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per seed: the whole-window row's per-document NLL sums and tokens at ``multiple`` x L;
+    empty when any seed's row lacks them (rows written before they were stored)."""
+    rows = _at(_window_nll(rows), multiple)
+    out = {}
+    for seed, g in rows.groupby("seed"):
+        sums, tokens = _col(g, "doc_nll_sums").iloc[0], _col(g, "doc_tokens").iloc[0]
+        if len(g) != 1 or not isinstance(sums, (list, np.ndarray)):
+            return {}
+        out[int(seed)] = (np.asarray(sums, dtype=float), np.asarray(tokens, dtype=float))
+    return out
+
+
+def seed_doc_bootstrap(
+    a: pd.DataFrame, b: pd.DataFrame, multiple_a: float, multiple_b: float
+) -> tuple[float, float] | None:
+    """Percentile interval of the seed-mean NLL difference (a at multiple_a x L minus b at
+    multiple_b x L) under a two-level bootstrap: seeds with replacement, then each drawn seed's
+    documents with replacement (one draw for both sides: the documents pair). None when the rows
+    carry no per-document sums, or the two sides' documents differ."""
+    da, db = _doc_sums(a, multiple_a), _doc_sums(b, multiple_b)
+    seeds = sorted(set(da) & set(db))
+    if not seeds or any(len(da[s][0]) != len(db[s][0]) for s in seeds):
+        return None
+    sa = np.stack([da[s][0] for s in seeds])  # [S, D]
+    ca = np.stack([da[s][1] for s in seeds])
+    sb = np.stack([db[s][0] for s in seeds])
+    cb = np.stack([db[s][1] for s in seeds])
+    n_seeds, n_docs = sa.shape
+    rng = np.random.default_rng(0)
+    pick = rng.integers(0, n_seeds, size=(BOOTSTRAP, n_seeds))  # [B, S]
+    docs = rng.integers(0, n_docs, size=(BOOTSTRAP, n_seeds, n_docs))  # [B, S, D]
+    seed_of = pick[:, :, None]
+    nll_a = sa[seed_of, docs].sum(-1) / ca[seed_of, docs].sum(-1)  # [B, S]
+    nll_b = sb[seed_of, docs].sum(-1) / cb[seed_of, docs].sum(-1)
+    diff = (nll_a - nll_b).mean(axis=1)  # [B]
+    lo, hi = np.quantile(diff, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(lo), float(hi)
+
+
+def difference_estimate(
+    name: str,
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    multiple_a: float,
+    multiple_b: float,
+    transform=None,
+) -> Estimate:
+    """NLL(a at multiple_a x L) - NLL(b at multiple_b x L) of one series each, paired on seeds:
+    the seed mean with its interval (t-interval across seeds, or one seed's stored CIs), widened
+    to the seed x document bootstrap (:func:`seed_doc_bootstrap`) where that is wider, so the
+    interval covers which documents were drawn as well as which seeds."""
+    diff, se = nll_difference(a, b, multiple_a, multiple_b)
+    e = _summarise(name, diff, se)
+    boot = seed_doc_bootstrap(a, b, multiple_a, multiple_b) if len(diff) else None
+    if boot is not None and not math.isnan(e.value):
+        lo, hi = boot if math.isnan(e.lo) else (min(e.lo, boot[0]), max(e.hi, boot[1]))
+        e.lo, e.hi, e.ci = lo, hi, (SEED_DOC_CI if e.n_seeds > 1 else DOC_CI)
+    if transform is not None:
+        e.value, e.lo, e.hi = (
+            transform(x) if not math.isnan(x) else x for x in (e.value, e.lo, e.hi)
+        )
+    return e
+
+
 def ppl_ratio(rows: pd.DataFrame, name: str, multiple: float = FAR) -> Estimate:
     """Perplexity at ``multiple`` x L over perplexity at L of one series' rows: exp of the
-    per-seed NLL difference, so with several seeds the geometric mean of the per-seed ratios and
-    a t-interval on log scale.
+    per-seed NLL difference, so with several seeds the geometric mean of the per-seed ratios, and
+    the interval of :func:`difference_estimate` on log scale.
 
-    With one seed the CI treats the two lengths' stored CIs as independent; they share
-    documents, so it is wider than a paired interval would be (conservative)."""
-    diff, se = nll_difference(rows, rows, multiple, 1)
-    return _summarise(name, diff, se, transform=math.exp)
+    Without per-document sums and with one seed, the CI treats the two lengths' stored CIs as
+    independent; they share documents, so it is wider than a paired interval (conservative)."""
+    return difference_estimate(name, rows, rows, multiple, 1, transform=math.exp)
 
 
 def ppl_ratios(rows: pd.DataFrame, name: str, multiple: float = FAR) -> list[tuple[str, Estimate]]:
@@ -402,11 +477,10 @@ def f3_rope_scaling(df: pd.DataFrame) -> FindingResult:
             labels_b = series_labels([kb for *_, kb, _ in pairs])
             found = False
             for ka, a, kb, b in pairs:
-                diff, se = nll_difference(a, b, FAR, FAR)
                 parts = [x for x in (labels_a.get(ka, ""), labels_b.get(kb, "")) if x]
                 name = f"NLL({FAR}L) {method} - {label}"
                 name += f" [{' vs '.join(dict.fromkeys(parts))}]" if parts else ""
-                d = _summarise(name, diff, se)
+                d = difference_estimate(name, a, b, FAR, FAR)
                 if math.isnan(d.value):
                     continue
                 found = True

@@ -64,6 +64,10 @@ SPAN_COLUMN = "span"
 #: Optional column of a fine-tuned model's rows: ``model_config_id`` of the same fine-tune with 0
 #: updates, equal for every update count of one recipe (the points of one recovery curve).
 CURVE_COLUMN = "finetune_curve_id"
+#: Optional list columns of a whole-window ``nll`` row: each document's summed NLL (nats) and its
+#: scored tokens, in the run's document order (the same documents at every eval length), so that
+#: an interval can resample documents as well as seeds (``bench.findings``).
+DOC_COLUMNS = ["doc_nll_sums", "doc_tokens"]
 #: Optional columns of a model fine-tuned at length (``bench.extend``); empty for the others.
 FINETUNE_COLUMNS: list[str] = [
     "finetune_method",
@@ -319,6 +323,13 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
         df[col] = pd.Series(
             [None if _is_missing(v) else str(v) for v in values], dtype=object, index=df.index
         )
+    for col in DOC_COLUMNS:
+        values = df[col].tolist() if col in df.columns else [None] * len(df)
+        df[col] = pd.Series(
+            [None if _is_missing(v) else [float(x) for x in v] for v in values],
+            dtype=object,
+            index=df.index,
+        )
     if "axis_value" not in df.columns:
         df["axis_value"] = pd.Series([None] * len(df), dtype=object, index=df.index)
     else:
@@ -342,6 +353,7 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
         REQUIRED_COLUMNS
         + OPTIONAL_COLUMNS
         + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN, SPAN_COLUMN, CURVE_COLUMN]
+        + DOC_COLUMNS
         + FINETUNE_COLUMNS
         + [TIMESTAMP_COLUMN]
     )

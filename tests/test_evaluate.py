@@ -40,6 +40,8 @@ ROW_KEYS = {
     "ci_hi",
     "span",  # nll under fill: the tokens of each document every length scores
     "template",  # passkey_acc: the template measured
+    "doc_nll_sums",  # nll whole window: per document, for a seed x document bootstrap
+    "doc_tokens",
 }
 
 
@@ -198,6 +200,12 @@ def test_nll_buckets_and_whole_window_match_an_independent_computation(tiny_mode
         assert r["value"] == pytest.approx(first[:, in_bucket].mean().item(), abs=1e-5)
         assert r["ci_lo"] <= r["value"] <= r["ci_hi"]
     assert whole[0]["ci_lo"] < whole[0]["value"] < whole[0]["ci_hi"]
+    # per document, in document order: what a seed x document bootstrap resamples
+    sums, tokens = whole[0]["doc_nll_sums"], whole[0]["doc_tokens"]
+    assert tokens == [windows[len(d)] * length for d in docs]
+    assert sum(sums) / sum(tokens) == pytest.approx(whole[0]["value"], rel=1e-12)
+    first_doc = torch.cat([manual_nll(model, docs[0], k * length, length) for k in range(2)])
+    assert sums[0] == pytest.approx(first_doc.sum().item(), rel=1e-5)
 
 
 def test_nll_windows_cover_a_span_the_length_does_not_divide():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -20,6 +21,7 @@ from bench.findings import (
     NOT_MEASURED,
     RUN_CI,
     SEED_CI,
+    SEED_DOC_CI,
     UNDECIDED,
     Estimate,
     accuracy_estimate,
@@ -407,3 +409,54 @@ def test_accuracy_interval_covers_the_spread_of_seeds() -> None:
     e = accuracy_estimate(frame, "acc")
     assert e.value == pytest.approx(2 / 3)
     assert e.lo == 0.0 and e.hi == 1.0
+
+
+# --------------------------------------------------------------------------- seeds x documents
+
+
+def _with_docs(row_list: list[dict], spread: float, rng_seed: int = 0) -> list[dict]:
+    """Whole-window nll rows with per-document sums: 8 documents of 64 tokens whose NLLs spread
+    by ``spread`` around the row's value (the same document offsets at every length and seed)."""
+    offsets = np.random.default_rng(rng_seed).normal(0.0, spread, 8)
+    offsets -= offsets.mean()
+    out = []
+    for r in row_list:
+        if r["metric"] == "nll" and "bucket_lo" not in r:
+            # a document's NLL moves with the length by its own amount: documents disagree
+            k = r["eval_length"] // L
+            per_doc = r["value"] + offsets * (k - 1)
+            r = {**r, "doc_nll_sums": list(per_doc * 64), "doc_tokens": [64.0] * 8}
+        out.append(r)
+    return out
+
+
+def test_interval_covers_documents_as_well_as_seeds() -> None:
+    """Seeds that agree exactly (t-interval of zero width) on documents that disagree: the seed x
+    document bootstrap gives the interval a width; without per-document sums (control) the
+    interval is the seeds' alone."""
+    flat = {("sinusoidal", "none"): (2.0, 2.5, 3.0)}
+    same_seeds = [
+        {**r, "value": r["value"] - 0.01 * (r["seed"] - 1) * (r["eval_length"] > L)}
+        if r["metric"] == "nll" else r
+        for r in rows(nll=flat)
+    ]  # fmt: skip
+    plain = _estimate(check_findings(normalize_results(same_seeds)), "F1", "sinusoidal")[0]
+    assert plain.hi - plain.lo == pytest.approx(0.0, abs=1e-9) and plain.ci == SEED_CI
+    docs = _estimate(
+        check_findings(normalize_results(_with_docs(same_seeds, 0.3))), "F1", "sinusoidal"
+    )[0]
+    assert docs.value == pytest.approx(plain.value)
+    assert docs.lo < plain.value < docs.hi and docs.hi - docs.lo > 0.05
+    assert docs.ci == SEED_DOC_CI
+
+
+def test_seed_document_bootstrap_collapses_when_documents_agree() -> None:
+    """Every document moves by the same amount: resampling documents changes nothing."""
+    from bench.findings import seed_doc_bootstrap, select
+
+    df = normalize_results(_with_docs(rows(seeds=(1,)), 0.0))
+    rows_ = select(df, "sinusoidal")
+    lo, hi = seed_doc_bootstrap(rows_, rows_, 4, 1)
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)  # 3.0 - 2.0 nats
+    assert seed_doc_bootstrap(select(normalize_results(rows(seeds=(1,))), "sinusoidal"),
+                              select(normalize_results(rows(seeds=(1,))), "sinusoidal"), 4, 1) is None  # fmt: skip

@@ -271,6 +271,14 @@ def test_dedup_keeps_rows_of_other_arms_and_templates() -> None:
     assert sorted(dedup_results(same)["value"]) == [2.0, 4.0]
 
 
+def test_per_document_lists_round_trip_next_to_rows_without_them(tmp_path: Path) -> None:
+    rows = [row(doc_nll_sums=[1.5, 2.5], doc_tokens=[10, 12]), row(eval_length=64)]
+    path = write_results(rows, tmp_path / "r.parquet")
+    back = load_results(path).sort_values("eval_length")
+    assert back["doc_nll_sums"].iloc[1] == [1.5, 2.5] and back["doc_tokens"].iloc[1] == [10.0, 12.0]
+    assert back["doc_nll_sums"].iloc[0] is None
+
+
 def test_missing_written_at_uses_file_mtime(tmp_path: Path) -> None:
     old = normalize_results([row(value=1.0)]).drop(columns=["written_at"])
     new = normalize_results([row(value=2.0)]).drop(columns=["written_at"])

@@ -2,7 +2,8 @@
 
 Rows at each eval length: one per position bucket [bucket_lo, bucket_hi) of the window (value =
 mean NLL in nats, n = scored tokens, ci = bootstrap over documents), plus one whole-window row
-without bucket columns, ``axis="docs"`` and ``axis_value`` = documents used. ``docs`` is the
+without bucket columns, ``axis="docs"``, ``axis_value`` = documents used and each document's
+NLL sum and scored tokens (``doc_nll_sums``, ``doc_tokens``, in the run's document order). ``docs`` is the
 run's document set (``bench.evaluate``), so every length reads the same documents (up to
 ``max_docs``).
 
@@ -257,6 +258,9 @@ def nll_rows(
             axis="docs",
             axis_value=len(selected),
             span=span,
+            # per document, in the run's document order: what a seed x document bootstrap resamples
+            doc_nll_sums=[float(x) for x in all_sums[:, -1]],
+            doc_tokens=[float(x) for x in all_counts[:, -1]],
             **ci_bounds(lo[-1], hi[-1]),
         )
     )

@@ -21,7 +21,7 @@ from bench.report.sections.nll import bucket_section, perplexity_section
 from bench.report.sections.other import other_section
 from bench.report.sections.passkey import passkey_section
 from bench.report.sections.probes import probe_section
-from bench.results import load_results
+from bench.results import DOC_COLUMNS, load_results
 
 
 def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str | Path) -> Path:
@@ -31,7 +31,8 @@ def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str |
     rep.prepare()
     df = labelled_rows(df)
     style = Style(df)
-    source = df.drop(columns=["series_rank"])
+    # per-document lists stay in the parquet rows: the table lists the rows, not their documents
+    source = df.drop(columns=["series_rank", *[c for c in DOC_COLUMNS if c in df.columns]])
     source.to_csv(rep.tables_dir / "source_rows.csv", index=False)
     experiments = sorted(df["experiment"].unique())
     return rep.write_report(
