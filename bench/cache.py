@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -49,6 +50,8 @@ from bench.schema import JobConfig, PositionSchema, weight_fields, weights_dict
 from bench.train import train_model, use_cpu_backend
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CODE_SALT",
@@ -75,6 +78,18 @@ _KEY_PATTERN = re.compile(rf"[0-9a-f]{{{KEY_CHARS}}}")
 
 class CheckpointError(ValueError):
     """A stored checkpoint is missing, incomplete or does not match its key or the request."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A stored checkpoint file's bytes differ from the SHA-256 recorded when it was written."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- keys
@@ -248,7 +263,9 @@ def save_checkpoint(
         payload["scaling"] = asdict(model.scaling)
     (directory / DONE_FILE).unlink(missing_ok=True)  # a rewrite is incomplete until DONE is back
     atomic_write(directory / MODEL_FILE, lambda handle: torch.save(payload, handle))
-    done = json.dumps({"key": key, "weights_config": config}, indent=1, sort_keys=True)
+    # the file's digest, verified on every load: a flipped bit is never silently a model
+    record = {"key": key, "weights_config": config, "sha256": file_sha256(directory / MODEL_FILE)}
+    done = json.dumps(record, indent=1, sort_keys=True)
     atomic_write(directory / DONE_FILE, lambda handle: handle.write(done.encode("utf-8")))
     return directory
 
@@ -298,6 +315,17 @@ def load_model(
         )
     try:
         done = json.loads(done_path.read_text(encoding="utf-8"))
+    except Exception as err:
+        raise CheckpointError(
+            f"checkpoint {directory} cannot be read ({err}); delete it to retrain."
+        ) from err
+    recorded = done.get("sha256") if isinstance(done, dict) else None
+    if recorded is not None and file_sha256(model_path) != recorded:
+        raise CheckpointCorrupt(
+            f"checkpoint file {model_path} does not match the SHA-256 recorded when it was "
+            "written (its bytes changed on disk); it is retrained, or delete its directory."
+        )
+    try:
         payload = torch.load(model_path, map_location="cpu", weights_only=True)
     except Exception as err:  # a corrupt file must name its path
         raise CheckpointError(
@@ -424,6 +452,7 @@ def get_or_train(
     accelerator: Any = None,
     device: str | torch.device = "cpu",
     lock_timeout: float = -1,
+    retrain_corrupt: bool = True,
 ) -> tuple[DecoderLM, dict[str, Any], bool]:
     """The trained model for ``job`` on ``corpus``: loaded from the cache, or trained and stored.
 
@@ -432,7 +461,9 @@ def get_or_train(
     says whether this call trained. ``train_fn(job, corpus, progress=..., resume=<ResumeFile>,
     [accelerator=...], [init=<parent model>])`` is called at most once per finished key across
     concurrent processes; others wait on the lock (``lock_timeout`` seconds, -1 = forever) and
-    then load. For a fine-tune (``job.extend`` active) the parent comes from this function first
+    then load. A checkpoint whose file no longer matches the SHA-256 recorded when it was written
+    is retrained with a warning naming the file (or, with ``retrain_corrupt=False``, raises
+    ``CheckpointCorrupt``). For a fine-tune (``job.extend`` active) the parent comes from this function first
     (loaded, or trained under its own lock) and is passed as ``init``; a finished fine-tune needs
     no parent.
     """
@@ -466,6 +497,18 @@ def get_or_train(
         model, meta = load_model(directory, device=device, expected_config=config)
         return _finish(model, job, device), meta, False
 
+    def load_or_forget() -> tuple[DecoderLM, dict[str, Any], bool] | None:
+        """The stored model, or None (its DONE removed, so it trains again) when its file does
+        not match its recorded SHA-256 and ``retrain_corrupt`` allows retraining."""
+        try:
+            return load()
+        except CheckpointCorrupt as err:
+            if not retrain_corrupt:
+                raise
+            logger.warning("%s", err)
+            (directory / DONE_FILE).unlink(missing_ok=True)
+            return None
+
     if job.extend.active and any(job.extend.curve):
         kwargs["snapshot"] = lambda steps, model, stats: save_snapshot(
             job, corpus, root, steps, model, stats
@@ -491,12 +534,16 @@ def get_or_train(
 
     if state is None:
         if (directory / DONE_FILE).exists():
-            return load()
+            loaded = load_or_forget()
+            if loaded is not None:
+                return loaded
         parent()
         root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(root / f"{key}.lock"), timeout=lock_timeout):
             if (directory / DONE_FILE).exists():
-                return load()  # another process trained it while we waited
+                loaded = load_or_forget()  # another process trained it while we waited
+                if loaded is not None:
+                    return loaded
             _clean_leftovers(directory)
             return train_and_save(write=True)
 

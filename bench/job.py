@@ -305,6 +305,17 @@ def results_target(
     base.update(run_id=run_id, model_id=model_id, results_path=str(out_path))
     if not out_path.exists():
         return out_path, None
+    problem = unreadable_results(out_path, run_id)
+    if problem is not None:  # "already done" means a readable file of this job's rows
+        aside = out_path.with_name(f"{out_path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(out_path, aside)
+        log.warning(
+            "lenbench: %s: %s; moved it to %s and computing the job again.",
+            out_path,
+            problem,
+            aside,
+        )
+        return out_path, None
     cached = _summary(
         "cached", f"results already exist at {out_path}; nothing to do.", trained=False, **base
     )
@@ -314,6 +325,21 @@ def results_target(
 #: A row's own identity columns (``model_id``, ...) where a job measured several models (a
 #: fine-tune's recovery curve); they override the job's.
 ROW_IDENTITY = "_identity"
+
+
+def unreadable_results(path: Path, run_id: str) -> str | None:
+    """Why the result file at ``path`` is not this job's finished rows (None if it is)."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=["run_id"])
+    except Exception as err:  # truncated, not parquet, unreadable
+        return f"cannot be read ({type(err).__name__}: {_first_line(err)})"
+    if table.num_rows == 0:
+        return "has no rows"
+    if set(table.column("run_id").to_pylist()) != {run_id}:
+        return f"holds rows of other runs than {run_id}"
+    return None
 
 
 def write_job_rows(

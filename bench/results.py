@@ -391,6 +391,9 @@ def write_results(rows: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | 
         df.to_parquet(tmp_name, index=False)
         with open(tmp_name, "rb") as fh:
             os.fsync(fh.fileno())
+        umask = os.umask(0)  # the mode a plain open gives (mkstemp's is 0o600)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

@@ -37,14 +37,24 @@ RESUME_FILE = "resume.pt"
 TMP_PREFIX = ".tmp-"  # temp files of interrupted writers start with it
 
 
+def umask_mode() -> int:
+    """The mode a plain ``open`` would give a new file (0o666 less the umask): mkstemp's 0o600
+    would make a shared cluster cache or results folder unreadable to the rest of a group."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """write(file object) into a temp file next to ``path``, fsync, then os.replace onto it."""
+    """write(file object) into a temp file next to ``path``, fsync, then os.replace onto it
+    (with the mode the umask gives new files)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

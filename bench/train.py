@@ -42,11 +42,34 @@ ADAM_EPS = 1e-8
 
 
 class TrainingDiverged(ValueError):
-    """The training loss became NaN or infinite; ``step`` (1-based update) and ``loss`` say where."""
+    """The training loss became NaN or infinite, or a long run ended no better than a uniform
+    guess (:func:`check_progress`); ``step`` (1-based update) and ``loss`` say where."""
 
     def __init__(self, message: str, step: int, loss: float):
         super().__init__(message)
         self.step, self.loss = step, loss
+
+
+#: A run of at least this many updates whose final loss is within NO_BETTER_MARGIN nats of a
+#: uniform guess (ln vocab) learned nothing (or diverged to a uniform output): a failed job.
+MIN_STEPS_FOR_PROGRESS = 100
+NO_BETTER_MARGIN = 0.05
+
+
+def check_progress(final_loss: float, steps: int, vocab_size: int) -> None:
+    """Raise TrainingDiverged when a run of >= MIN_STEPS_FOR_PROGRESS updates ends no better than
+    predicting every token uniformly (loss >= ln(vocab) - NO_BETTER_MARGIN): its model would
+    report the same perplexity (about the vocabulary size) for every length and method."""
+    uniform = math.log(vocab_size)
+    if steps >= MIN_STEPS_FOR_PROGRESS and final_loss >= uniform - NO_BETTER_MARGIN:
+        raise TrainingDiverged(
+            f"training ended no better than a uniform guess: the final loss {final_loss:.3f} is "
+            f"within {NO_BETTER_MARGIN} of ln({vocab_size}) = {uniform:.3f} after {steps} updates "
+            "(diverged or learned nothing); lower train.lr, raise train.warmup_steps or check "
+            "the data.",
+            step=steps,
+            loss=final_loss,
+        )
 
 
 def make_model(job: JobConfig) -> DecoderLM:
@@ -477,6 +500,7 @@ def train_model(
     tail = losses[steps - max(1, min(spec.log_every, steps)) :]
     if world > 1:
         tail = accelerator.gather(tail[None])
+    check_progress(float(tail.mean().cpu()), steps, model.model_cfg.vocab_size)
     stats = {
         "steps": steps,
         "tokens": tokens_done,

@@ -23,6 +23,7 @@ import bench.results
 from bench.cache import (
     CODE_SALT,
     CheckpointError,
+    file_sha256,
     get_or_train,
     key_of,
     load_model,
@@ -314,6 +315,11 @@ def test_edited_model_weights_config_is_refused(
     payload = torch.load(directory / "model.pt", weights_only=True)
     payload["weights_config"]["train"]["steps"] = 999
     torch.save(payload, directory / "model.pt")
+    # a deliberate edit that also updates the recorded digest (else the digest refuses it first)
+    done = json.loads((directory / "DONE").read_text())
+    (directory / "DONE").write_text(
+        json.dumps({**done, "sha256": file_sha256(directory / "model.pt")})
+    )
     with pytest.raises(
         CheckpointError, match=r"model\.pt is inconsistent: its stored weights config hashes to"
     ):
