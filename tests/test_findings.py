@@ -460,3 +460,24 @@ def test_seed_document_bootstrap_collapses_when_documents_agree() -> None:
     assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)  # 3.0 - 2.0 nats
     assert seed_doc_bootstrap(select(normalize_results(rows(seeds=(1,))), "sinusoidal"),
                               select(normalize_results(rows(seeds=(1,))), "sinusoidal"), 4, 1) is None  # fmt: skip
+
+
+def test_report_shows_the_recovery_curves(tmp_path: Path) -> None:
+    """tables/passkey_recovery.csv: per recipe, update count and length, the seed mean of the
+    world's curves (the per-length rows), and its figure."""
+    report = generate_report([write(tmp_path / "res", rows())], tmp_path / "out")
+    assert "### Recovery by fine-tuning" in report.read_text()
+    assert (report.parent / "plots" / "passkey_recovery.svg").is_file()
+    t = pd.read_csv(report.parent / "tables" / "passkey_recovery.csv")
+    assert set(t["finetune_method"]) == {"pi", "yarn", "direct"}
+    for method, (_, points) in CURVES.items():
+        for steps, accs in points.items():
+            for k, acc in zip((1, 2, 4), accs, strict=True):
+                cell = t[(t["finetune_method"] == method) & (t["finetune_steps"] == steps)
+                         & (t["eval_length"] == k * L)]  # fmt: skip
+                assert len(cell) == 1 and cell["passkey_acc"].iloc[0] == pytest.approx(acc)
+                assert cell["n_seeds"].iloc[0] == 3
+    # control: without recovery curves (one update count per recipe) there is no such section
+    single = [r for r in rows() if r.get("finetune_steps", 200) == 200]
+    other = generate_report([write(tmp_path / "res2", single)], tmp_path / "out2").read_text()
+    assert "### Recovery by fine-tuning" not in other

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from bench.report.figures import Panels, Style, display_label, family_panels, save_figure
 from bench.report.frame import (
+    FINETUNE_MARK,
     GROUP_KEYS,
     aggregate,
     numeric_axis,
@@ -33,6 +34,8 @@ NOT_RECORDED = "not recorded"
 #: A model gets a depth x length heatmap only if its accuracy reaches this somewhere (a wall
 #: of all-zero panels says nothing the accuracy-vs-length figure does not).
 HEATMAP_MIN_ACC = 0.1
+#: Where a fine-tune's scaling label ends and its mark (" ft@4x, 200 steps") starts.
+FINETUNE_SPLIT = FINETUNE_MARK
 
 
 def passkey_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
@@ -45,8 +48,112 @@ def passkey_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
         parts = [head, note("passkey_acc", "the passkey heatmaps and accuracy tables are omitted")]
     else:
         parts = [head, *_accuracy_parts(rep, acc, recorded, style)]
+    if not acc.empty:
+        parts += _recovery_parts(rep, acc)
     parts += ["### Passkey context", *_context_parts(rep, recorded)]
     return "\n\n".join(parts)
+
+
+def recovery_table(acc: pd.DataFrame) -> pd.DataFrame:
+    """Per fine-tune recipe with a recovery curve (``finetune_curve_id`` with several update
+    counts), update count and eval length: the per-length accuracy's seed mean, smallest and
+    largest seed (``seed_min``, ``seed_max``), seeds and row ids. Empty without curves."""
+    cols = ["curve", "finetune_method", "finetune_steps", "eval_length", "passkey_acc",
+            "seed_min", "seed_max", "n_seeds", "row_ids"]  # fmt: skip
+    if "finetune_curve_id" not in acc.columns:
+        return pd.DataFrame(columns=cols)
+    rows = _with_depth(acc)
+    rows = rows[rows["depth"].isna() & rows["finetune_curve_id"].notna()]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    steps = rows.groupby("finetune_curve_id")["finetune_steps"].nunique()
+    rows = rows[rows["finetune_curve_id"].isin(steps[steps > 1].index)]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    label = rows["scaling_label"].str.split(FINETUNE_SPLIT).str[0]
+    rows = rows.assign(
+        curve=label
+        + " ft@"
+        + (rows["finetune_length"].astype(float) / rows["train_length"].astype(float)).map(
+            lambda m: f"{m:g}x"
+        )
+        + rows["arm"].map(lambda a: f" [arm {a}]" if isinstance(a, str) else "")
+    )
+    per_seed = aggregate(
+        rows,
+        ["curve", "finetune_curve_id", "finetune_method", "finetune_steps", "eval_length", "seed"],
+    )
+    t = (
+        per_seed.groupby(["curve", "finetune_method", "finetune_steps", "eval_length"])
+        .agg(
+            passkey_acc=("value", "mean"),
+            seed_min=("value", "min"),
+            seed_max=("value", "max"),
+            n_seeds=("seed", "nunique"),
+            row_ids=("row_ids", ";".join),
+        )
+        .reset_index()
+    )
+    return t.sort_values(["curve", "finetune_steps", "eval_length"]).reset_index(drop=True)[cols]
+
+
+def recovery_figure(t: pd.DataFrame) -> Figure:
+    """Accuracy vs fine-tuning updates, one panel per eval length, one line per recipe (seed
+    mean; band: smallest to largest seed)."""
+    lengths = sorted(t["eval_length"].unique())
+    fig = Figure(figsize=(3.2 * len(lengths) + 0.6, 3.0), layout="constrained")
+    axes = fig.subplots(1, len(lengths), sharey=True, squeeze=False)[0]
+    curves = list(dict.fromkeys(t["curve"]))
+    for ax, length in zip(axes, lengths, strict=True):
+        for i, curve in enumerate(curves):
+            c = t[(t["curve"] == curve) & (t["eval_length"] == length)].sort_values(
+                "finetune_steps"
+            )
+            color = f"C{i % 10}"
+            ax.plot(c["finetune_steps"], c["passkey_acc"], "o-", color=color, label=curve, ms=3)
+            ax.fill_between(
+                c["finetune_steps"], c["seed_min"], c["seed_max"], color=color, alpha=0.15
+            )
+        ax.set_xscale("symlog", linthresh=50)
+        ax.set_title(f"eval length {length}", fontsize=9)
+        ax.set_xlabel("fine-tuning updates")
+        ax.set_ylim(-0.04, 1.06)
+    axes[0].set_ylabel("exact-match accuracy")
+    axes[-1].legend(fontsize=7, frameon=False, loc="best")
+    fig.suptitle("Passkey retrieval recovered by fine-tuning at length", fontsize=10)
+    return fig
+
+
+def _recovery_parts(rep: ReportDir, acc: pd.DataFrame) -> list[str]:
+    t = recovery_table(acc)
+    if t.empty:
+        return []
+    piv = (
+        t.assign(
+            cell=[
+                f"{v:.2f} ({lo:.2f}-{hi:.2f})"
+                for v, lo, hi in zip(t["passkey_acc"], t["seed_min"], t["seed_max"], strict=True)
+            ]
+        )
+        .set_index(["curve", "eval_length", "finetune_steps"])["cell"]
+        .unstack("finetune_steps")
+    )
+    piv.columns = [f"{int(c)} updates" for c in piv.columns]
+    md = write_table(rep, "passkey_recovery", t, piv, index=True)
+    save_figure(recovery_figure(t), rep.plots_dir, "passkey_recovery")
+    return [
+        "### Recovery by fine-tuning",
+        figure_md(
+            "passkey_recovery",
+            "Passkey accuracy after k updates of fine-tuning at length (k = 0: the base model "
+            "with the method's scaling), from states saved along one run per seed; one panel "
+            "per eval length, one line per fine-tune recipe (seed mean; band: smallest to "
+            "largest seed; x axis linear below 50 updates, logarithmic above).",
+        ),
+        "Accuracy per eval length and update count: seed mean (smallest-largest seed). "
+        "Source: `tables/passkey_recovery.csv`.",
+        md,
+    ]
 
 
 def _with_depth(acc: pd.DataFrame) -> pd.DataFrame:
