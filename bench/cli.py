@@ -113,18 +113,21 @@ def _read_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
 def summarize(statuses: Sequence[dict[str, Any]]) -> tuple[str, list[str]]:
     """(one summary line, one line per failed job)."""
     counts = {s: 0 for s in ("done", "cached", "not_applicable", "invalid", "failed")}
-    trained = 0
+    trained = resumed = 0
     failures = []
     for st in statuses:
         status = st.get("status", "failed")
         counts[status] = counts.get(status, 0) + 1
         trained += bool(st.get("trained"))
+        resumed += bool(st.get("resumed"))
         if status in FAILED_STATUSES:
             label = f"{st.get('position')}/{st.get('scaling')}"
             failures.append(f"  {label} [{st.get('job', '')}]: {st.get('message', '')}")
     line = (
-        f"lenbench: {len(statuses)} jobs: {counts['done']} evaluated ({trained} trained a model), "
-        f"{counts['cached']} already had results, {counts['not_applicable']} not applicable "
+        f"lenbench: {len(statuses)} jobs: {counts['done']} evaluated ({trained} trained a model"
+        + (f", {resumed} of them resumed from a saved state" if resumed else "")
+        + "), "
+        + f"{counts['cached']} already had results, {counts['not_applicable']} not applicable "
         f"(skipped), {counts['invalid'] + counts['failed']} failed."
     )
     return line, failures

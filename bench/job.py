@@ -467,7 +467,9 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     configure_threads(job.threads)  # only jobs with work to do sample the machine's load
 
     try:
-        model, _meta, trained = get_or_train(job, corpus, spec.cache_root, device=spec.device)
+        model, meta, trained = get_or_train(job, corpus, spec.cache_root, device=spec.device)
+        # the end-of-sweep summary counts trainings that went on from a saved state
+        base["resumed"] = bool(trained and (meta.get("train_stats") or {}).get("resumed_from"))
     except TrainingDiverged as exc:
         return _summary("failed", f"training diverged: {exc}", trained=True, **base)
     except (RuntimeError, MemoryError) as exc:

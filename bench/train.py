@@ -9,6 +9,7 @@ global batches under DDP (through ``accelerate``) as in one process. The checkpo
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 ADAM_EPS = 1e-8
+
+
+logger = logging.getLogger("lenbench")
 
 
 class TrainingDiverged(ValueError):
@@ -344,6 +348,12 @@ def train_model(
     if state is not None and not 0 < int(state["step"]) < steps:
         state = None  # cannot come from this recipe's run
     if state is not None:
+        logger.info(
+            "lenbench: resuming %s from update %d of %d (a saved state of an interrupted run).",
+            "the fine-tune" if extended else "the training",
+            int(state["step"]),
+            steps,
+        )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     model, optimizer = accelerator.prepare(model, optimizer)

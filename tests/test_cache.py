@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -492,7 +493,12 @@ def kill_after_save(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:
 
 @pytest.mark.parametrize(("save_every", "minutes"), [(2, 0.0), (0, 1e-9)])
 def test_killed_training_resumes_to_identical_weights(
-    tmp_path: Path, corpus: Corpus, corpus_dir: Path, save_every: int, minutes: float
+    tmp_path: Path,
+    corpus: Corpus,
+    corpus_dir: Path,
+    save_every: int,
+    minutes: float,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Kill after the state of update 4 of 8, rerun: the weights equal the uninterrupted run's,
     and only updates 5..8 ran again. States every 2 updates, or every update by the clock."""
@@ -517,8 +523,10 @@ def test_killed_training_resumes_to_identical_weights(
             get_or_train(cfg, corpus, tmp_path / "b", progress=False)
     directory = tmp_path / "b" / ref_meta["key"]
     assert not (directory / "DONE").exists() and (directory / "resume.pt").exists()
-    resumed, meta, trained = get_or_train(cfg, corpus, tmp_path / "b", progress=False)
+    with caplog.at_level(logging.INFO, logger="lenbench"):
+        resumed, meta, trained = get_or_train(cfg, corpus, tmp_path / "b", progress=False)
     assert trained and meta["train_stats"]["resumed_from"] == 4
+    assert "resuming the training from update 4 of 8" in caplog.text  # the log says so
     assert ref_meta["train_stats"]["resumed_from"] == 0
     assert same_weights(resumed, reference)
     assert meta["train_stats"]["train_losses"] == ref_meta["train_stats"]["train_losses"]

@@ -708,3 +708,13 @@ def test_a_recovery_curve_writes_rows_of_each_point(in_tmp, monkeypatch, capsys)
     assert df.groupby("finetune_steps")["model_id"].nunique().tolist() == [1, 1, 1]
     assert df["model_id"].nunique() == 3 and series_key(df).nunique() == 3
     assert df.groupby("finetune_steps")["model_config_id"].nunique().tolist() == [1, 1, 1]
+
+
+def test_sweep_summary_counts_resumed_trainings():
+    from bench.cli import summarize
+
+    done = {"status": "done", "trained": True, "position": "rope", "scaling": "none"}
+    line, _ = summarize([{**done, "resumed": True}, done, {**done, "trained": False}])
+    assert "3 evaluated (2 trained a model, 1 of them resumed from a saved state)" in line
+    line, _ = summarize([done])  # control: nothing resumed, nothing said
+    assert "resumed" not in line

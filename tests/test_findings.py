@@ -30,6 +30,7 @@ from bench.findings import (
     wilson,
 )
 from bench.report import generate_report, main
+from bench.report.cli import NOTHING_CHECKED
 from bench.results import canonical_json, normalize_results, write_results
 
 L = 64
@@ -266,7 +267,8 @@ def test_finetuned_rows_are_not_zero_shot() -> None:
 def test_no_rows_measure_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     only_nll = [r for r in rows() if r["metric"] == "nll" and r["position"] == "nope"]
     assert set(statuses(only_nll).values()) == {NOT_MEASURED}
-    assert main([str(write(tmp_path / "res", only_nll)), "--check"]) == 0
+    # nothing checked is not a success: its own exit status (before: 0)
+    assert main([str(write(tmp_path / "res", only_nll)), "--check"]) == NOTHING_CHECKED == 3
     assert "not measured" in capsys.readouterr().out
 
 
@@ -481,3 +483,15 @@ def test_report_shows_the_recovery_curves(tmp_path: Path) -> None:
     single = [r for r in rows() if r.get("finetune_steps", 200) == 200]
     other = generate_report([write(tmp_path / "res2", single)], tmp_path / "out2").read_text()
     assert "### Recovery by fine-tuning" not in other
+
+
+def test_report_to_an_unwritable_directory_is_one_sentence(tmp_path: Path, capsys) -> None:
+    """--out below a file (a path that cannot be a directory, even for root): one sentence,
+    exit 2, no traceback."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as info:
+        main([str(write(tmp_path / "res", rows())), "--out", str(blocker / "out")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "cannot write the report to" in err and str(blocker) in err

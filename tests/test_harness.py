@@ -494,7 +494,6 @@ def test_harness_passkey_uses_the_checkpoints_training_template(tmp_path):
     the harness verdicts equal the native ones on the same examples."""
     from bench.cache import key_of, save_checkpoint
     from bench.harness.cli import _with_training_template
-
     from bench.schema import PositionSchema, weight_fields
 
     model = tiny_model(seed=3)

@@ -3,7 +3,8 @@ one-line errors.
 
 With no RESULTS_DIR it reports on the most recently modified experiment under ``results/`` and
 writes to ``reports/<experiment>/``. ``--check`` writes nothing: it prints the findings table
-(:mod:`bench.findings`) and exits 1 if a measured finding does not hold, else 0.
+(:mod:`bench.findings`) and exits 1 if a measured finding does not hold, 3 if no finding could
+be checked at all (every one not measured: nothing was checked, which is not a success), else 0.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.findings import any_failed, check_findings, findings_table
+from bench.findings import NOT_MEASURED, any_failed, check_findings, findings_table
 from bench.report.markdown import markdown_table
 from bench.report.render import render
 from bench.results import load_results
+
+#: ``--check``'s exit status when no finding could be measured (1 = a finding does not hold).
+NOTHING_CHECKED = 3
 
 
 def latest_experiment_dir(results_root: str | Path = "results") -> Path:
@@ -78,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check",
         action="store_true",
         help="write nothing; print the findings table and exit 1 if a measured finding does not "
-        "hold (findings that are not measured do not fail)",
+        f"hold, {NOTHING_CHECKED} if no finding could be measured, else 0",
     )
     args = parser.parse_args(argv)
     try:
@@ -87,10 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.check:
             results = check_findings(df)
             print(markdown_table(findings_table(results)))
-            return 1 if any_failed(results) else 0
+            if any_failed(results):
+                return 1
+            return NOTHING_CHECKED if all(r.status == NOT_MEASURED for r in results) else 0
         out = args.out if args.out is not None else Path("reports") / _experiment_name(df)
         report = render(df, paths, out)
     except ValueError as exc:
         parser.error(str(exc))
+    except OSError as exc:  # an output directory that cannot be written, a full disk
+        where = exc.filename or (args.out if args.out is not None else "reports/")
+        parser.error(f"cannot write the report to {str(where)!r}: {exc.strerror or exc}.")
     print(f"wrote {report}")
     return 0
