@@ -308,6 +308,15 @@ def load_model(
     """
     directory = _resolve(ref, cache_root)
     model_path, done_path = directory / MODEL_FILE, directory / DONE_FILE
+    if (
+        not done_path.exists()
+        and not model_path.exists()
+        and not (directory / RESUME_FILE).exists()
+    ):
+        raise CheckpointError(
+            f"{directory} is not a lenbench checkpoint (it has no {MODEL_FILE}); give a checkpoint "
+            f"directory, its {MODEL_FILE} or a {KEY_CHARS}-hex-character cache key."
+        )
     if not done_path.exists() or not model_path.exists():
         raise CheckpointError(
             f"checkpoint {directory} is incomplete (no {DONE_FILE} marker or no {MODEL_FILE}): its "

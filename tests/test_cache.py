@@ -470,6 +470,11 @@ def test_incomplete_checkpoint_is_reported_by_load_model(tmp_path: Path) -> None
     (directory / "model.pt").write_bytes(b"half")
     with pytest.raises(CheckpointError, match=f"checkpoint {directory} is incomplete"):
         load_model("a" * 16, cache_root=tmp_path)
+    # a directory that never was a checkpoint is not "interrupted"
+    other = tmp_path / "notes"
+    other.mkdir()
+    with pytest.raises(CheckpointError, match=f"{other} is not a lenbench checkpoint"):
+        load_model(str(other))
 
 
 # --------------------------------------------------------------------------- resumable training

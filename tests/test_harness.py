@@ -856,3 +856,52 @@ def test_tasks_run_on_lm_eval_hf_model(tmp_path, text_corpus):
     got = results["results"]["lenbench_ppl_256"]["bits_per_byte,none"]
     assert got == pytest.approx(nll / math.log(2) / n_bytes, rel=1e-4)
     assert 6.0 < got < 10.0  # a random byte model: about log2(257) bits per byte
+
+
+# --------------------------------------------------------------------------- CLI argument errors
+
+
+@pytest.mark.parametrize(
+    "model_args, tasks, message",
+    [
+        ("pretrained={key},cache_root={root},fcator=2,scaling=linear", "lenbench_ppl_256",
+         "model argument(s) fcator are unknown"),
+        ("pretrained={key},cache_root={root},scaling=bogus", "lenbench_ppl_256",
+         "scaling='bogus' is unknown"),
+        ("cache_root={root}", "lenbench_ppl_256", "model argument pretrained is missing"),
+        ("pretrained={root}/notes", "lenbench_ppl_256", "is not a lenbench checkpoint"),
+        ("pretrained={root}/missing", "lenbench_ppl_256", "was not found"),
+        ("pretrained={key},cache_root={root}", "lenbench_ppl_123", "are not lenbench tasks"),
+        ("pretrained={key},cache_root={root},factor", "lenbench_ppl_256", "has no value"),
+    ],
+)  # fmt: skip
+def test_harness_cli_bad_arguments_are_one_sentence_before_any_model_loads(
+    tmp_path, monkeypatch, capsys, model_args, tasks, message
+):
+    import bench.harness.cli as cli_module
+
+    key = save_tiny_checkpoint(tiny_model(seed=2), tmp_path)
+    (tmp_path / "notes").mkdir()
+    monkeypatch.setattr(cli_module, "_with_training_template", _fail_if_called)
+    argv = ["--model", "lenbench", "--model_args", model_args.format(key=key, root=tmp_path),
+            "--tasks", tasks, "--device", "cpu"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        cli_module.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lenbench-harness: error: ") and "\n" not in err and message in err, err
+
+
+def _fail_if_called(*args, **kwargs):
+    raise AssertionError("the arguments must be refused before anything else runs")
+
+
+def test_harness_model_args_win_over_cli_device_and_batch_size(tmp_path):
+    """lm-eval passes --device/--batch_size next to --model_args: the README's own
+    ``device=cpu,batch_size=2`` in model_args gave "got multiple values" before."""
+    key = save_tiny_checkpoint(tiny_model(seed=2), tmp_path)
+    lm = LenbenchLM.create_from_arg_string(
+        f"pretrained={key},cache_root={tmp_path},device=cpu,batch_size=2",
+        {"batch_size": 8, "device": "cpu", "max_batch_size": None},
+    )
+    assert lm.batch_rows == 2

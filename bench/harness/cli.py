@@ -116,11 +116,89 @@ def _with_training_template(argv: list[str]) -> list[str]:
     return [*out, "--metadata", metadata]
 
 
+class HarnessArgError(ValueError):
+    """A ``lenbench-harness`` argument that cannot work; its message is one sentence."""
+
+
+def check_arguments(argv: Sequence[str]) -> None:
+    """Refuse, before any model loads, what cannot work: unknown ``--model_args`` keys of the
+    ``lenbench`` model, a ``pretrained`` that is not a finished checkpoint, a task name that is
+    neither ours nor lm-eval's (ours are checked at once; others need lm-eval's task index)."""
+    from bench.harness.args import MODEL_ARGS, _method_param_names, scaling_presets
+    from models.scaling import SCALING_METHODS
+
+    if _option_value(argv, "--model") == "lenbench":
+        args = {}
+        for item in (_option_value(argv, "--model_args") or "").split(","):
+            if not item.strip():
+                continue
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise HarnessArgError(
+                    f"model argument {item.strip()!r} has no value; write key=value "
+                    f"(keys: {', '.join(MODEL_ARGS)}, or a scaling method's parameters)."
+                )
+            args[key.strip()] = value.strip()
+        scaling = args.get("scaling", "none")
+        presets = scaling_presets()
+        if scaling not in presets and scaling not in SCALING_METHODS:
+            allowed = sorted(set(presets) | set(SCALING_METHODS))
+            raise HarnessArgError(
+                f"model argument scaling={scaling!r} is unknown; allowed: {', '.join(allowed)}."
+            )
+        method = presets[scaling]["method"] if scaling in presets else scaling
+        allowed = set(MODEL_ARGS) | _method_param_names(method)
+        unknown = sorted(set(args) - allowed)
+        if unknown:
+            raise HarnessArgError(
+                f"model argument(s) {', '.join(unknown)} are unknown for the lenbench model with "
+                f"scaling {scaling!r}; allowed: {', '.join(sorted(allowed))}."
+            )
+        if not args.get("pretrained"):
+            raise HarnessArgError(
+                "model argument pretrained is missing; give a checkpoint cache key or path."
+            )
+        _check_checkpoint(args["pretrained"], args.get("cache_root"))
+    requested = _option_value(argv, "--tasks")
+    if requested:
+        names = split_tasks(requested)
+        ours = set(task_names())
+        foreign = [n for n in names if n not in ours]
+        if foreign and all(n.startswith("lenbench") for n in foreign):
+            raise HarnessArgError(
+                f"task(s) {', '.join(foreign)} are not lenbench tasks; ours: "
+                f"{', '.join(sorted(ours))}."
+            )
+
+
+def _check_checkpoint(ref: str, cache_root: str | None) -> None:
+    from bench.cache import DONE_FILE, MODEL_FILE, CheckpointError, _resolve
+
+    try:
+        directory = _resolve(ref, cache_root)
+    except CheckpointError as err:
+        raise HarnessArgError(str(err)) from None
+    if not (directory / MODEL_FILE).exists():
+        raise HarnessArgError(
+            f"pretrained={ref!r}: {directory} is not a lenbench checkpoint (it has no {MODEL_FILE})."
+        )
+    if not (directory / DONE_FILE).exists():
+        raise HarnessArgError(
+            f"pretrained={ref!r}: checkpoint {directory} is incomplete (no {DONE_FILE}): its "
+            "training was interrupted."
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``lenbench-harness``: lm-eval's CLI with the ``lenbench`` model and our tasks available."""
     from lm_eval.__main__ import cli_evaluate
 
     args = _with_include_path(list(sys.argv[1:] if argv is None else argv))
+    try:
+        check_arguments(args)
+    except ValueError as err:
+        print(f"lenbench-harness: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     args = _with_training_template(args)
     _skip_builtin_index_if_possible(args)
     sys.argv = ["lenbench-harness", *args]

@@ -58,6 +58,19 @@ class LenbenchLM(LM):
     static ``factor: auto`` is set for (default: the longest request; not with ``oracle``).
     """
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """lm-eval's CLI passes ``--device`` / ``--batch_size`` as ``additional_config`` next to
+        ``--model_args``; an argument given in ``--model_args`` wins (lm-eval's own merge passed
+        both and failed with "got multiple values")."""
+        from lm_eval import utils
+
+        args = utils.simple_parse_args_string(arg_string)
+        extra = {
+            k: v for k, v in (additional_config or {}).items() if v is not None and k not in args
+        }
+        return cls(**args, **extra)
+
     def __init__(
         self,
         pretrained: Any = None,
