@@ -35,34 +35,38 @@ class PositionConfig:
     def validate(self, head_dim: int, d_model: int) -> None:
         if self.kind not in FAMILIES:
             raise ValueError(
-                f"position kind {self.kind!r} is unknown; allowed: {', '.join(FAMILIES)}."
+                f"position.kind {self.kind!r} is unknown; allowed: {', '.join(FAMILIES)}."
             )
         if self.base <= 1:
-            raise ValueError(f"position base {self.base} must be greater than 1.")
+            raise ValueError(f"position.base must be greater than 1, got {self.base}.")
         if self.kind == "rope":
             if self.layout not in ROPE_LAYOUTS:
                 raise ValueError(
-                    f"rope layout {self.layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}."
+                    f"position.layout {self.layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}."
                 )
             if not 0 < self.rotary_fraction <= 1:
-                raise ValueError(f"rotary_fraction {self.rotary_fraction} must be in (0, 1].")
+                raise ValueError(
+                    f"position.rotary_fraction must be in (0, 1], got {self.rotary_fraction}."
+                )
             rotary_dim = int(head_dim * self.rotary_fraction)
             if rotary_dim < 2 or rotary_dim % 2:
                 raise ValueError(
-                    f"RoPE needs an even rotary dimension, but head_dim {head_dim} x rotary_fraction "
-                    f"{self.rotary_fraction} gives {rotary_dim}; choose an even head_dim "
-                    f"(d_model / n_heads) or a rotary_fraction giving an even count."
+                    f"RoPE needs an even rotary dimension, but head_dim {head_dim} x "
+                    f"position.rotary_fraction {self.rotary_fraction} gives {rotary_dim}; choose "
+                    "an even head_dim (model.d_model / model.n_heads) or a rotary_fraction "
+                    "giving an even count."
                 )
         if self.kind == "sinusoidal" and d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}.")
+            raise ValueError(f"sinusoidal positions need an even model.d_model, got {d_model}.")
         if self.kind == "learned":
             if self.max_positions < 0:
                 raise ValueError(
-                    f"max_positions {self.max_positions} must be >= 0 (0 = training length)."
+                    f"position.max_positions must be >= 0 (0 = the training length), got "
+                    f"{self.max_positions}."
                 )
             if self.out_of_range not in OUT_OF_RANGE_POLICIES:
                 raise ValueError(
-                    f"out_of_range policy {self.out_of_range!r} is unknown; "
+                    f"position.out_of_range {self.out_of_range!r} is unknown; "
                     f"allowed: {', '.join(OUT_OF_RANGE_POLICIES)}."
                 )
 

@@ -249,6 +249,8 @@ BAD_OVERRIDES = [
         "position 'foo' is unknown; allowed: alibi, learned, nope, rope, sinusoidal",
     ),
     (["model.d_model=60"], "RoPE needs an even rotary dimension, but head_dim 15"),
+    # a key only some cells use keeps its full path (issue: "rotary_fraction 2.0 must be ...")
+    (["position.rotary_fraction=2"], "position.rotary_fraction must be in (0, 1], got 2"),
     (
         ["position=learned", "position.out_of_range=error"],
         "eval length 512 is beyond the learned position table (256 rows)",
