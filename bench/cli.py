@@ -56,6 +56,14 @@ def _write_status(summary: dict[str, Any]) -> None:
     tmp.replace(out / STATUS_FILE)
 
 
+def io_sentence(exc: OSError) -> str:
+    """An I/O error as one sentence naming the path and the errno."""
+    where = exc.filename if exc.filename is not None else "a file"
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    errno = f" (errno {exc.errno})" if exc.errno is not None else ""
+    return f"cannot write {str(where)!r}: {reason}{errno}; check that the directory exists, is a directory and is writable, and that the disk has space."
+
+
 def task(cfg: DictConfig) -> dict[str, Any]:
     """One Hydra job: :func:`bench.job.run_job` plus status reporting.
 
@@ -68,6 +76,8 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         summary = run_job(cfg)
+    except OSError as exc:  # an unwritable or full results/cache directory: one sentence
+        summary = {"status": "failed", "message": io_sentence(exc)}
     except Exception as exc:
         if not multirun:
             raise
@@ -183,6 +193,12 @@ class ReportCallback(Callback):
             path = generate_report([results], reports)
         except ValueError as exc:
             print(f"{ERROR_PREFIX}report not written: {exc}", flush=True)
+            return
+        except OSError as exc:  # the results are kept; the run must not look like a success
+            print(
+                f"{ERROR_PREFIX}report not written: {io_sentence(exc)}", file=sys.stderr, flush=True
+            )
+            _OUTCOME.update(report_failed=True)
             return
         _OUTCOME.update(report=str(path))
         print(f"lenbench: report written to {path}", flush=True)
@@ -346,6 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             errors = sweep_errors(argv)
             if not errors:
                 _hydra_app()
+    except OSError as exc:  # Hydra's run directory under an unusable paths.results
+        if user_full_error:
+            raise
+        print(f"{ERROR_PREFIX}{io_sentence(exc)}", file=sys.stderr, flush=True)
+        return 1
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         if user_full_error:
             raise
@@ -364,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "error" in _OUTCOME:
         print(f"{ERROR_PREFIX}{_OUTCOME['error']}", file=sys.stderr, flush=True)
         return int(_OUTCOME.get("exit", 2))
-    return 1 if _OUTCOME.get("failed") else 0
+    return 1 if _OUTCOME.get("failed") or _OUTCOME.get("report_failed") else 0
 
 
 if __name__ == "__main__":

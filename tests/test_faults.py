@@ -178,3 +178,32 @@ def test_checkpoints_and_results_follow_the_umask(tmp_path, corpus, corpus_dir, 
         os.umask(old)
     for f in (Path(meta["path"]) / "model.pt", Path(meta["path"]) / "DONE", path):
         assert f.stat().st_mode & 0o777 == mode, f
+
+
+# --------------------------------------------------------------------------- I/O errors
+
+
+@pytest.mark.parametrize(
+    "where, override",
+    [
+        ("results", "paths.results={blocker}/results"),
+        ("cache", "paths.cache={blocker}/cache"),
+        ("reports", "paths.reports={blocker}/reports"),
+    ],
+)
+def test_an_unusable_directory_is_one_sentence_and_a_failure(
+    tmp_path, monkeypatch, capsys, where, override
+):
+    """A results, cache or reports path below a file (unwritable even for root): one sentence
+    naming the path and the errno, exit 1, nothing half-written (before: tracebacks, and exit 0
+    when only the report failed)."""
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    smoke = [a for a in SMOKE if where != "reports" or "report.enabled" not in a]
+    args = [*smoke, f"paths.cache={tmp_path / 'cache'}", override.format(blocker=blocker)]
+    assert main(args) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "lenbench: error:" in line]
+    assert len(err) == 1 and str(blocker) in err[0] and "errno 20" in err[0], err
+    assert "Traceback" not in err[0]
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(".*.parquet.*"))
