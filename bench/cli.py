@@ -77,7 +77,8 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     try:
         summary = run_job(cfg)
     except OSError as exc:  # an unwritable or full results/cache directory: one sentence
-        summary = {"status": "failed", "message": io_sentence(exc)}
+        message = io_sentence(exc) if exc.filename is not None else one_line(exc)
+        summary = {"status": "failed", "message": message}
     except Exception as exc:
         if not multirun:
             raise
@@ -296,17 +297,34 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
             for cell in batch:
                 cfg = hydra_app.config_loader.load_sweep_config(master, list(cell))
                 try:
-                    prepare_job(cfg)
-                    return []  # a cell runs: errors that depend on the swept value are its jobs'
+                    spec = prepare_job(cfg)
                 except NotApplicable:
                     continue
                 except ValueError as exc:
                     errors.setdefault(str(exc), list(cell))
+                    continue
+                # a cell runs: errors that depend on the swept value are its jobs'; its data
+                # source is checked once here (every job of the sweep would fail alike)
+                problem = data_problem(spec.job)
+                return [] if problem is None else [problem]
     finally:
         GlobalHydra.instance().clear()
     if len(errors) == 1:
         return list(errors)
     return [f"{' '.join(cell)}: {message}" for message, cell in errors.items()]
+
+
+def data_problem(job: Any) -> str | None:
+    """Why the job's corpus cannot be read or evaluated on (one sentence), else None. The corpus
+    is cached in this process, so the jobs that follow reuse it."""
+    from bench.corpora import load_corpus
+    from bench.job import empty_test_split
+
+    try:
+        corpus = load_corpus(job.data)
+    except ValueError as exc:
+        return str(exc)
+    return empty_test_split(corpus)
 
 
 def one_line(exc: BaseException) -> str:
@@ -362,16 +380,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             errors = sweep_errors(argv)
             if not errors:
                 _hydra_app()
-    except OSError as exc:  # Hydra's run directory under an unusable paths.results
-        if user_full_error:
-            raise
-        print(f"{ERROR_PREFIX}{io_sentence(exc)}", file=sys.stderr, flush=True)
-        return 1
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         if user_full_error:
             raise
         print(f"{ERROR_PREFIX}{one_line(exc)}", file=sys.stderr, flush=True)
         return 2
+    except OSError as exc:  # Hydra's run directory under an unusable paths.results
+        if user_full_error:
+            raise
+        print(f"{ERROR_PREFIX}{io_sentence(exc)}", file=sys.stderr, flush=True)
+        return 1
     finally:
         sys.argv = saved_argv
         if saved_full_error is None:

@@ -321,8 +321,10 @@ def _cap_entries(
 def _finish_file_listing(
     entries: list[_FileEntry], spec: Mapping[str, Any], what: str
 ) -> list[_FileEntry]:
-    entries = [e for e in entries if e.size > 0]
-    entries = _cap_entries(entries, spec["max_files"], spec["max_bytes"])
+    non_empty = [e for e in entries if e.size > 0]
+    if entries and not non_empty:
+        raise ValueError(f"{what}: every file it matches is empty ({len(entries)} file(s)).")
+    entries = _cap_entries(non_empty, spec["max_files"], spec["max_bytes"])
     if not entries:
         raise ValueError(
             f"{what} has no non-empty files under the given caps; raise max_files/max_bytes."
@@ -388,15 +390,23 @@ def _hf_docs(spec: Mapping[str, Any]) -> tuple[list[Document], dict[str, str] | 
     else:
 
         def get(hf_split: str) -> Any:
-            return datasets.load_dataset(
-                spec["path"],
-                spec["config_name"],
-                split=hf_split,
-                data_files=spec["data_files"],
-                cache_dir=spec["cache_dir"],
-                revision=spec["revision"],
-                **(spec["load_kwargs"] or {}),
-            )
+            try:
+                return datasets.load_dataset(
+                    spec["path"],
+                    spec["config_name"],
+                    split=hf_split,
+                    data_files=spec["data_files"],
+                    cache_dir=spec["cache_dir"],
+                    revision=spec["revision"],
+                    **(spec["load_kwargs"] or {}),
+                )
+            except (OSError, FileNotFoundError, ConnectionError) as err:  # offline, no such id
+                raise ValueError(
+                    f"data.path {spec['path']!r} (split {hf_split!r}) could not be loaded with "
+                    f"datasets ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                    "without network, save it first and use data.load_from_disk=true with its "
+                    "local path."
+                ) from None
 
     docs: list[Document] = []
     fixed: dict[str, str] = {}

@@ -289,6 +289,13 @@ def empty_test_split(corpus: Any) -> str | None:
     """The sentence for a corpus whose test split is empty (nothing to evaluate on), else None."""
     if corpus.split("test"):
         return None
+    n_docs = sum(len(corpus.split(name)) for name in ("train", "validation", "test"))
+    if n_docs < 3:  # the real cause: too few documents for three splits
+        return (
+            f"corpus {corpus.name} ({corpus.fingerprint}) has {n_docs} document(s), so its test "
+            "split is empty: a corpus needs at least one document per split (train, validation, "
+            "test); give data.paths more files."
+        )
     return (
         f"the test split of corpus {corpus.name} ({corpus.fingerprint}) is empty, so there is "
         "nothing to evaluate on; give data.split_fractions a larger test share or raise "

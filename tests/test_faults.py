@@ -207,3 +207,40 @@ def test_an_unusable_directory_is_one_sentence_and_a_failure(
     assert len(err) == 1 and str(blocker) in err[0] and "errno 20" in err[0], err
     assert "Traceback" not in err[0]
     assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(".*.parquet.*"))
+
+
+# --------------------------------------------------------------------------- data errors
+
+
+@pytest.mark.parametrize(
+    "make, overrides, message",
+    [
+        (lambda d: (d / "empty.txt").write_text(""), ["data=text", "data.paths=[{d}/empty.txt]"],
+         "every file it matches is empty"),
+        (lambda d: (d / "one.bin").write_bytes(bytes(range(256)) * 12),
+         ["data=text", "data.paths=[{d}/one.bin]"], "has 1 document(s), so its test split is empty"),
+        (lambda d: None, ["data=hf", "data.path=nosuch/dataset"],
+         "data.path 'nosuch/dataset' (split 'train') could not be loaded"),
+    ],
+)  # fmt: skip
+def test_a_data_source_that_cannot_work_is_one_sentence_before_any_job(
+    tmp_path, monkeypatch, capsys, make, overrides, message
+):
+    """Checked once for the sweep (before: once per job, exit 1, tracebacks for data=hf, an
+    empty file blamed on the caps, a one-file corpus on split_fractions)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    make(tmp_path)
+    import bench.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "run_job", _fail_if_a_job_runs)
+    args = ["+experiment=smoke", "position=rope,alibi", "scaling=none",
+            f"paths.cache={tmp_path / 'cache'}", *[o.format(d=tmp_path) for o in overrides]]  # fmt: skip
+    assert main(["-m", *args]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("lenbench: error: ") and message in err[0], err
+
+
+def _fail_if_a_job_runs(*args, **kwargs):
+    raise AssertionError("no job may start")
