@@ -905,3 +905,18 @@ def test_harness_model_args_win_over_cli_device_and_batch_size(tmp_path):
         {"batch_size": 8, "device": "cpu", "max_batch_size": None},
     )
     assert lm.batch_rows == 2
+
+
+def test_harness_cli_bad_model_argument_value_is_one_sentence(tmp_path, capsys):
+    """A value the model refuses when lm-eval builds it (batch_size=abc): one sentence, exit 2."""
+    from bench.harness.cli import main as harness_main
+
+    key = save_tiny_checkpoint(tiny_model(seed=2), tmp_path)
+    argv = ["--model", "lenbench", "--model_args",
+            f"pretrained={key},cache_root={tmp_path},batch_size=abc",
+            "--tasks", "lenbench_passkey_256", "--limit", "1", "--device", "cpu"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        harness_main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("lenbench-harness: error: ") and "batch_size" in err, err

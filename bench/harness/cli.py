@@ -202,4 +202,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _with_training_template(args)
     _skip_builtin_index_if_possible(args)
     sys.argv = ["lenbench-harness", *args]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ValueError as err:  # e.g. a model argument's value, checked when the model is built
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"lenbench-harness: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -65,7 +65,14 @@ class LenbenchLM(LM):
         both and failed with "got multiple values")."""
         from lm_eval import utils
 
-        args = utils.simple_parse_args_string(arg_string)
+        return cls.create_from_arg_obj(
+            utils.simple_parse_args_string(arg_string), additional_config
+        )
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """As :meth:`create_from_arg_string`, for ``--model_args`` lm-eval parsed itself."""
+        args = dict(arg_dict)
         extra = {
             k: v for k, v in (additional_config or {}).items() if v is not None and k not in args
         }
