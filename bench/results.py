@@ -370,6 +370,14 @@ def _is_missing(v: Any) -> bool:
 # ----------------------------------------------------------------------------- write / load
 
 
+def umask_mode() -> int:
+    """The mode a plain ``open`` would give a new file (0o666 less the umask): mkstemp's 0o600
+    would make a shared cluster cache or results folder unreadable to the rest of a group."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_results(rows: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | Path) -> Path:
     """Validate ``rows`` and write them to ``path`` (parquet) atomically; return the path.
 
@@ -391,9 +399,7 @@ def write_results(rows: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | 
         df.to_parquet(tmp_name, index=False)
         with open(tmp_name, "rb") as fh:
             os.fsync(fh.fileno())
-        umask = os.umask(0)  # the mode a plain open gives (mkstemp's is 0o600)
-        os.umask(umask)
-        os.chmod(tmp_name, 0o666 & ~umask)
+        os.chmod(tmp_name, umask_mode())
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

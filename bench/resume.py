@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.results import canonical_json
+from bench.results import canonical_json, umask_mode
 
 __all__ = [
     "RESUME_FILE",
@@ -35,14 +35,6 @@ __all__ = [
 
 RESUME_FILE = "resume.pt"
 TMP_PREFIX = ".tmp-"  # temp files of interrupted writers start with it
-
-
-def umask_mode() -> int:
-    """The mode a plain ``open`` would give a new file (0o666 less the umask): mkstemp's 0o600
-    would make a shared cluster cache or results folder unreadable to the rest of a group."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def atomic_write(path: Path, write: Callable[[Any], None]) -> None:

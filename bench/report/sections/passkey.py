@@ -34,8 +34,6 @@ NOT_RECORDED = "not recorded"
 #: A model gets a depth x length heatmap only if its accuracy reaches this somewhere (a wall
 #: of all-zero panels says nothing the accuracy-vs-length figure does not).
 HEATMAP_MIN_ACC = 0.1
-#: Where a fine-tune's scaling label ends and its mark (" ft@4x, 200 steps") starts.
-FINETUNE_SPLIT = FINETUNE_MARK
 
 
 def passkey_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
@@ -70,7 +68,7 @@ def recovery_table(acc: pd.DataFrame) -> pd.DataFrame:
     rows = rows[rows["finetune_curve_id"].isin(steps[steps > 1].index)]
     if rows.empty:
         return pd.DataFrame(columns=cols)
-    label = rows["scaling_label"].str.split(FINETUNE_SPLIT).str[0]
+    label = rows["scaling_label"].str.split(FINETUNE_MARK).str[0]  # before " ft@4x, ..."
     rows = rows.assign(
         curve=label
         + " ft@"
