@@ -25,21 +25,15 @@ from bench.passkey import (
     random_key,
 )
 from bench.passkey import passkey_template as passkey_template_of
+from bench.recipe import PASSKEY_LENGTHS, PASSKEY_LOSSES
 from bench.tokenizer import ByteTokenizer
 
 __all__ = [
-    "PASSKEY_LENGTHS",
-    "PASSKEY_LOSSES",
     "TrainingBatch",
     "TrainingStream",
     "concat_documents",
     "validation_batches",
 ]
-
-PASSKEY_LOSSES = ("all", "answer")
-#: full: every passkey example is a whole row; uniform: its length is uniform between the
-#: template's minimum and the row, and the rest of the row is training text
-PASSKEY_LENGTHS = ("full", "uniform")
 
 
 def concat_documents(docs: Sequence[Document]) -> np.ndarray:

@@ -47,7 +47,7 @@ from bench.passkey import passkey_template
 from bench.results import canonical_json
 from bench.resume import RESUME_FILE, TMP_PREFIX, ResumeFile, atomic_write
 from bench.schema import JobConfig, PositionSchema, weight_fields, weights_dict
-from bench.train import train_model, use_cpu_backend
+from bench.train import TrainStats, train_model, use_cpu_backend
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 
@@ -220,7 +220,7 @@ def save_checkpoint(
     key: str,
     weights_config: Mapping[str, Any],
     cache_root: str | Path | None = None,
-    train_stats: Mapping[str, Any] | None = None,
+    train_stats: TrainStats | Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``<root>/<key>/model.pt`` then ``DONE``, each atomically; return the checkpoint dir.
 
@@ -270,8 +270,10 @@ def save_checkpoint(
     return directory
 
 
-def _json_safe(stats: Mapping[str, Any] | None) -> dict[str, Any]:
+def _json_safe(stats: TrainStats | Mapping[str, Any] | None) -> dict[str, Any]:
     """train_stats as JSON would return them (int dict keys become strings), for both code paths."""
+    if isinstance(stats, TrainStats):
+        stats = stats.as_dict()
     return json.loads(json.dumps(dict(stats or {}), default=str))
 
 
@@ -290,23 +292,9 @@ def _resolve(ref: str | Path, cache_root: str | Path | None) -> Path:
     )
 
 
-def load_model(
-    ref: str | Path,
-    cache_root: str | Path | None = None,
-    device: str | torch.device = "cpu",
-    expected_config: Mapping[str, Any] | None = None,
-) -> tuple[DecoderLM, dict[str, Any]]:
-    """Load a finished checkpoint -> (model in eval mode on ``device``, meta).
-
-    ``ref`` is a key (under ``cache_root``, default ``$LENBENCH_CACHE`` or
-    ``~/.cache/lenbench/checkpoints``), a checkpoint directory or its model.pt. meta holds
-    ``key``, ``weights_config``, ``train_length``, ``train_stats``, ``model_cfg``,
-    ``position_cfg``, ``scaling`` (a fine-tune's, set on the model; else None) and ``path``.
-    Raises CheckpointError (a ValueError) if the checkpoint is incomplete (no DONE), was edited
-    (its weights config does not hash to its key), or does not equal ``expected_config`` when
-    given.
-    """
-    directory = _resolve(ref, cache_root)
+def _read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(DONE record, model.pt payload) of a finished checkpoint whose file still has the SHA-256
+    recorded in DONE; CheckpointError when it is incomplete or unreadable."""
     model_path, done_path = directory / MODEL_FILE, directory / DONE_FILE
     if (
         not done_path.exists()
@@ -340,6 +328,18 @@ def load_model(
         raise CheckpointError(
             f"checkpoint {directory} cannot be read ({err}); delete it to retrain."
         ) from err
+    return done, payload
+
+
+def _verified_config(
+    directory: Path,
+    done: dict[str, Any],
+    payload: dict[str, Any],
+    expected_config: Mapping[str, Any] | None,
+) -> tuple[str, dict[str, Any]]:
+    """(key, weights config) of a read checkpoint after checking that the config hashes to the
+    key, agrees with DONE, the request and the stored model; CheckpointError otherwise."""
+    model_path = directory / MODEL_FILE
     stored = payload.get("weights_config")
     key = payload.get("key")
     if not isinstance(stored, dict) or not isinstance(key, str):
@@ -371,6 +371,28 @@ def load_model(
         stored,
         f"checkpoint {model_path}",
     )
+    return key, stored
+
+
+def load_model(
+    ref: str | Path,
+    cache_root: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    expected_config: Mapping[str, Any] | None = None,
+) -> tuple[DecoderLM, dict[str, Any]]:
+    """Load a finished checkpoint -> (model in eval mode on ``device``, meta).
+
+    ``ref`` is a key (under ``cache_root``, default ``$LENBENCH_CACHE`` or
+    ``~/.cache/lenbench/checkpoints``), a checkpoint directory or its model.pt. meta holds
+    ``key``, ``weights_config``, ``train_length``, ``train_stats``, ``model_cfg``,
+    ``position_cfg``, ``scaling`` (a fine-tune's, set on the model; else None) and ``path``.
+    Raises CheckpointError (a ValueError) if the checkpoint is incomplete (no DONE), was edited
+    (its weights config does not hash to its key), or does not equal ``expected_config`` when
+    given.
+    """
+    directory = _resolve(ref, cache_root)
+    done, payload = _read_checkpoint(directory)
+    key, stored = _verified_config(directory, done, payload, expected_config)
     model = DecoderLM(
         ModelConfig(**payload["model_cfg"]),
         PositionConfig(**payload["position_cfg"]),
@@ -451,11 +473,151 @@ def save_snapshot(
         return None  # being trained by another process: its own run writes it
 
 
+#: What get_or_train returns: (model in eval mode, meta, whether this call trained it).
+_Result = tuple[DecoderLM, dict[str, Any], bool]
+
+
+class _CacheEntry:
+    """The cache slot of one job for :func:`get_or_train`: its key, directory and resumable
+    state, and the two ways to fill a request from it (load, or train and write)."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        corpus: Corpus,
+        cache_root: str | Path | None,
+        *,
+        train_fn: Callable[..., tuple[DecoderLM, TrainStats | Mapping[str, Any]]],
+        progress: bool,
+        accelerator: Any,
+        device: str | torch.device,
+        lock_timeout: float,
+        retrain_corrupt: bool,
+    ):
+        self.job, self.corpus, self.train_fn, self.progress = job, corpus, train_fn, progress
+        self.accelerator, self.device = accelerator, device
+        self.lock_timeout, self.retrain_corrupt = lock_timeout, retrain_corrupt
+        self.config = weights_config(job, corpus)
+        self.key = key_of(self.config)
+        self.root = _root(cache_root)
+        self.directory = self.root / self.key
+        self.resume = ResumeFile(self.directory / RESUME_FILE, self.key, self.config)
+        # train_fn's keyword arguments; parent() adds a fine-tune's init
+        self.kwargs: dict[str, Any] = {"progress": progress, "resume": self.resume}
+        if accelerator is not None:
+            self.kwargs["accelerator"] = accelerator
+        if job.extend.active and any(job.extend.curve):
+            self.kwargs["snapshot"] = lambda steps, model, stats: save_snapshot(
+                job, corpus, self.root, steps, model, stats
+            )
+
+    def done(self) -> bool:
+        return (self.directory / DONE_FILE).exists()
+
+    def lock(self) -> Any:
+        from filelock import FileLock
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / f"{self.key}.lock"), timeout=self.lock_timeout)
+
+    def parent(self) -> None:
+        """A fine-tune's parent model as ``init`` (every rank calls this: it may train)."""
+        if self.job.extend.active:
+            self.kwargs["init"], _, _ = get_or_train(
+                base_job(self.job),
+                self.corpus,
+                self.root,
+                train_fn=self.train_fn,
+                progress=self.progress,
+                accelerator=self.accelerator,
+                device=self.device,
+                lock_timeout=self.lock_timeout,
+            )
+
+    def load(self) -> _Result:
+        model, meta = load_model(self.directory, device=self.device, expected_config=self.config)
+        return _finish(model, self.job, self.device), meta, False
+
+    def load_or_forget(self) -> _Result | None:
+        """The stored model, or None (its DONE removed, so it trains again) when its file does
+        not match its recorded SHA-256 and ``retrain_corrupt`` allows retraining."""
+        try:
+            return self.load()
+        except CheckpointCorrupt as err:
+            if not self.retrain_corrupt:
+                raise
+            logger.warning("%s", err)
+            (self.directory / DONE_FILE).unlink(missing_ok=True)
+            return None
+
+    def train_and_save(self, write: bool) -> _Result:
+        """Train; with ``write``, store the checkpoint and drop the now obsolete resumable state."""
+        model, stats = self.train_fn(self.job, self.corpus, **self.kwargs)
+        stats = _json_safe(stats)
+        if write:
+            save_checkpoint(model, self.key, self.config, self.root, stats)
+            self.resume.clear()  # the checkpoint is final; the partial run is obsolete
+        # meta describes the model as trained, before _finish sets the request's position_cfg
+        meta = {
+            "key": self.key,
+            "weights_config": self.config,
+            "train_length": int(model.train_length),
+            "train_stats": stats,
+            "model_cfg": asdict(model.model_cfg),
+            "position_cfg": asdict(model.position_cfg),
+            "scaling": asdict(model.scaling) if self.job.extend.active else None,
+            "path": str(self.directory),
+        }
+        return _finish(model, self.job, self.device), meta, True
+
+    def get_alone(self) -> _Result:
+        """One process: load a finished checkpoint, else train it under the key's lock."""
+        if self.done():
+            loaded = self.load_or_forget()
+            if loaded is not None:
+                return loaded
+        self.parent()
+        with self.lock():
+            if self.done():
+                loaded = self.load_or_forget()  # another process trained it while we waited
+                if loaded is not None:
+                    return loaded
+            _clean_leftovers(self.directory)
+            return self.train_and_save(write=True)
+
+    def get_ranked(self, state: Any) -> _Result:
+        """Several ranks: rank 0 holds the lock and decides train-or-load for all of them."""
+        from accelerate.utils import broadcast_object_list
+
+        lock = None
+        decision = ["load"]
+        try:
+            if state.is_main_process:
+                lock = self.lock()
+                lock.acquire()
+                if not self.done():
+                    _clean_leftovers(self.directory)
+                    decision = ["train"]
+            broadcast_object_list(decision, from_process=0)
+            if decision[0] == "load":
+                if lock is not None:
+                    lock.release()
+                    lock = None
+                return self.load()
+            self.parent()
+            result = self.train_and_save(write=state.is_main_process)
+            state.wait_for_everyone()  # nobody returns before the checkpoint is complete
+            return result
+        finally:
+            if lock is not None:
+                lock.release()
+
+
 def get_or_train(
     job: JobConfig,
     corpus: Corpus,
     cache_root: str | Path | None = None,
-    train_fn: Callable[..., tuple[DecoderLM, dict[str, Any]]] = train_model,
+    train_fn: Callable[..., tuple[DecoderLM, TrainStats | Mapping[str, Any]]] = train_model,
     progress: bool = True,
     *,
     accelerator: Any = None,
@@ -468,117 +630,25 @@ def get_or_train(
     Returns (model in eval mode on ``device``, meta, trained) where meta is ``load_model``'s
     (``key``, ``weights_config``, ``train_length``, ``train_stats``, ``path``, ...) and trained
     says whether this call trained. ``train_fn(job, corpus, progress=..., resume=<ResumeFile>,
-    [accelerator=...], [init=<parent model>])`` is called at most once per finished key across
-    concurrent processes; others wait on the lock (``lock_timeout`` seconds, -1 = forever) and
-    then load. A checkpoint whose file no longer matches the SHA-256 recorded when it was written
-    is retrained with a warning naming the file (or, with ``retrain_corrupt=False``, raises
-    ``CheckpointCorrupt``). For a fine-tune (``job.extend`` active) the parent comes from this function first
-    (loaded, or trained under its own lock) and is passed as ``init``; a finished fine-tune needs
-    no parent.
+    [accelerator=...], [snapshot=...], [init=<parent model>])`` returns (model, TrainStats or a
+    stats mapping) and is called at most once per finished key across concurrent processes;
+    others wait on the lock (``lock_timeout`` seconds, -1 = forever) and then load. A checkpoint
+    whose file no longer matches the SHA-256 recorded when it was written is retrained with a
+    warning naming the file (or, with ``retrain_corrupt=False``, raises ``CheckpointCorrupt``).
+    For a fine-tune (``job.extend`` active) the parent comes from this function first (loaded, or
+    trained under its own lock) and is passed as ``init``; a finished fine-tune needs no parent.
+    Single process: :meth:`_CacheEntry.get_alone`; several: :meth:`_CacheEntry.get_ranked`.
     """
-    from filelock import FileLock
-
-    config = weights_config(job, corpus)
-    key = key_of(config)
-    root = _root(cache_root)
-    directory = root / key
+    entry = _CacheEntry(
+        job,
+        corpus,
+        cache_root,
+        train_fn=train_fn,
+        progress=progress,
+        accelerator=accelerator,
+        device=device,
+        lock_timeout=lock_timeout,
+        retrain_corrupt=retrain_corrupt,
+    )
     state = _distributed(accelerator)
-    resume = ResumeFile(directory / RESUME_FILE, key, config)
-    kwargs: dict[str, Any] = {"progress": progress, "resume": resume}
-    if accelerator is not None:
-        kwargs["accelerator"] = accelerator
-
-    def parent() -> None:
-        """A fine-tune's parent model as ``init`` (every rank calls this: it may train)."""
-        if job.extend.active:
-            kwargs["init"], _, _ = get_or_train(
-                base_job(job),
-                corpus,
-                root,
-                train_fn=train_fn,
-                progress=progress,
-                accelerator=accelerator,
-                device=device,
-                lock_timeout=lock_timeout,
-            )
-
-    def load() -> tuple[DecoderLM, dict[str, Any], bool]:
-        model, meta = load_model(directory, device=device, expected_config=config)
-        return _finish(model, job, device), meta, False
-
-    def load_or_forget() -> tuple[DecoderLM, dict[str, Any], bool] | None:
-        """The stored model, or None (its DONE removed, so it trains again) when its file does
-        not match its recorded SHA-256 and ``retrain_corrupt`` allows retraining."""
-        try:
-            return load()
-        except CheckpointCorrupt as err:
-            if not retrain_corrupt:
-                raise
-            logger.warning("%s", err)
-            (directory / DONE_FILE).unlink(missing_ok=True)
-            return None
-
-    if job.extend.active and any(job.extend.curve):
-        kwargs["snapshot"] = lambda steps, model, stats: save_snapshot(
-            job, corpus, root, steps, model, stats
-        )
-
-    def train_and_save(write: bool) -> tuple[DecoderLM, dict[str, Any], bool]:
-        model, stats = train_fn(job, corpus, **kwargs)
-        stats = _json_safe(stats)
-        if write:
-            save_checkpoint(model, key, config, root, stats)
-            resume.clear()  # the checkpoint is final; the partial run is obsolete
-        meta = {
-            "key": key,
-            "weights_config": config,
-            "train_length": int(model.train_length),
-            "train_stats": stats,
-            "model_cfg": asdict(model.model_cfg),
-            "position_cfg": asdict(model.position_cfg),
-            "scaling": asdict(model.scaling) if job.extend.active else None,
-            "path": str(directory),
-        }
-        return _finish(model, job, device), meta, True
-
-    if state is None:
-        if (directory / DONE_FILE).exists():
-            loaded = load_or_forget()
-            if loaded is not None:
-                return loaded
-        parent()
-        root.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root / f"{key}.lock"), timeout=lock_timeout):
-            if (directory / DONE_FILE).exists():
-                loaded = load_or_forget()  # another process trained it while we waited
-                if loaded is not None:
-                    return loaded
-            _clean_leftovers(directory)
-            return train_and_save(write=True)
-
-    # Several ranks: rank 0 holds the lock and decides for all of them.
-    from accelerate.utils import broadcast_object_list
-
-    lock = None
-    decision = ["load"]
-    try:
-        if state.is_main_process:
-            root.mkdir(parents=True, exist_ok=True)
-            lock = FileLock(str(root / f"{key}.lock"), timeout=lock_timeout)
-            lock.acquire()
-            if not (directory / DONE_FILE).exists():
-                _clean_leftovers(directory)
-                decision = ["train"]
-        broadcast_object_list(decision, from_process=0)
-        if decision[0] == "load":
-            if lock is not None:
-                lock.release()
-                lock = None
-            return load()
-        parent()
-        result = train_and_save(write=state.is_main_process)
-        state.wait_for_everyone()  # nobody returns before the checkpoint is complete
-        return result
-    finally:
-        if lock is not None:
-            lock.release()
+    return entry.get_alone() if state is None else entry.get_ranked(state)

@@ -27,7 +27,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bench.job import NotApplicable, prepare_job, run_job
+from bench.checks import NotApplicable
+from bench.job import prepare_job, run_job
 
 log = logging.getLogger("lenbench")
 
@@ -331,7 +332,7 @@ def one_line(exc: BaseException) -> str:
     """A Hydra/OmegaConf/ValueError error as one sentence."""
     from hydra.errors import MissingConfigException
 
-    from bench.schema import config_error
+    from bench.checks import config_error
 
     if isinstance(exc, MissingConfigException) and exc.options and exc.missing_cfg_file:
         group, _, option = str(exc.missing_cfg_file).rpartition("/")

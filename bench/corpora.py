@@ -1,6 +1,6 @@
 """Corpora: documents, train/validation/test splits and fingerprints.
 
-Three corpus kinds, chosen by the ``name`` of a ``bench.schema.DataConfig`` (the Hydra ``data``
+Three corpus kinds, chosen by the ``name`` of a ``bench.data_config.DataConfig`` (the Hydra ``data``
 group): ``pycorpus`` (the running Python's standard library sources), ``text`` (local files,
 directories or glob patterns) and ``hf`` (a Hugging Face dataset).
 
@@ -40,7 +40,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import math
 import os
 import sys
 import sysconfig
@@ -49,17 +48,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bench.data_config import (
+    CORPUS_KINDS,
+    DEFAULT_SPLIT_FRACTIONS,
+    SPLITS,
+    DataConfig,
+    normalize_fractions,
+)
 from bench.splits import SPLIT_PROTOCOL, cap_order_key, near_duplicate_assignment
 from bench.tokenizer import ByteTokenizer, bytes_to_tokens
-
-if TYPE_CHECKING:
-    from bench.schema import DataConfig
 
 __all__ = [
     "CORPUS_KINDS",
@@ -74,9 +77,6 @@ __all__ = [
     "stdlib_root",
 ]
 
-SPLITS = ("train", "validation", "test")
-DEFAULT_SPLIT_FRACTIONS = {"train": 0.90, "validation": 0.05, "test": 0.05}
-CORPUS_KINDS = ("pycorpus", "text", "hf")
 EOS = ByteTokenizer.EOS
 
 _TEST_DIRS = frozenset({"test", "tests", "idle_test"})
@@ -165,31 +165,6 @@ def _check_split(name: str) -> None:
 # --------------------------------------------------------------------------- splits and fingerprints
 
 
-def _normalize_fractions(fractions: object) -> tuple[float, float, float]:
-    """(train, validation, test) fractions from a mapping or a 3-sequence; they must sum to 1."""
-    if fractions is None:
-        fractions = DEFAULT_SPLIT_FRACTIONS
-    if isinstance(fractions, Mapping):
-        unknown = set(fractions) - set(SPLITS)
-        if unknown:
-            raise ValueError(
-                f"split_fractions has unknown keys {sorted(unknown)}; allowed keys are {', '.join(SPLITS)}."
-            )
-        values = tuple(float(fractions.get(s, 0.0)) for s in SPLITS)
-    elif isinstance(fractions, Sequence) and not isinstance(fractions, str) and len(fractions) == 3:
-        values = tuple(float(x) for x in fractions)
-    else:
-        raise ValueError(
-            f"split_fractions {fractions!r} is invalid; give a mapping with keys "
-            "train/validation/test or a list of three numbers."
-        )
-    if any(not (v >= 0.0) for v in values) or not math.isclose(sum(values), 1.0, abs_tol=1e-6):
-        raise ValueError(
-            f"split_fractions {values} are invalid; they must be non-negative and sum to 1."
-        )
-    return values  # type: ignore[return-value]
-
-
 def _unit_hash(key: str) -> float:
     """A number in [0, 1) from SHA-256 of ``key``: stable across processes and machines."""
     digest = hashlib.sha256(key.encode("utf-8")).digest()
@@ -198,7 +173,7 @@ def _unit_hash(key: str) -> float:
 
 def assign_split(doc_id: str, fractions: object = None) -> str:
     """The split of a document id under the given fractions (hash of the id, not of content)."""
-    train, validation, _ = _normalize_fractions(fractions)
+    train, validation, _ = normalize_fractions(fractions)
     u = _unit_hash(doc_id)
     if u < train:
         return "train"
@@ -477,8 +452,6 @@ def load_corpus(cfg: DataConfig | Mapping[str, Any]) -> Corpus:
     Cached per process: file corpora by (config, fingerprint), so an edited file
     is re-read; Hugging Face corpora by config.
     """
-    from bench.schema import DataConfig
-
     data = cfg if isinstance(cfg, DataConfig) else DataConfig.from_mapping(cfg)
     spec = data.as_dict()
     kind = spec["name"]

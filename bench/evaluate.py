@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from bench.checks import parse_length
 from bench.corpora import Document
 from bench.metrics import (
     METRICS,
@@ -35,7 +36,6 @@ from bench.metrics import (
     as_eval_config,
 )
 from bench.metrics.context import run_documents
-from bench.metrics.lengths import parse_length
 from bench.pretrained.documents import window_bos
 from models.scaling_config import ScalingConfig, run_scaling
 
@@ -105,38 +105,50 @@ def evaluate_model(
         with torch.no_grad():
             for length in tqdm(cfg.lengths, desc="eval lengths", unit="len", disable=not progress):
                 with scaled(scaling, length) if scaled else contextlib.nullcontext():
-                    problem = ctx.position_range_error(length - 1, length)
-                    if problem is not None:
-                        logger.warning(
-                            "eval length %d skipped for every metric: %s", length, problem
-                        )
-                        continue
-                    running = [
-                        (name, section)
-                        for name, section in cfg.metrics.items()
-                        if section.enabled and length in section.lengths
-                    ]
-                    # metrics share forward passes at this length (bench.metrics.context)
-                    with ctx.reuse_forwards():
-                        for name, section in running:
-                            if METRICS[name].prepare is not None:
-                                METRICS[name].prepare(ctx, section, docs, length)
-                        for name, section in running:
-                            started = time.perf_counter()
-                            new = METRICS[name].fn(ctx, section, docs, length)
-                            logger.info(
-                                "%s at eval length %d: %d rows in %.2f s",
-                                name,
-                                length,
-                                len(new),
-                                time.perf_counter() - started,
-                            )
-                            by_metric[name] += new
-                            rows += new
+                    rows += _measure_length(ctx, cfg, docs, length, by_metric)
         for name, section in cfg.metrics.items():
             finish = METRICS[name].finish
             if finish is not None and section.enabled:
                 rows += finish(section, by_metric[name])
     finally:
         model.train(was_training)
+    return rows
+
+
+def _measure_length(
+    ctx: EvalContext,
+    cfg: ResolvedEval,
+    docs: list[Document],
+    length: int,
+    by_metric: dict[str, list[dict]],
+) -> list[dict]:
+    """The rows of every enabled metric that runs at ``length`` (also added to ``by_metric``);
+    none when the model cannot embed the length."""
+    problem = ctx.position_range_error(length - 1, length)
+    if problem is not None:
+        logger.warning("eval length %d skipped for every metric: %s", length, problem)
+        return []
+    running = [
+        (name, section)
+        for name, section in cfg.metrics.items()
+        if section.enabled and length in section.lengths
+    ]
+    rows: list[dict] = []
+    # metrics share forward passes at this length (bench.metrics.context)
+    with ctx.reuse_forwards():
+        for name, section in running:
+            if METRICS[name].prepare is not None:
+                METRICS[name].prepare(ctx, section, docs, length)
+        for name, section in running:
+            started = time.perf_counter()
+            new = METRICS[name].fn(ctx, section, docs, length)
+            logger.info(
+                "%s at eval length %d: %d rows in %.2f s",
+                name,
+                length,
+                len(new),
+                time.perf_counter() - started,
+            )
+            by_metric[name] += new
+            rows += new
     return rows

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from bench.checks import NotApplicable, check_method
 from bench.results import FINETUNE_COLUMNS
 from bench.schema import ExtendConfig, JobConfig, TrainConfig, weights_dict
+from models.scaling import applicable_methods
 from models.transformer import ScalingConfig, resolve_scaling
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "finetune_columns",
     "finetune_recipe",
     "finetune_scaling",
+    "finetuned_scaling",
 ]
 
 
@@ -56,6 +59,20 @@ def finetune_scaling(job: JobConfig) -> ScalingConfig:
         name=ext.name, method=ext.method, params=params, target_length=ext.length
     )
     return resolve_scaling(scaling, job.model, job.position, job.train.length)
+
+
+def finetuned_scaling(job: JobConfig) -> ScalingConfig:
+    """The scaling a model fine-tuned at length (``extend``) is evaluated with: the one it was
+    trained with. Raises NotApplicable for a method the family lacks, or for an eval-time scaling
+    on top (its frequencies are already the fine-tune's; only ``scaling=none`` applies)."""
+    ext, kind = job.extend, job.position.kind
+    check_method("extend", ext.name, ext.method, kind, applicable_methods(kind))
+    if job.scaling.method != "default" or job.scaling.logn:
+        raise NotApplicable(
+            f"scaling {job.scaling.name} on top of extend {ext.name}: a fine-tuned model is "
+            "evaluated with the scaling it was trained with, so only scaling=none applies"
+        )
+    return finetune_scaling(job)
 
 
 def finetune_recipe(job: JobConfig) -> TrainConfig:

@@ -596,8 +596,29 @@ def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
     at 4L, k on the run's grid): PI recovers within the grid while direct fine-tuning (the raw
     rotary at 4L) has not at that count (Chen et al.); YaRN recovers with fewer updates than PI
     (Peng et al.); and raw RoPE retrieves <= 0.1 beyond L without fine-tuning."""
-    est, checks, missing = [], [], []
+    checks: list[Check] = []
+    missing: list[str] = []
     curves = recovery_curves(df)
+    est = _curve_estimates(curves)
+    _check_curve_contrasts(curves, checks, missing)
+    est.extend(_check_raw_rope_beyond(df, checks, missing))
+    return FindingResult(
+        "F4",
+        f"fine-tuning at {FAR}L (passkey over L..{FAR}L, acc >= {RETRIEVAL_MIN_ACC} on its "
+        "interval, after k updates): PI recovers within the grid where direct fine-tuning has "
+        "not; YaRN recovers with fewer updates than PI; raw RoPE <= "
+        f"{NEAR_ZERO_ACC} beyond L (CI upper end)",
+        _status(checks),
+        "Chen et al. 2023, Position Interpolation, Sec. 3.2 passkey retrieval (PI vs direct "
+        "fine-tuning); Peng et al. 2024, YaRN, Sec. 4 (fewer training steps than PI)",
+        est,
+        missing,
+    )
+
+
+def _curve_estimates(curves: list[Curve]) -> list[Estimate]:
+    """Per recovery curve, the fewest updates that recover retrieval (inf if none on its grid)."""
+    est = []
     labels: dict[str, str] = {}  # what tells a method's curves apart, where it has several
     for method in F4_METHODS:
         keys = [c.key for c in curves if c.method == method]
@@ -612,6 +633,11 @@ def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
         est.append(
             Estimate(f"{name} (grid {grid})", value, n_seeds=curve.n_seeds, ci=CURVE_CI, digits=0)
         )
+    return est
+
+
+def _check_curve_contrasts(curves: list[Curve], checks: list[Check], missing: list[str]) -> None:
+    """Append to ``checks`` / ``missing`` the F4 contrasts between methods' recovery curves."""
     by_method = {m: [c for c in curves if c.method == m] for m in F4_METHODS}
     for method in F4_METHODS:
         if not by_method[method]:
@@ -640,6 +666,14 @@ def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
                 if check is None:
                     missing.append(f"{later} ft@{FAR}x at {k} updates")
                 checks.append(check)
+
+
+def _check_raw_rope_beyond(
+    df: pd.DataFrame, checks: list[Check], missing: list[str]
+) -> list[Estimate]:
+    """Append to ``checks`` / ``missing`` whether raw RoPE stays <= NEAR_ZERO_ACC at 2L..FAR L
+    without fine-tuning; return each series' best accuracy there."""
+    est = []
     raw = _passkey_series(select(df, "rope"))
     raw_labels = _passkey_labels([k for k, _ in raw])
     raw_checked = False
@@ -661,18 +695,7 @@ def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
     if not raw_checked:
         missing.append("raw rope beyond L")
         checks.append(None)
-    return FindingResult(
-        "F4",
-        f"fine-tuning at {FAR}L (passkey over L..{FAR}L, acc >= {RETRIEVAL_MIN_ACC} on its "
-        "interval, after k updates): PI recovers within the grid where direct fine-tuning has "
-        "not; YaRN recovers with fewer updates than PI; raw RoPE <= "
-        f"{NEAR_ZERO_ACC} beyond L (CI upper end)",
-        _status(checks),
-        "Chen et al. 2023, Position Interpolation, Sec. 3.2 passkey retrieval (PI vs direct "
-        "fine-tuning); Peng et al. 2024, YaRN, Sec. 4 (fewer training steps than PI)",
-        est,
-        missing,
-    )
+    return est
 
 
 def f5_rope_passkey_at_l(df: pd.DataFrame) -> FindingResult:

@@ -1,12 +1,15 @@
-"""One benchmark job: typed config -> checks -> corpus -> checkpoint -> evaluation -> parquet.
+"""One benchmark job: typed config -> checks -> corpus -> model -> evaluation -> parquet.
 
-:func:`run_job` is what every ``lenbench`` Hydra job runs. It parses the composed config once
-(``JobConfig.from_hydra``), checks everything cheap before anything expensive (:func:`prepare_job`),
-skips work already done (the result file is named by a hash of the job's identity), trains only
-when the checkpoint cache has no model for the weights key, and writes the rows atomically.
-Expected problems come back as a status with one sentence; unexpected exceptions propagate.
-A job with a ``pretrained`` section (``+experiment=pretrained``) evaluates that transformers
-model instead of training one (``bench.pretrained.job``).
+:func:`run_job` is what every ``lenbench`` Hydra job runs, one pipeline over a model source
+(``bench.source``): it parses the composed config once (``JobConfig.from_hydra``), asks the source
+whether the scaling applies and checks everything cheap before anything expensive
+(:func:`prepare_job`), skips work already done (the result file is named by a hash of the job's
+identity, which holds the source's model id), gets the model from the source, evaluates it and
+writes the rows atomically. Expected problems come back as a status with one sentence; unexpected
+exceptions propagate. The source is :class:`TrainedSource` (the checkpoint cache: trains only when
+it has no model for the weights key; ``extend`` fine-tunes), or, for a job with a ``pretrained``
+section (``+experiment=pretrained``), ``bench.pretrained.source.PretrainedSource`` (a transformers
+model, loaded instead of trained).
 """
 
 from __future__ import annotations
@@ -16,20 +19,23 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bench.extend import base_job, finetune_columns, finetune_scaling
+from bench.checks import NotApplicable, check_method
+from bench.corpora import Corpus, Document
+from bench.extend import base_job, finetune_columns, finetuned_scaling
 from bench.metrics import ResolvedEval
+from bench.pretrained.source import PretrainedSource
 from bench.results import canonical_json, write_results
 from bench.runtime import busy_cores, resolve_device
-from bench.schema import JobConfig, PositionSchema
+from bench.schema import JobConfig
+from bench.source import ModelSource, SourceModel
 from models.scaling import applicable_methods
 from models.scaling_config import ScalingConfig, run_scaling
 from models.transformer import resolve_scaling
@@ -39,7 +45,9 @@ log = logging.getLogger("lenbench")
 __all__ = [
     "JobSpec",
     "NotApplicable",
+    "TrainedSource",
     "code_version",
+    "model_source",
     "prepare_job",
     "run_job",
     "validate_job",
@@ -52,10 +60,6 @@ STATUSES = ("done", "cached", "not_applicable", "invalid", "failed")
 _RUN_ID_CHARS = 16
 
 
-class NotApplicable(ValueError):
-    """The scaling method has no meaning for the position family (a skipped sweep cell)."""
-
-
 @dataclass
 class JobSpec:
     """A checked job: its typed config plus what was resolved for this machine and length."""
@@ -66,9 +70,10 @@ class JobSpec:
     device: str
     results_dir: Path  # <paths.results>/<experiment_name>
     cache_root: Path | None  # None: bench.cache.default_cache_root()
+    source: ModelSource  # where the model comes from
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- paths and version
 
 
 def base_dir() -> Path:
@@ -117,79 +122,19 @@ def _code_salt() -> str:
 # --------------------------------------------------------------------------- validation
 
 
-def check_applicable(position_kind: str, scaling: ScalingConfig) -> None:
-    """Raise NotApplicable when the scaling method means nothing for the position family."""
-    allowed = applicable_methods(position_kind)
-    if scaling.method not in allowed:
-        raise NotApplicable(
-            f"scaling {scaling.name} (method {scaling.method}) does not apply to position "
-            f"{position_kind}; methods for {position_kind}: {', '.join(allowed)}, each may add logn"
-        )
-
-
-def _check_scaling_at_lengths(
-    job: JobConfig, scaling: ScalingConfig, eval_lengths: list[int]
-) -> None:
-    """The run's scaling's parameters at every eval length, and eval lengths a learned table with
-    the ``error`` policy cannot embed (the evaluation would skip them only after training)."""
-    position, length_trained = job.position, job.train.length
-    for length in eval_lengths:
-        try:
-            resolved = resolve_scaling(scaling, job.model, position, length_trained, length)
-        except ValueError as exc:
-            raise ValueError(
-                f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
-            ) from None
-        if position.range_error(length - 1, length, length_trained, resolved.linear_factor):
-            rows = position.table_rows(length_trained)
-            raise ValueError(
-                f"eval length {length} is beyond the learned position table ({rows} rows) and "
-                f"position.out_of_range is {position.out_of_range!r}; allowed: eval lengths "
-                f"<= {rows}, position.out_of_range=clamp or interpolate, or scaling=linear."
-            )
-
-
-def finetuned_scaling(job: JobConfig) -> ScalingConfig:
-    """The scaling a model fine-tuned at length (``extend``) is evaluated with: the one it was
-    trained with. Raises NotApplicable for a method the family lacks, or for an eval-time scaling
-    on top (its frequencies are already the fine-tune's; only ``scaling=none`` applies)."""
-    ext, kind = job.extend, job.position.kind
-    allowed = applicable_methods(kind)
-    if ext.method not in allowed:
-        raise NotApplicable(
-            f"extend {ext.name} (method {ext.method}) does not apply to position {kind}; "
-            f"methods for {kind}: {', '.join(allowed)}"
-        )
-    if job.scaling.method != "default" or job.scaling.logn:
-        raise NotApplicable(
-            f"scaling {job.scaling.name} on top of extend {ext.name}: a fine-tuned model is "
-            "evaluated with the scaling it was trained with, so only scaling=none applies"
-        )
-    return finetune_scaling(job)
+def model_source(job: JobConfig) -> ModelSource:
+    """The job's model source: the ``pretrained`` section's model, else a lenbench model."""
+    return TrainedSource(job) if job.pretrained is None else PretrainedSource(job)
 
 
 def validate_job(job: JobConfig) -> JobSpec:
     """Check what the schema cannot see alone; return the job's resolved form or raise ValueError
     (one sentence). Raises :class:`NotApplicable` (a ValueError) when the scaling method does not
-    apply to the position family. Cheap: no corpus is read and nothing is trained."""
-    if job.pretrained is not None:  # a transformers model: checked from its config alone
-        from bench.pretrained.job import validate_pretrained_job
-
-        return validate_pretrained_job(job)
-    check_applicable(job.position.kind, job.scaling)
-    outside = job.arm.excluded(job.position.kind, job.scaling.name, job.extend.name)
-    if outside:
-        raise NotApplicable(outside)
-    resolved = job.eval.resolve(job.train.length)
-    passkey = resolved.metrics.get("passkey")
-    if passkey is not None and passkey.template is None:  # evaluate with the trained template
-        resolved.metrics["passkey"] = replace(passkey, template=job.train.passkey_template)
-    if job.extend.active:
-        scaling = finetuned_scaling(job)
-    else:
-        scaling = run_scaling(job.scaling, train_length=job.train.length, lengths=resolved.lengths)
-    _check_scaling_at_lengths(job, scaling, resolved.lengths)
-    cache = job.paths.cache
+    apply to the model (the source says). Cheap: no corpus is read and nothing is trained."""
+    source = model_source(job)
+    source.check_scaling(job.scaling)
+    resolved, scaling = source.plan()
+    cache = job.paths.cache if source.caches else None
     return JobSpec(
         job=job,
         eval=resolved,
@@ -197,6 +142,7 @@ def validate_job(job: JobConfig) -> JobSpec:
         device=resolve_device(job.device),
         results_dir=resolve_path(job.paths.results, "paths.results") / job.experiment_name,
         cache_root=None if cache is None else resolve_path(cache, "paths.cache"),
+        source=source,
     )
 
 
@@ -213,11 +159,6 @@ def scaling_params_json(scaling: ScalingConfig) -> str:
     "auto" only with ``"oracle": true``, the factor then being each eval length's own) and logn."""
     params = {"method": scaling.method, "params": scaling.params, "logn": scaling.logn}
     return canonical_json({**params, "oracle": True} if scaling.per_length else params)
-
-
-def position_params_json(position: PositionSchema) -> str:
-    """The parameters the position family uses (kind is its own column)."""
-    return canonical_json(position.params())
 
 
 def make_run_id(model_id: str, spec: JobSpec) -> str:
@@ -248,7 +189,7 @@ def configure_threads(threads: int | None) -> int:
     ``threads`` if set; under the joblib launcher cpu_count / n_jobs; else torch's default (one
     per core), minus the cores other processes keep busy at job start. Why: with OpenMP's
     spin-waiting, two threads on two cores next to one busy process ran a training step 2.1x
-    slower than one thread (tests/perf/bench_threads.py, README "Speed"), while on an idle
+    slower than one thread (tests/perf/thread_speed.py, tests/perf/README.md), while on an idle
     machine two threads are 1.9x faster than one.
     """
     if threads is None:
@@ -436,131 +377,223 @@ def _labels(cfg: DictConfig | JobConfig) -> dict[str, Any]:
 
 
 def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
-    """Run one job (module doc); return a summary dict with ``status`` and ``message``.
-
-    Expected problems never raise: a bad config gives status ``invalid`` (message = one sentence),
+    """Run one job (module doc); return a summary dict with ``status`` and ``message``. Expected
+    problems never raise: a bad config gives status ``invalid`` (message = one sentence),
     a scaling that does not apply gives ``not_applicable``, divergence or out-of-memory ``failed``.
     In all three nothing is trained after the problem and nothing is written.
     """
+    from bench.corpora import load_corpus
+
     started = time.perf_counter()
     base = _labels(cfg)
     try:
-        job = cfg if isinstance(cfg, JobConfig) else JobConfig.from_hydra(cfg)
-        spec = validate_job(job)
+        spec = prepare_job(cfg)
     except NotApplicable as exc:
         return _summary("not_applicable", f"{exc}; skipped.", **base)
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
-    if job.pretrained is not None:
-        from bench.pretrained.job import run_pretrained_job
-
-        return run_pretrained_job(spec, base, started)
-
-    from bench.cache import curve_job, get_or_train, model_config_id, weights_key
-    from bench.corpora import load_corpus
-    from bench.evaluate import evaluate_model
-    from bench.train import TrainingDiverged
-
+    job, source = spec.job, spec.source
     try:
-        corpus = load_corpus(job.data)  # cached per process; the key needs its fingerprint
+        corpus = load_corpus(job.data)  # cached per process; a model id may need its fingerprint
+        problem = empty_test_split(corpus)
+        model_id = source.model_id(corpus) if problem is None else ""
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
-    problem = empty_test_split(corpus)
     if problem is not None:
         return _summary("invalid", problem, **base)
-    out_path, cached = results_target(spec, weights_key(job, corpus), base)
+    out_path, cached = results_target(spec, model_id, base)
     if cached is not None:
         return cached
     configure_threads(job.threads)  # only jobs with work to do sample the machine's load
+    from bench.train import TrainingDiverged
 
     try:
-        model, meta, trained = get_or_train(job, corpus, spec.cache_root, device=spec.device)
-        # the end-of-sweep summary counts trainings that went on from a saved state
-        base["resumed"] = bool(trained and (meta.get("train_stats") or {}).get("resumed_from"))
+        model = source.model(corpus, spec)
     except TrainingDiverged as exc:
         return _summary("failed", f"training diverged: {exc}", trained=True, **base)
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc):
             raise
-        return _summary("failed", f"out of memory while training: {_first_line(exc)}", **base)
+        message = f"out of memory while {source.obtains}: {_first_line(exc)}"
+        return _summary("failed", message, **base)
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
-
+    base.update(model.labels)  # e.g. the sweep summary counts trainings resumed from a state
     try:
-        rows = []
-        # a recovery curve's points first (states of the one fine-tune run), then the job's model
-        for point, point_model in chain(_curve_models(job, corpus, spec), [(job, model)]):
-            point_rows = evaluate_model(
-                point_model,
-                spec.eval,
-                corpus.split("test"),
-                train_length=job.train.length,
-                scaling=spec.scaling,
-                device=spec.device,
-                seed=job.seed,
-            )
-            if point is not job:  # rows of another model than the job's: its own identity
-                own = {
-                    "model_id": weights_key(point, corpus),
-                    "model_config_id": model_config_id(point, corpus),
-                    "finetune_steps": point.extend.steps,
-                }
-                point_rows = [{**row, ROW_IDENTITY: own} for row in point_rows]
-            rows += point_rows
+        rows = measure(source, model, corpus, spec)
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc):
             raise
-        return _summary(
-            "failed", f"out of memory while evaluating: {_first_line(exc)}", trained=trained, **base
-        )
+        message = f"out of memory while evaluating: {_first_line(exc)}"
+        return _summary("failed", message, trained=model.trained, **base)
     except ValueError as exc:
-        return _summary("invalid", str(exc), trained=trained, **base)
-    harness = spec.eval.harness
-    if harness.tasks:
+        return _summary("invalid", str(exc), trained=model.trained, **base)
+    rows += source.extra_rows(model, spec)
+    columns = source.columns(model, corpus)
+    return write_job_rows(spec, rows, corpus, columns, out_path, started, base, model.trained)
+
+
+def measure(
+    source: ModelSource, model: SourceModel, corpus: Corpus, spec: JobSpec
+) -> list[dict[str, Any]]:
+    """The metrics' rows of every model the job measures (a fine-tune's recovery curve has
+    several), on the test documents in the model's tokens."""
+    from bench.evaluate import evaluate_model
+
+    docs = source.test_docs(corpus, model)
+    rows: list[dict[str, Any]] = []
+    for module, identity in source.measured(model, corpus, spec):
+        point_rows = evaluate_model(
+            module,
+            spec.eval,
+            docs,
+            train_length=spec.eval.train_length,
+            scaling=spec.scaling,
+            device=spec.device,
+            seed=spec.job.seed,
+            tokenizer=model.tokenizer,
+        )
+        if identity is not None:  # rows of another model than the job's: its own identity
+            point_rows = [{**row, ROW_IDENTITY: identity} for row in point_rows]
+        rows += point_rows
+    return rows
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- the trained source
+
+
+class TrainedSource:
+    """A lenbench model of the job's config (``bench.source.ModelSource``): from the checkpoint
+    cache, trained on a miss; with ``extend`` active, the fine-tune of that model (and the states
+    of its recovery curve)."""
+
+    obtains = "training"
+    caches = True  # checkpoints under paths.cache
+
+    def __init__(self, job: JobConfig) -> None:
+        self.job = job
+
+    def check_scaling(self, scaling: ScalingConfig) -> None:
+        job, kind = self.job, self.job.position.kind
+        allowed, note = applicable_methods(kind), ", each may add logn"
+        check_method("scaling", scaling.name, scaling.method, kind, allowed, note=note)
+        outside = job.arm.excluded(kind, scaling.name, job.extend.name)
+        if outside:
+            raise NotApplicable(outside)
+
+    def plan(self) -> tuple[ResolvedEval, ScalingConfig]:
+        job = self.job
+        resolved = job.eval.resolve(job.train.length)
+        passkey = resolved.metrics.get("passkey")
+        if passkey is not None and passkey.template is None:  # evaluate with the trained template
+            resolved.metrics["passkey"] = replace(passkey, template=job.train.passkey_template)
+        if job.extend.active:
+            scaling = finetuned_scaling(job)
+        else:
+            scaling = run_scaling(
+                job.scaling, train_length=job.train.length, lengths=resolved.lengths
+            )
+        _check_scaling_at_lengths(job, scaling, resolved.lengths)
+        return resolved, scaling
+
+    def model_id(self, corpus: Corpus) -> str:
+        from bench.cache import weights_key
+
+        return weights_key(self.job, corpus)
+
+    def model(self, corpus: Corpus, spec: JobSpec) -> SourceModel:
+        from bench.cache import get_or_train
+
+        module, meta, trained = get_or_train(self.job, corpus, spec.cache_root, device=spec.device)
+        # the end-of-sweep summary counts trainings that went on from a saved state
+        resumed = bool(trained and (meta.get("train_stats") or {}).get("resumed_from"))
+        return SourceModel(module, trained=trained, labels={"resumed": resumed})
+
+    def test_docs(self, corpus: Corpus, model: SourceModel) -> Sequence[Document]:
+        return corpus.split("test")
+
+    def measured(
+        self, model: SourceModel, corpus: Corpus, spec: JobSpec
+    ) -> Iterator[tuple[torch.nn.Module, dict[str, Any] | None]]:
+        """The fine-tune after k updates for each k of ``extend.curve``, one at a time (the states
+        the job's run stored, ``bench.cache.save_snapshot``, or trained like any checkpoint), with
+        their own identity; then the job's model."""
+        from bench.cache import curve_job, get_or_train, model_config_id, weights_key
+
+        job = self.job
+        for k in job.extend.curve if job.extend.active else ():
+            point = curve_job(job, k)
+            point_model, _, _ = get_or_train(point, corpus, spec.cache_root, device=spec.device)
+            own = {
+                "model_id": weights_key(point, corpus),
+                "model_config_id": model_config_id(point, corpus),
+                "finetune_steps": point.extend.steps,
+            }
+            yield point_model, own
+        yield model.module, None
+
+    def extra_rows(self, model: SourceModel, spec: JobSpec) -> list[dict[str, Any]]:
+        harness = spec.eval.harness
+        if not harness.tasks:
+            return []
         from bench.harness import harness_rows, run_harness
 
         results = run_harness(
-            model,
+            model.module,
             list(harness.tasks),
             scaling=spec.scaling,
             limit=harness.limit,
             device=spec.device,
             # the native passkey metric's template (the training's unless eval names one)
-            metadata={"data": asdict(job.data), "template": _passkey_template(spec)},
+            metadata={"data": asdict(self.job.data), "template": _passkey_template(spec)},
         )
-        rows += [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
-    model_columns = {
-        "position": job.position.kind,
-        "position_params": position_params_json(job.position),
-        "train_length": job.train.length,
-        "model_config_id": model_config_id(job, corpus),
-    }
-    if job.extend.active:
-        model_columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
-        # one id for every update count of this fine-tune recipe: the points of one curve
-        model_columns["finetune_curve_id"] = model_config_id(curve_job(job, 0), corpus)
-    return write_job_rows(spec, rows, corpus, model_columns, out_path, started, base, trained)
+        return [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
+
+    def columns(self, model: SourceModel, corpus: Corpus) -> dict[str, Any]:
+        from bench.cache import curve_job, model_config_id, weights_key
+
+        job = self.job
+        columns = {
+            "position": job.position.kind,
+            "position_params": canonical_json(job.position.params()),  # kind: its own column
+            "train_length": job.train.length,
+            "model_config_id": model_config_id(job, corpus),
+        }
+        if job.extend.active:
+            columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
+            # one id for every update count of this fine-tune recipe: the points of one curve
+            columns["finetune_curve_id"] = model_config_id(curve_job(job, 0), corpus)
+        return columns
+
+
+def _check_scaling_at_lengths(
+    job: JobConfig, scaling: ScalingConfig, eval_lengths: list[int]
+) -> None:
+    """The run's scaling's parameters at every eval length, and eval lengths a learned table with
+    the ``error`` policy cannot embed (the evaluation would skip them only after training)."""
+    position, length_trained = job.position, job.train.length
+    for length in eval_lengths:
+        try:
+            resolved = resolve_scaling(scaling, job.model, position, length_trained, length)
+        except ValueError as exc:
+            raise ValueError(
+                f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
+            ) from None
+        if position.range_error(length - 1, length, length_trained, resolved.linear_factor):
+            rows = position.table_rows(length_trained)
+            raise ValueError(
+                f"eval length {length} is beyond the learned position table ({rows} rows) and "
+                f"position.out_of_range is {position.out_of_range!r}; allowed: eval lengths "
+                f"<= {rows}, position.out_of_range=clamp or interpolate, or scaling=linear."
+            )
 
 
 def _passkey_template(spec: JobSpec) -> str:
     passkey = spec.eval.metrics.get("passkey")
     template = getattr(passkey, "template", None)
     return str(template or spec.job.train.passkey_template)
-
-
-def _curve_models(job: JobConfig, corpus: Any, spec: JobSpec) -> Iterator[tuple[JobConfig, Any]]:
-    """(fine-tune after k updates, its model) for each k of ``extend.curve``, one at a time: the
-    states the job's run stored (``bench.cache.save_snapshot``), or trained like any checkpoint."""
-    from bench.cache import curve_job, get_or_train
-
-    if not job.extend.active:
-        return
-    for k in job.extend.curve:
-        point = curve_job(job, k)
-        point_model, _, _ = get_or_train(point, corpus, spec.cache_root, device=spec.device)
-        yield point, point_model
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -8,17 +8,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.batches import PASSKEY_LENGTHS, PASSKEY_LOSSES
-from bench.metrics.checks import boolean, choice, integer, number
-from bench.metrics.lengths import parse_length
+from bench.checks import NOT_IN_KEY, WEIGHTS, boolean, choice, integer, number, parse_length
 from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES
 from bench.runtime import PRECISIONS
-from bench.schema_fields import NOT_IN_KEY, WEIGHTS
 from models.scaling import SCALING_METHODS
 
-__all__ = ["EXTEND_NONE", "WEIGHT_DECAY_SCOPES", "ExtendConfig", "TrainConfig"]
+__all__ = [
+    "EXTEND_NONE",
+    "PASSKEY_LENGTHS",
+    "PASSKEY_LOSSES",
+    "WEIGHT_DECAY_SCOPES",
+    "ExtendConfig",
+    "TrainConfig",
+]
 
 WEIGHT_DECAY_SCOPES = ("matrices", "all")
+PASSKEY_LOSSES = ("all", "answer")
+#: full: every passkey example is a whole row; uniform: its length is uniform between the
+#: template's minimum and the row, and the rest of the row is training text
+PASSKEY_LENGTHS = ("full", "uniform")
 
 
 def _decay_steps(section: str, value: Any, steps: int, warmup: int) -> int | None:

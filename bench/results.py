@@ -250,7 +250,27 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
             f"required columns are: {', '.join(REQUIRED_COLUMNS)}"
         )
     df = df.reset_index(drop=True)
+    # the checks below run in this order so that the first problem named stays the same
+    _check_required_present(df)
+    _normalize_names(df)
+    _normalize_required_numbers(df)
+    _normalize_optional_numbers(df)
+    _normalize_optional_objects(df)
+    _normalize_timestamps(df)
+    ordered = (
+        REQUIRED_COLUMNS
+        + OPTIONAL_COLUMNS
+        + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN, SPAN_COLUMN, CURVE_COLUMN]
+        + DOC_COLUMNS
+        + FINETUNE_COLUMNS
+        + [TIMESTAMP_COLUMN]
+    )
+    extras = [c for c in df.columns if c not in ordered]
+    return df[ordered + extras]
 
+
+def _check_required_present(df: pd.DataFrame) -> None:
+    """Raise on the first row that leaves a required string or integer column empty."""
     for col in _STRING_COLUMNS + _INT_COLUMNS:
         if df[col].isna().any():
             bad = int(df[col].isna().to_numpy().nonzero()[0][0])
@@ -258,6 +278,9 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
                 f"required column {col!r} is empty in row {bad}; every row needs a value"
             )
 
+
+def _normalize_names(df: pd.DataFrame) -> None:
+    """Required names as non-empty ``str`` and ``*_params`` as canonical JSON (in place)."""
     for col in _STRING_COLUMNS:
         values = [str(v) for v in df[col].tolist()]
         if any(v == "" for v in values):
@@ -277,6 +300,9 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
 
         df[col] = pd.Series([canon(v) for v in df[col].tolist()], dtype=object, index=df.index)
 
+
+def _normalize_required_numbers(df: pd.DataFrame) -> None:
+    """Required integer columns as int64 and ``value`` as float64 (in place)."""
     for col in _INT_COLUMNS:
         numeric = pd.to_numeric(df[col], errors="coerce")
         bad = numeric.isna() | (numeric != np.floor(numeric))
@@ -296,6 +322,9 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
         )
     df["value"] = value.astype("float64")
 
+
+def _normalize_optional_numbers(df: pd.DataFrame) -> None:
+    """Optional float columns as float64 (NaN when absent), integer ones as nullable Int64."""
     for col in _FLOAT_OPTIONAL:
         if col not in df.columns:
             df[col] = np.nan
@@ -318,6 +347,10 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
         ).any():
             raise ValueError(f"column {col!r} must hold integers or be empty")
         df[col] = numeric.astype("Int64")
+
+
+def _normalize_optional_objects(df: pd.DataFrame) -> None:
+    """Optional string, per-document list and ``axis_value`` columns, ``None`` where missing."""
     for col in _STRING_OPTIONAL:
         values = df[col].tolist() if col in df.columns else [None] * len(df)
         df[col] = pd.Series(
@@ -339,6 +372,9 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
             index=df.index,
         )
 
+
+def _normalize_timestamps(df: pd.DataFrame) -> None:
+    """``written_at`` as UTC microsecond timestamps; missing ones become now (in place)."""
     if TIMESTAMP_COLUMN not in df.columns or df[TIMESTAMP_COLUMN].isna().all():
         df[TIMESTAMP_COLUMN] = pd.Timestamp(datetime.now(timezone.utc))
     else:
@@ -348,17 +384,6 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
             raise ValueError(f"column {TIMESTAMP_COLUMN!r} must hold timestamps: {exc}") from exc
         df[TIMESTAMP_COLUMN] = stamps.fillna(pd.Timestamp(datetime.now(timezone.utc)))
     df[TIMESTAMP_COLUMN] = df[TIMESTAMP_COLUMN].astype("datetime64[us, UTC]")
-
-    ordered = (
-        REQUIRED_COLUMNS
-        + OPTIONAL_COLUMNS
-        + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN, SPAN_COLUMN, CURVE_COLUMN]
-        + DOC_COLUMNS
-        + FINETUNE_COLUMNS
-        + [TIMESTAMP_COLUMN]
-    )
-    extras = [c for c in df.columns if c not in ordered]
-    return df[ordered + extras]
 
 
 def _is_missing(v: Any) -> bool:

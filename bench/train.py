@@ -5,6 +5,8 @@ linear warmup then cosine decay, AdamW, bf16 autocast or fp32, optional passkey 
 validation, NaN/inf detection. It is deterministic for a seed on one machine and gives the same
 global batches under DDP (through ``accelerate``) as in one process. The checkpoint cache
 (``bench.cache.get_or_train``) calls it only when no checkpoint with the same weights key exists.
+The run itself is a :class:`Trainer` (setup, then one small method per part of the loop); it
+returns :class:`TrainStats`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -30,6 +34,8 @@ from bench.schema import WEIGHT_DECAY_SCOPES, JobConfig, TrainConfig
 from models.transformer import DecoderLM
 
 __all__ = [
+    "TrainStats",
+    "Trainer",
     "TrainingDiverged",
     "lm_loss",
     "lr_at",
@@ -147,12 +153,13 @@ def cpu_has_native_bf16() -> bool | None:
     return bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
-def _warn_if_emulated_bf16(device: torch.device, precision: str) -> None:
+def _warn_if_emulated_bf16(device: torch.device, precision: str, stacklevel: int) -> None:
+    # stacklevel: the frames up to train_model's caller, which the warning names
     if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
         warnings.warn(
             "train.precision bf16 on this CPU (no AVX512-BF16/AMX-BF16) runs emulated, measured "
             "12-25x slower than fp32; use train.precision=fp32 here.",
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 
@@ -190,7 +197,8 @@ def _make_accelerator(accelerator: Any, precision: str) -> Any:
 class _Validator:
     """Fixed validation windows, this rank's share of them, and the reduced mean loss."""
 
-    def __init__(self, corpus: Corpus, spec: TrainConfig, rank: int, world: int):
+    def __init__(self, corpus: Corpus, spec: TrainConfig, rank: int, world: int, stacklevel: int):
+        # stacklevel: the frames up to train_model's caller, which the warning names
         self.batches: list[torch.Tensor] = []
         self.enabled = False  # identical on every rank, so all ranks validate together
         if spec.eval_batches == 0:
@@ -201,7 +209,7 @@ class _Validator:
                 f"the validation split of corpus {corpus.name} ({corpus.fingerprint}) holds fewer "
                 f"than train.length + 1 = {spec.length + 1} tokens; training without validation "
                 "loss (raise the validation fraction or use a larger corpus).",
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
             return
         windows = validation_batches(docs, spec.length, spec.eval_batches, spec.batch_size)
@@ -238,6 +246,35 @@ def compiled(model: torch.nn.Module) -> torch.nn.Module:
     return torch.compile(model, dynamic=False)
 
 
+@dataclass
+class TrainStats:
+    """What one :func:`train_model` run did. :meth:`as_dict` is the stored form (a checkpoint's
+    ``train_stats``, read back by ``bench.cache.load_model``): keys in field order."""
+
+    steps: int  # updates of the recipe (0: a zero-update fine-tune)
+    tokens: int  # tokens trained on, all processes together
+    tokens_per_s: float  # tokens / train_time_s
+    train_time_s: float  # the updates only: validation and saving excluded
+    wall_time_s: float  # the whole call of train_model
+    final_train_loss: float | None  # mean loss of the last log window; None without updates
+    train_losses: dict[int, float]  # {update: mean loss of the log window ending there}
+    val_losses: dict[int, float]  # {update: validation loss}
+    final_val_loss: float | None  # validation loss after the last update; None without one
+    n_params: int
+    precision: str
+    device: str
+    num_processes: int
+    # the update a resumed run started at (0: from scratch); None when no loop ran (zero updates)
+    resumed_from: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict stored in checkpoints; a zero-update fine-tune's has no ``resumed_from``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.resumed_from is None:
+            del out["resumed_from"]
+        return out
+
+
 def _initial_model(job: JobConfig, init: DecoderLM | None) -> DecoderLM:
     """The seeded initial model; a fine-tune's holds the parent's weights and its scaling."""
     torch.manual_seed(job.seed)
@@ -248,23 +285,345 @@ def _initial_model(job: JobConfig, init: DecoderLM | None) -> DecoderLM:
     return model
 
 
-def _zero_step_finetune(model: DecoderLM, job: JobConfig, started: float) -> dict[str, Any]:
+def _zero_step_finetune(model: DecoderLM, job: JobConfig, started: float) -> TrainStats:
     """Stats of a fine-tune with ``extend.steps == 0``: the parent's weights, the scaling set."""
-    return {
-        "steps": 0,
-        "tokens": 0,
-        "tokens_per_s": 0.0,
-        "train_time_s": 0.0,
-        "wall_time_s": time.perf_counter() - started,
-        "final_train_loss": None,
-        "train_losses": {},
-        "val_losses": {},
-        "final_val_loss": None,
-        "n_params": model.num_parameters(),
-        "precision": job.train.precision,
-        "device": "cpu",
-        "num_processes": 1,
-    }
+    return TrainStats(
+        steps=0,
+        tokens=0,
+        tokens_per_s=0.0,
+        train_time_s=0.0,
+        wall_time_s=time.perf_counter() - started,
+        final_train_loss=None,
+        train_losses={},
+        val_losses={},
+        final_val_loss=None,
+        n_params=model.num_parameters(),
+        precision=job.train.precision,
+        device="cpu",
+        num_processes=1,
+    )
+
+
+Snapshot = Callable[[int, DecoderLM, dict[str, Any]], None]
+
+
+class Trainer:
+    """One run of :func:`train_model`, as a small recipe: ``setup()`` builds the model, data,
+    optimizer and any resumed state; ``train()`` runs the updates and returns (model, stats).
+
+    The setup order is part of the result: the seed is set just before the model is built and a
+    resumed run restores the RNG states last, so a run draws the same numbers as before.
+    """
+
+    def __init__(
+        self,
+        job: JobConfig,
+        corpus: Corpus,
+        *,
+        progress: bool,
+        accelerator: Any,
+        init: DecoderLM | None,
+        resume: Any,
+        snapshot: Snapshot | None,
+        started: float,
+    ):
+        self.job, self.corpus, self.init = job, corpus, init
+        self.progress, self.resume, self.snapshot_fn = progress, resume, snapshot
+        self.started = started  # time.perf_counter() when train_model was called
+        self.extended = job.extend.active
+        self.spec = finetune_recipe(job) if self.extended else job.train
+        self.accelerator = _make_accelerator(accelerator, self.spec.precision)
+        _warn_if_emulated_bf16(self.accelerator.device, self.spec.precision, stacklevel=4)
+        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
+        if self.spec.batch_size % self.world:
+            what = "extend" if self.extended else "train"
+            raise ValueError(
+                f"{what}.batch_size {self.spec.batch_size} is not divisible by the {self.world} "
+                f"processes; use a multiple of {self.world}."
+            )
+
+    # ----------------------------------------------------------------------- setup
+
+    def setup(self) -> None:
+        """Model, data, optimizer, resumed state (if any), accelerator wrapping, progress bar."""
+        self._setup_model()
+        self._setup_data()
+        self._setup_optimizer()
+        state = self._load_state()
+        self._prepare()
+        self._restore_progress(state)
+        self._setup_bar()
+
+    def _setup_model(self) -> None:
+        self.model = _initial_model(self.job, self.init)
+        self.n_params = self.model.num_parameters()
+
+    def _setup_data(self) -> None:
+        spec = self.spec
+        self.stream = TrainingStream(
+            self.corpus.split("train"),
+            spec.length,
+            spec.batch_size,
+            self.job.seed,
+            passkey_fraction=spec.passkey_fraction,
+            passkey_filler=spec.passkey_filler,
+            passkey_loss=spec.passkey_loss,
+            passkey_template=spec.passkey_template,
+            passkey_length=spec.passkey_length,
+        )
+        self.validator = _Validator(self.corpus, spec, self.rank, self.world, stacklevel=5)
+
+    def _setup_optimizer(self) -> None:
+        spec = self.spec
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model, spec.weight_decay, spec.weight_decay_scope),
+            lr=lr_at(0, spec),
+            betas=tuple(spec.betas),
+            eps=ADAM_EPS,
+        )
+
+    def _load_state(self) -> dict[str, Any] | None:
+        """A saved state of an interrupted run of this recipe, its weights and optimizer state
+        loaded; None to start from scratch."""
+        steps = self.spec.steps
+        state = self.resume.load() if self.resume is not None else None
+        if state is not None and not 0 < int(state["step"]) < steps:
+            return None  # cannot come from this recipe's run
+        if state is not None:
+            logger.info(
+                "lenbench: resuming %s from update %d of %d (a saved state of an interrupted run).",
+                "the fine-tune" if self.extended else "the training",
+                int(state["step"]),
+                steps,
+            )
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        return state
+
+    def _prepare(self) -> None:
+        # self.model is the accelerator's (DDP-wrapped under several processes) from here on
+        self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self.model.train()
+        self.device = self.accelerator.device
+        # the compiled module shares the weights; self.model stays the one saved and returned
+        self.forward = compiled(self.model) if self.spec.compile else self.model
+
+    def _restore_progress(self, state: dict[str, Any] | None) -> None:
+        """Losses, counters and RNG states: a resumed run's from ``state``, else from zero."""
+        self.losses = torch.zeros(self.spec.steps, dtype=torch.float32, device=self.device)
+        self.train_losses: dict[int, float] = {}
+        self.val_losses: dict[int, float] = {}
+        self.start, self.train_time, self.tokens_done = 0, 0.0, 0
+        if state is not None:
+            self.start = int(state["step"])
+            self.losses[: self.start] = state["losses"].to(self.device)
+            self.train_losses = {int(k): float(v) for k, v in state["train_losses"].items()}
+            self.val_losses = {int(k): float(v) for k, v in state["val_losses"].items()}
+            self.train_time, self.tokens_done = float(state["train_time_s"]), int(state["tokens"])
+            set_rng_state(state["rng"])
+        self.checked = self.start  # losses[:checked] are known to be finite
+        self.clock = SaveClock(self.spec.save_every, self.spec.save_every_minutes, self.accelerator)
+
+    def _setup_bar(self) -> None:
+        length = self.spec.length
+        if self.extended:
+            what = f"finetune {self.job.extend.name} L={length}"
+        else:
+            what = f"train {self.job.position.kind} L={length}"
+        self.bar = tqdm(
+            total=self.spec.steps,
+            initial=self.start,
+            desc=what,
+            unit="step",
+            disable=not self.progress or not self.accelerator.is_main_process,
+            dynamic_ncols=True,
+            leave=False,
+        )
+
+    # ----------------------------------------------------------------------- training
+
+    def train(self) -> tuple[DecoderLM, TrainStats]:
+        """Run the updates start..steps-1, with logging, validation, snapshots and saves after
+        each as due; return (model in eval mode, stats)."""
+        self.tick = time.perf_counter()  # start of the current timed stretch of updates
+        for step in range(self.start, self.spec.steps):
+            lr = self.train_step(step)
+            done = step + 1
+            self._log_and_validate(done, lr)
+            self._snapshot(done)
+            self._save_if_due(done)
+            self.bar.update(1)
+        self.train_time += time.perf_counter() - self.tick
+        self.bar.close()
+        return self._finish()
+
+    def train_step(self, step: int) -> float:
+        """One AdamW update on global batch ``step`` (this process's rows of it); returns its lr."""
+        spec, device = self.spec, self.device
+        batch = self.stream.batch(step)
+        tokens, mask = batch.tokens, batch.loss_mask  # [B, L + 1] and [B, L]
+        if self.world > 1:
+            tokens, mask = tokens[self.rank :: self.world], mask[self.rank :: self.world]
+        tokens = tokens.to(device, non_blocking=True)
+        mask = None if bool(mask.all()) else mask.to(device, non_blocking=True)
+        lr = lr_at(step, spec)  # set by hand: a scheduler would step once per process
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with autocast(device, spec.precision):
+            logits = self.forward(tokens[:, :-1]).logits  # [B, L, vocab]
+        loss = lm_loss(logits, tokens[:, 1:], mask)
+        self.accelerator.backward(loss)
+        if spec.grad_clip > 0:
+            self.accelerator.clip_grad_norm_(self.model.parameters(), spec.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses[step] = loss.detach()
+        self.tokens_done += spec.batch_size * spec.length
+        return lr
+
+    def check(self, upto: int) -> float:
+        """Sync losses[checked:upto]; raise on NaN/inf; return the window mean (all ranks agree)."""
+        window = self.losses[self.checked : upto]  # [n]
+        if self.world > 1:
+            window = self.accelerator.gather(window[None]).mean(dim=0)  # [world, n] -> [n]
+        values = window.cpu()
+        finite = torch.isfinite(values)
+        if not bool(finite.all()):
+            first = int((~finite).nonzero()[0, 0])
+            step, loss = self.checked + first + 1, float(values[first])
+            self.bar.close()
+            raise TrainingDiverged(
+                f"training diverged at step {step} of {self.spec.steps}: the loss is {loss} (lr "
+                f"{lr_at(step - 1, self.spec):.3g}, precision {self.spec.precision}); lower "
+                "train.lr, raise train.warmup_steps, set train.grad_clip, or use precision fp32.",
+                step=step,
+                loss=loss,
+            )
+        mean = float(values.mean())
+        self.checked = upto
+        return mean
+
+    @contextmanager
+    def _untimed(self) -> Iterator[None]:
+        """Leave what runs inside (validation, saving) out of train_time_s."""
+        self.train_time += time.perf_counter() - self.tick
+        yield
+        self.tick = time.perf_counter()
+
+    def _log_and_validate(self, done: int, lr: float) -> None:
+        """Record the mean loss of the log window ending at update ``done``, and validate, when
+        due (the last update always logs, and validates when validation is enabled)."""
+        spec = self.spec
+        last = done == spec.steps
+        validate = self.validator.enabled and (
+            last or (spec.eval_every > 0 and done % spec.eval_every == 0)
+        )
+        if done % spec.log_every == 0 or last or validate:
+            mean = self.check(done)
+            self.train_losses[done] = mean
+            elapsed = self.train_time + time.perf_counter() - self.tick
+            self.bar.set_postfix(
+                loss=f"{mean:.3f}", tok_s=f"{self.tokens_done / elapsed:,.0f}", lr=f"{lr:.2g}"
+            )
+        if validate:
+            self.validate(done)
+
+    def validate(self, done: int) -> None:
+        """The validation loss after update ``done`` (every rank calls this)."""
+        with self._untimed():
+            # the unwrapped module: no DDP hooks, so ranks with different shard sizes cannot hang
+            self.val_losses[done] = self.validator(
+                self.accelerator.unwrap_model(self.model), self.accelerator, self.spec.precision
+            )
+            self.bar.set_postfix(
+                loss=f"{self.train_losses[done]:.3f}",
+                val=f"{self.val_losses[done]:.3f}",
+                tok_s=f"{self.tokens_done / self.train_time:,.0f}",
+            )
+
+    # ----------------------------------------------------------------------- snapshot / save
+
+    def _snapshot(self, done: int) -> None:
+        """Hand the weights after update ``done`` to ``snapshot`` when ``done`` is a point of the
+        fine-tune's ``extend.curve`` (rank 0; every rank checks the losses)."""
+        if self.snapshot_fn is None or not self.extended or done not in self.job.extend.curve:
+            return
+        self.check(done)  # never store a diverged state
+        if self.accelerator.is_main_process:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            self.snapshot_fn(done, unwrapped, self._snapshot_stats(done))
+
+    def _snapshot_stats(self, done: int) -> dict[str, Any]:
+        """The stored stats of the ``done``-update fine-tune cut from this longer run."""
+        return {
+            "steps": done,
+            "tokens": self.tokens_done,
+            "final_train_loss": float(
+                self.losses[max(0, done - self.spec.log_every) : done].mean()
+            ),
+            "train_losses": dict(self.train_losses),
+            "snapshot_of_steps": self.spec.steps,
+            "n_params": self.n_params,
+            "precision": self.spec.precision,
+            "device": str(self.device),
+            "num_processes": self.world,
+        }
+
+    def _save_if_due(self, done: int) -> None:
+        # the last update saves nothing: the finished checkpoint replaces the resumable state
+        if self.resume is None or done == self.spec.steps or not self.clock.due(done):
+            return
+        self.check(done)  # never save a diverged state
+        with self._untimed():
+            self.save(done)
+
+    def save(self, done: int) -> None:
+        """Write the resumable state after update ``done`` (rank 0; every rank calls this)."""
+        if self.accelerator.is_main_process:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            self.resume.save(
+                {
+                    "step": done,
+                    "model": {k: v.detach().cpu() for k, v in unwrapped.state_dict().items()},
+                    "optimizer": self.optimizer.state_dict(),
+                    "rng": rng_state(),
+                    "losses": self.losses[:done].cpu(),
+                    "train_losses": self.train_losses,
+                    "val_losses": self.val_losses,
+                    "train_time_s": self.train_time,
+                    "tokens": self.tokens_done,
+                }
+            )
+        self.clock.saved()
+
+    def _finish(self) -> tuple[DecoderLM, TrainStats]:
+        """The unwrapped model in eval mode and the run's stats; raises TrainingDiverged when a
+        long run learned nothing (:func:`check_progress`)."""
+        spec, steps = self.spec, self.spec.steps
+        model = self.accelerator.unwrap_model(self.model)
+        model.eval()
+        self.optimizer.zero_grad(set_to_none=True)
+        tail = self.losses[steps - max(1, min(spec.log_every, steps)) :]  # [last log window]
+        if self.world > 1:
+            tail = self.accelerator.gather(tail[None])  # [world, window]
+        final_loss = float(tail.mean().cpu())
+        check_progress(final_loss, steps, model.model_cfg.vocab_size)
+        return model, TrainStats(
+            steps=steps,
+            tokens=self.tokens_done,
+            tokens_per_s=self.tokens_done / max(self.train_time, 1e-9),
+            train_time_s=self.train_time,
+            wall_time_s=time.perf_counter() - self.started,
+            final_train_loss=final_loss,
+            train_losses=self.train_losses,
+            val_losses=self.val_losses,
+            final_val_loss=self.val_losses.get(steps),
+            n_params=self.n_params,
+            precision=spec.precision,
+            device=str(self.device),
+            num_processes=self.world,
+            resumed_from=self.start,
+        )
 
 
 def train_model(
@@ -275,8 +634,8 @@ def train_model(
     accelerator: Any = None,
     init: DecoderLM | None = None,
     resume: Any = None,
-    snapshot: Callable[[int, DecoderLM, dict[str, Any]], None] | None = None,
-) -> tuple[DecoderLM, dict[str, Any]]:
+    snapshot: Snapshot | None = None,
+) -> tuple[DecoderLM, TrainStats]:
     """Train a DecoderLM for ``job`` (its model, position, train recipe and seed) on ``corpus``'s
     training split. Under DDP every process builds the same global batch and takes rows
     ``rank::world``, so ``train.batch_size`` must be divisible by the number of processes.
@@ -290,241 +649,31 @@ def train_model(
     states and the update count, which is also the data position (batches are a pure function of
     (seed, update)), so a resumed run ends with the same weights as an uninterrupted one on the
     same machine and thread count. ``snapshot(k, model, stats)`` is called (rank 0) after each
-    update count k of a fine-tune's ``extend.curve`` with the weights at that point (a recovery
-    curve: ``bench.cache`` stores them as the k-update fine-tune's checkpoint).
+    update count k of a fine-tune's ``extend.curve`` with the weights at that point and their
+    stats as stored (a recovery curve: ``bench.cache`` stores them as the k-update fine-tune's
+    checkpoint).
 
-    Returns (model in eval mode on the accelerator's device, train_stats) where train_stats holds
-    ``final_train_loss``, ``train_losses`` {update: mean loss of the log window ending there},
-    ``val_losses`` {update: validation loss}, ``final_val_loss`` (None without validation),
-    ``tokens``, ``tokens_per_s`` (training only), ``train_time_s``, ``wall_time_s``, ``steps``,
-    ``n_params``, ``precision``, ``device``, ``num_processes`` and ``resumed_from`` (the update
-    a resumed run started at; 0 = from scratch).
+    Returns (model in eval mode on the accelerator's device, :class:`TrainStats`).
     Raises TrainingDiverged (a ValueError) if the loss becomes NaN or infinite.
     """
-    wall_start = time.perf_counter()
-    extended = job.extend.active
-    if extended and init is None:
+    started = time.perf_counter()
+    if job.extend.active and init is None:
         raise ValueError(
             f"extend.method {job.extend.method!r} fine-tunes a trained model; pass its parent "
             "model as init= (bench.cache.get_or_train does)."
         )
-    seed, position_cfg = job.seed, job.position
-    if extended and job.extend.steps == 0:
+    if job.extend.active and job.extend.steps == 0:
         model = _initial_model(job, init)
-        return model.eval(), _zero_step_finetune(model, job, wall_start)
-    spec = finetune_recipe(job) if extended else job.train
-    accelerator = _make_accelerator(accelerator, spec.precision)
-    _warn_if_emulated_bf16(accelerator.device, spec.precision)
-    world, rank = accelerator.num_processes, accelerator.process_index
-    steps, batch_size, length = spec.steps, spec.batch_size, spec.length
-    if batch_size % world:
-        what = "extend" if extended else "train"
-        raise ValueError(
-            f"{what}.batch_size {batch_size} is not divisible by the {world} processes; "
-            f"use a multiple of {world}."
-        )
-
-    model = _initial_model(job, init)
-    n_params = model.num_parameters()
-    stream = TrainingStream(
-        corpus.split("train"),
-        length,
-        batch_size,
-        seed,
-        passkey_fraction=spec.passkey_fraction,
-        passkey_filler=spec.passkey_filler,
-        passkey_loss=spec.passkey_loss,
-        passkey_template=spec.passkey_template,
-        passkey_length=spec.passkey_length,
+        return model.eval(), _zero_step_finetune(model, job, started)
+    trainer = Trainer(
+        job,
+        corpus,
+        progress=progress,
+        accelerator=accelerator,
+        init=init,
+        resume=resume,
+        snapshot=snapshot,
+        started=started,
     )
-    validator = _Validator(corpus, spec, rank, world)
-    optimizer = torch.optim.AdamW(
-        param_groups(model, spec.weight_decay, spec.weight_decay_scope),
-        lr=lr_at(0, spec),
-        betas=tuple(spec.betas),
-        eps=ADAM_EPS,
-    )
-    state = resume.load() if resume is not None else None
-    if state is not None and not 0 < int(state["step"]) < steps:
-        state = None  # cannot come from this recipe's run
-    if state is not None:
-        logger.info(
-            "lenbench: resuming %s from update %d of %d (a saved state of an interrupted run).",
-            "the fine-tune" if extended else "the training",
-            int(state["step"]),
-            steps,
-        )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model.train()
-    device = accelerator.device
-    # the compiled module shares the weights; ``model`` stays the one saved and returned
-    forward = compiled(model) if spec.compile else model
-
-    losses = torch.zeros(steps, dtype=torch.float32, device=device)
-    train_losses: dict[int, float] = {}
-    val_losses: dict[int, float] = {}
-    start = 0
-    train_time = 0.0
-    tokens_done = 0
-    if state is not None:
-        start = int(state["step"])
-        losses[:start] = state["losses"].to(device)
-        train_losses = {int(k): float(v) for k, v in state["train_losses"].items()}
-        val_losses = {int(k): float(v) for k, v in state["val_losses"].items()}
-        train_time, tokens_done = float(state["train_time_s"]), int(state["tokens"])
-        set_rng_state(state["rng"])
-    checked = start  # losses[:checked] are known to be finite
-    clock = SaveClock(spec.save_every, spec.save_every_minutes, accelerator)
-    what = (
-        f"finetune {job.extend.name} L={length}"
-        if extended
-        else f"train {position_cfg.kind} L={length}"
-    )
-    bar = tqdm(
-        total=steps,
-        initial=start,
-        desc=what,
-        unit="step",
-        disable=not progress or not accelerator.is_main_process,
-        dynamic_ncols=True,
-        leave=False,
-    )
-
-    def check(upto: int) -> float:
-        """Sync losses[checked:upto]; raise on NaN/inf; return the window mean (all ranks agree)."""
-        nonlocal checked
-        window = losses[checked:upto]
-        if world > 1:
-            window = accelerator.gather(window[None]).mean(dim=0)  # [world, n] -> mean over ranks
-        values = window.cpu()
-        finite = torch.isfinite(values)
-        if not bool(finite.all()):
-            first = int((~finite).nonzero()[0, 0])
-            step, loss = checked + first + 1, float(values[first])
-            bar.close()
-            raise TrainingDiverged(
-                f"training diverged at step {step} of {steps}: the loss is {loss} (lr "
-                f"{lr_at(step - 1, spec):.3g}, precision {spec.precision}); lower train.lr, "
-                "raise train.warmup_steps, set train.grad_clip, or use precision fp32.",
-                step=step,
-                loss=loss,
-            )
-        mean = float(values.mean())
-        checked = upto
-        return mean
-
-    def save(done: int) -> None:
-        """Write the resumable state after update ``done`` (rank 0; every rank calls this)."""
-        if accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            resume.save(
-                {
-                    "step": done,
-                    "model": {k: v.detach().cpu() for k, v in unwrapped.state_dict().items()},
-                    "optimizer": optimizer.state_dict(),
-                    "rng": rng_state(),
-                    "losses": losses[:done].cpu(),
-                    "train_losses": train_losses,
-                    "val_losses": val_losses,
-                    "train_time_s": train_time,
-                    "tokens": tokens_done,
-                }
-            )
-        clock.saved()
-
-    tick = time.perf_counter()
-    for step in range(start, steps):
-        batch = stream.batch(step)
-        tokens, mask = batch.tokens, batch.loss_mask
-        if world > 1:
-            tokens, mask = tokens[rank::world], mask[rank::world]
-        tokens = tokens.to(device, non_blocking=True)
-        mask = None if bool(mask.all()) else mask.to(device, non_blocking=True)
-        lr = lr_at(step, spec)  # set by hand: a scheduler would step once per process
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with autocast(device, spec.precision):
-            logits = forward(tokens[:, :-1]).logits
-        loss = lm_loss(logits, tokens[:, 1:], mask)
-        accelerator.backward(loss)
-        if spec.grad_clip > 0:
-            accelerator.clip_grad_norm_(model.parameters(), spec.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses[step] = loss.detach()
-        tokens_done += batch_size * length
-
-        done = step + 1
-        last = done == steps
-        validate = validator.enabled and (
-            last or (spec.eval_every > 0 and done % spec.eval_every == 0)
-        )
-        if done % spec.log_every == 0 or last or validate:
-            mean = check(done)
-            train_losses[done] = mean
-            elapsed = train_time + time.perf_counter() - tick
-            bar.set_postfix(
-                loss=f"{mean:.3f}", tok_s=f"{tokens_done / elapsed:,.0f}", lr=f"{lr:.2g}"
-            )
-        if validate:
-            train_time += time.perf_counter() - tick
-            # the unwrapped module: no DDP hooks, so ranks with different shard sizes cannot hang
-            val_losses[done] = validator(
-                accelerator.unwrap_model(model), accelerator, spec.precision
-            )
-            bar.set_postfix(
-                loss=f"{train_losses[done]:.3f}",
-                val=f"{val_losses[done]:.3f}",
-                tok_s=f"{tokens_done / train_time:,.0f}",
-            )
-            tick = time.perf_counter()
-        if snapshot is not None and extended and done in job.extend.curve:
-            check(done)  # never store a diverged state
-            if accelerator.is_main_process:
-                done_stats = {
-                    "steps": done,
-                    "tokens": tokens_done,
-                    "final_train_loss": float(losses[max(0, done - spec.log_every) : done].mean()),
-                    "train_losses": dict(train_losses),
-                    "snapshot_of_steps": steps,
-                    "n_params": n_params,
-                    "precision": spec.precision,
-                    "device": str(device),
-                    "num_processes": world,
-                }
-                snapshot(done, accelerator.unwrap_model(model), done_stats)
-        if resume is not None and not last and clock.due(done):
-            check(done)  # never save a diverged state
-            train_time += time.perf_counter() - tick
-            save(done)
-            tick = time.perf_counter()
-        bar.update(1)
-    train_time += time.perf_counter() - tick
-    bar.close()
-
-    model = accelerator.unwrap_model(model)
-    model.eval()
-    optimizer.zero_grad(set_to_none=True)
-    tail = losses[steps - max(1, min(spec.log_every, steps)) :]
-    if world > 1:
-        tail = accelerator.gather(tail[None])
-    check_progress(float(tail.mean().cpu()), steps, model.model_cfg.vocab_size)
-    stats = {
-        "steps": steps,
-        "tokens": tokens_done,
-        "tokens_per_s": tokens_done / max(train_time, 1e-9),
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - wall_start,
-        "final_train_loss": float(tail.mean().cpu()),
-        "train_losses": train_losses,
-        "val_losses": val_losses,
-        "final_val_loss": val_losses.get(steps),
-        "n_params": n_params,
-        "precision": spec.precision,
-        "device": str(device),
-        "num_processes": world,
-        "resumed_from": start,
-    }
-    return model, stats
+    trainer.setup()
+    return trainer.train()

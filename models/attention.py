@@ -4,8 +4,10 @@ Everything position-dependent arrives precomputed in :class:`AttentionInputs` (o
 pass, shared by all layers), so a layer never assumes ``arange(L)`` positions.
 
 The kernel (:func:`attend`): SDPA for plain causal attention; on CUDA, compiled flex attention for
-ALiBi, padding and cache chunks (bias and mask applied inside the kernel, nothing L x S in memory);
-elsewhere an explicit mask in query tiles. See :data:`FLEX_ATTENTION`.
+a score bias, padding and cache chunks (bias and mask applied inside the kernel, nothing L x S in memory);
+elsewhere an explicit mask in query tiles. See :data:`FLEX_ATTENTION`. A position family that
+acts on the scores hands in one :class:`models.positions.ScoreBias`, which every
+kernel applies the same way; nothing here knows which family it came from.
 
 Shapes: N batch, L new tokens, S keys (cached + new), H query heads, G key/value heads, d head dim,
 D model width, T query tile.
@@ -18,16 +20,13 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.positions import rotate
-
-if TYPE_CHECKING:
-    from models.transformer import ModelConfig
+from models.positions import ScoreBias, rotate
 
 __all__ = [
     "FLEX_ATTENTION",
@@ -69,7 +68,7 @@ def _flex_mode(value: str) -> str:
 #: ``auto`` (default) on CUDA only, ``off`` never (the tiled path everywhere), ``always`` on every
 #: device, CPU included (compiled by inductor; for tests and experiments).
 #:
-#: Why CUDA only by default: there the compiled flex kernel applies the ALiBi bias and the
+#: Why CUDA only by default: there the compiled flex kernel applies the score bias and the
 #: causal/padding mask inside the fused kernel (no L x S mask in memory, masked blocks skipped).
 #: On CPU the tiled path stays as it was: flex would need an inductor compilation (seconds, per
 #: shape class) and has no CPU backward, and the tiles already bound the memory.
@@ -86,7 +85,7 @@ class AttentionInputs:
     cos: torch.Tensor | None  # [N, 1, L, r/2] float32
     sin: torch.Tensor | None
     layout: str
-    slopes: torch.Tensor | None  # [H] ALiBi
+    score_bias: ScoreBias | None  # the family's additive logit bias b_h(i, j); None = none
     q_scale: torch.Tensor | None  # [N, 1, L, 1] float32 log-n factor per query; None = 1
     q_pos: torch.Tensor  # [N, L]
     k_pos: torch.Tensor  # [N, S]
@@ -105,8 +104,8 @@ def logn_query_scale(position_ids: torch.Tensor, train_length: int) -> torch.Ten
     j + 1 > L else 1), i.e. ``logn_factor(j + 1, L)`` per query: queries inside the trained range
     are untouched, and a query's factor depends on its own position only, so what a position
     predicts does not depend on how many tokens follow it. The factor multiplies the query, hence
-    the q.k logits only; ALiBi's distance bias is added unscaled (Qwen scales the query the same
-    way; scaling the bias too would also sharpen ALiBi's distance penalty).
+    the q.k logits only; a family's score bias is added unscaled (Qwen scales the query the same
+    way; scaling the bias too would also sharpen a distance penalty).
     """
     if train_length < 2:
         raise ValueError(f"train_length must be >= 2 (ln(1) = 0), got {train_length!r}.")
@@ -115,16 +114,16 @@ def logn_query_scale(position_ids: torch.Tensor, train_length: int) -> torch.Ten
 
 
 def _fused_plain(length: int, s: int, inputs: AttentionInputs) -> bool:
-    """Whether SDPA needs neither a mask nor a bias: no padding, no ALiBi, no entropy, and the
+    """Whether SDPA needs neither a mask nor a bias: no padding, no score bias, no entropy, and the
     causal pattern is SDPA's own (full length) or absent (one query that sees every key)."""
-    plain = inputs.slopes is None and inputs.k_valid is None and not inputs.want_entropy
+    plain = inputs.score_bias is None and inputs.k_valid is None and not inputs.want_entropy
     return plain and (length == s or length == 1)
 
 
 def _use_flex(q: torch.Tensor, inputs: AttentionInputs) -> bool:
     """Whether :func:`attend` takes the flex-attention path for queries ``q`` [N, H, L, d].
 
-    Only calls that need a mask or bias (padding, ALiBi, a cache with several new queries) and no
+    Only calls that need a mask or bias (padding, a score bias, a cache with several new queries) and no
     entropy (flex returns no probabilities), on CUDA unless :data:`FLEX_ATTENTION` is ``always``.
     Head dims below 16 stay tiled (the CUDA flex kernel does not support them), and so does CPU
     attention that needs a gradient (flex has no CPU backward).
@@ -194,12 +193,13 @@ def _flex_kernel(compiled: bool) -> Callable[..., torch.Tensor]:
 
 
 def flex_score_mod(inputs: AttentionInputs, device: torch.device) -> Callable | None:
-    """ALiBi as a flex ``score_mod`` (None without ALiBi): the scaled logit of query t in row n,
-    head h, and key s minus ``slopes[h] * (q_pos[n, t] - k_pos[n, s])``, from the position ids
-    (never from indices), as the tiled path adds it."""
-    if inputs.slopes is None:
+    """The family's score bias as a flex ``score_mod`` (None without one): the scaled logit of
+    query t in row n, head h, and key s plus ``score_bias(h, q_pos[n, t], k_pos[n, s])``, from the
+    position ids (never from indices), as the tiled path adds it."""
+    if inputs.score_bias is None:
         return None
-    slopes = inputs.slopes.to(device=device, dtype=torch.float32)
+    fn = inputs.score_bias.fn
+    tensors = tuple(t.to(device) for t in inputs.score_bias.tensors)
     # own contiguous copies: in a prefill q_pos is k_pos, and aliasing that comes and goes recompiles
     q_pos = _dynamic_lengths(
         inputs.q_pos.to(device).clone(memory_format=torch.contiguous_format), 1
@@ -208,11 +208,10 @@ def flex_score_mod(inputs: AttentionInputs, device: torch.device) -> Callable | 
         inputs.k_pos.to(device).clone(memory_format=torch.contiguous_format), 1
     )
 
-    def alibi(score, b, h, q_idx, kv_idx):
-        distance = q_pos[b, q_idx] - k_pos[b, kv_idx]
-        return score - slopes[h] * distance.to(torch.float32)
+    def biased(score, b, h, q_idx, kv_idx):
+        return score + fn(h, q_pos[b, q_idx], k_pos[b, kv_idx], *tensors)
 
-    return alibi
+    return biased
 
 
 def _keys_real(inputs: AttentionInputs, device: torch.device) -> torch.Tensor:
@@ -309,7 +308,7 @@ def attend_flex(
     """:func:`attend` without entropy through ``flex_attention``: q [N, H, L, d], k, v [N, G, S, d]
     -> [N, H, L, d].
 
-    ALiBi is a ``score_mod``; causality and padding are a block mask, built once per forward pass
+    The score bias is a ``score_mod``; causality and padding are a block mask, built once per forward pass
     and shared by the layers. ``compiled=False`` runs flex eagerly (the same semantics, all scores
     materialised, block sparsity ignored): for tests only.
     """
@@ -345,7 +344,7 @@ def attend(
     """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
 
     Plain causal attention goes straight to the fused kernel (no L x S matrix; flash/efficient
-    kernels on CUDA). Padding, ALiBi or a cache with several new queries need a mask or a bias: on
+    kernels on CUDA). Padding, a score bias or a cache with several new queries need a mask or a bias: on
     CUDA they go through compiled flex attention (:func:`attend_flex`, see :data:`FLEX_ATTENTION`),
     elsewhere and for an entropy request (which needs the probabilities) the mask is built in query
     tiles so that memory stays O(tile x S) however long the sequence.
@@ -391,10 +390,15 @@ def _attend_tiled(
             allowed = allowed & (inputs.k_valid[:, None, None, :visible] | is_self)
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
         bias = bias.masked_fill(~allowed, float("-inf"))
-        if inputs.slopes is not None:
-            # [N, T, S']
-            distance = inputs.q_pos[:, start:stop, None] - inputs.k_pos[:, None, :visible]
-            bias = bias - inputs.slopes[None, :, None, None] * distance[:, None].float()
+        if inputs.score_bias is not None:
+            bias = (
+                bias
+                + inputs.score_bias(
+                    torch.arange(h, device=q.device)[None, :, None, None],  # [1, H, 1, 1]
+                    inputs.q_pos[:, None, start:stop, None],  # [N, 1, T, 1]
+                    inputs.k_pos[:, None, None, :visible],  # [N, 1, 1, S']
+                )
+            )  # [N, H, T, S']
         q_tile = q[:, :, start:stop]
         if inputs.want_entropy:
             logits = (
@@ -415,12 +419,12 @@ def _attend_tiled(
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, d_model: int, n_heads: int, kv_heads: int, head_dim: int):
         super().__init__()
-        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
 
     def forward(
         self,

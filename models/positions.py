@@ -1,11 +1,17 @@
-"""Position encodings: the five families and the small pure functions they are built from.
+"""Position encodings: one registered :class:`Family` per kind, and the pure functions they use.
 
-Each family says where it acts, and the transformer calls it only there:
+A family says where it acts, and the transformer asks it only there (``Family.acts_on``):
 
-- ``sinusoidal`` and ``learned`` add a vector to the token embeddings (``acts_on == "input"``);
-- ``rope`` rotates every layer's queries and keys after projection, never the values (``"qk"``);
-- ``alibi`` adds a per-head linear distance penalty to the attention logits (``"logits"``);
-- ``nope`` adds nothing; the causal mask is the only order signal (``"none"``).
+- ``"input"``: adds a vector to the token embeddings (``sinusoidal``, ``learned``);
+- ``"qk"``: rotates every layer's queries and keys after projection, never the values (``rope``);
+- ``"scores"``: adds a bias b_h(i, j) of query position i and key position j to the attention
+  logits (``alibi``), through one score hook that every attention kernel applies (:class:`ScoreBias`);
+- ``"none"``: adds nothing; the causal mask is the only order signal (``nope``).
+
+Adding a family is one subclass of :class:`Family` decorated with :func:`register_family` (its
+fields, checks and hook), one ``conf/position/<kind>.yaml`` and tests; README, "Adding a position
+encoding". Which scaling methods apply to a family is declared by each method
+(``models.scaling.register_scaling(families=...)``).
 
 Angles, frequencies and interpolation weights are computed in float32 whatever the model dtype:
 in bf16, position 1995 rounds to 2000.
@@ -14,61 +20,62 @@ in bf16, position 1995 rounds to 2000.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-FAMILIES = ("rope", "sinusoidal", "learned", "alibi", "nope")
 ROPE_LAYOUTS = ("interleaved", "half")
 OUT_OF_RANGE_POLICIES = ("error", "clamp", "interpolate")
+ACTS_ON = ("input", "qk", "scores", "none")
+
+
+@dataclass(frozen=True)
+class ScoreBias:
+    """An additive attention-logit bias b_h(i, j) of query position i and key position j.
+
+    ``fn(head, q_pos, k_pos, *tensors) -> float32 bias`` is a module-level function written with
+    broadcasting tensor ops only; ``tensors`` are what it reads (slopes, bias tables: parameters
+    keep their gradients). The tiled kernel calls it with head [1, H, 1, 1], q_pos [N, 1, T, 1]
+    and k_pos [N, 1, 1, S] and adds the [N, H, T, S] result to the scaled logits; flex attention
+    calls the same function per entry (0-d tensors) inside its ``score_mod``. Positions are
+    position ids, never indices.
+    """
+
+    fn: Callable[..., torch.Tensor]
+    tensors: tuple[torch.Tensor, ...] = ()
+
+    def __call__(
+        self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> torch.Tensor:
+        return self.fn(head, q_pos, k_pos, *self.tensors)
 
 
 @dataclass
 class PositionConfig:
+    """The position family and every family's fields (a family reads only its ``fields``)."""
+
     kind: str = "rope"
     base: float = 10000.0
     layout: str = "half"
     rotary_fraction: float = 1.0
     max_positions: int = 0  # learned only; 0 means "the training length"
-    out_of_range: str = "error"  # learned only
+    # learned only; read only past the table's end, so not in the checkpoint key (bench.checks.WEIGHTS)
+    out_of_range: str = field(default="error", metadata={"weights": False})
 
     def validate(self, head_dim: int, d_model: int) -> None:
-        if self.kind not in FAMILIES:
-            raise ValueError(
-                f"position.kind {self.kind!r} is unknown; allowed: {', '.join(FAMILIES)}."
-            )
         if self.base <= 1:
             raise ValueError(f"position.base must be greater than 1, got {self.base}.")
-        if self.kind == "rope":
-            if self.layout not in ROPE_LAYOUTS:
-                raise ValueError(
-                    f"position.layout {self.layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}."
-                )
-            if not 0 < self.rotary_fraction <= 1:
-                raise ValueError(
-                    f"position.rotary_fraction must be in (0, 1], got {self.rotary_fraction}."
-                )
-            rotary_dim = int(head_dim * self.rotary_fraction)
-            if rotary_dim < 2 or rotary_dim % 2:
-                raise ValueError(
-                    f"RoPE needs an even rotary dimension, but head_dim {head_dim} x "
-                    f"position.rotary_fraction {self.rotary_fraction} gives {rotary_dim}; choose "
-                    "an even head_dim (model.d_model / model.n_heads) or a rotary_fraction "
-                    "giving an even count."
-                )
-        if self.kind == "sinusoidal" and d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even model.d_model, got {d_model}.")
-        if self.kind == "learned":
-            if self.max_positions < 0:
-                raise ValueError(
-                    f"position.max_positions must be >= 0 (0 = the training length), got "
-                    f"{self.max_positions}."
-                )
-            if self.out_of_range not in OUT_OF_RANGE_POLICIES:
-                raise ValueError(
-                    f"position.out_of_range {self.out_of_range!r} is unknown; "
-                    f"allowed: {', '.join(OUT_OF_RANGE_POLICIES)}."
-                )
+        family(self.kind).check(self, head_dim, d_model)
+
+    @property
+    def family(self) -> Family:
+        return family(self.kind)
+
+    def params(self) -> dict[str, Any]:
+        """The fields the family reads (the ``position_params`` column; kind is its own)."""
+        return {name: getattr(self, name) for name in family(self.kind).fields}
 
     def table_rows(self, train_length: int) -> int:
         """Rows of the learned position table: ``max_positions``, or the training length if 0."""
@@ -77,25 +84,232 @@ class PositionConfig:
     def range_error(
         self, max_position: int, seq_len: int, train_length: int, linear_factor: float | None = None
     ) -> str | None:
-        """Why positions 0..max_position of a seq_len-token sequence cannot be embedded, or None.
+        """Why positions 0..max_position of a seq_len-token sequence cannot be used, or None.
 
-        Only a learned table refuses positions (unless its policy is ``clamp``); ``linear_factor``
-        is the active linear position interpolation (``ScalingConfig.linear_factor``). Needs no
-        model: the same rule as the model's lookup.
+        ``linear_factor`` is the active linear position interpolation
+        (``ScalingConfig.linear_factor``). Needs no model: the same rule as the model's lookup.
         """
-        if self.kind != "learned" or self.out_of_range == "clamp":
-            return None
-        rows = self.table_rows(train_length)
-        coordinates = learned_table_coordinates(
-            torch.tensor([int(max_position)]), rows, seq_len, self.out_of_range, linear_factor
+        return family(self.kind).range_error(
+            self, int(max_position), int(seq_len), int(train_length), linear_factor
         )
-        return _beyond_table(coordinates, rows)
 
     @property
     def acts_on(self) -> str:
-        return {"rope": "qk", "sinusoidal": "input", "learned": "input", "alibi": "logits"}.get(
-            self.kind, "none"
+        return family(self.kind).acts_on
+
+
+class Family:
+    """A position encoding: its fields, its checks, where it acts and how.
+
+    ``model`` in the hooks is the ``DecoderLM``; a family reads ``model.position_cfg``,
+    ``model.model_cfg``, ``model.scaling``, the active scaling's ``model.frequencies(seq_len)`` /
+    ``model.rotary_table(seq_len)``, and what its own :meth:`init` registered on the model.
+    ``seq_len`` is the length a length-dependent signal is built for (each row's own length).
+    """
+
+    name: str = ""
+    acts_on: str = "none"
+    #: PositionConfig fields this family reads: its ``position_params``
+    fields: tuple[str, ...] = ()
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        """Raise ValueError (one sentence) for fields this family cannot use with this geometry."""
+
+    def init(self, model: Any) -> None:
+        """Register the family's parameters and buffers on the model (called once, after the
+        token embedding and before the blocks, so the random stream stays in that order)."""
+
+    def frequency_dims(
+        self, cfg: PositionConfig, head_dim: int, d_model: int
+    ) -> tuple[int, float] | None:
+        """(dim, rotary_fraction) whose inverse frequencies the scaling methods rewrite, or None
+        for a family without frequencies."""
+        return None
+
+    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
+        """Whether the signal depends on the sequence length under ``scaling`` (the active
+        ``ScalingConfig``; ``method`` its registered ``ScalingMethod``)."""
+        return False
+
+    def embed(self, model: Any, position_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """``"input"`` families: what is added to the token embeddings, [N, L, D] float32."""
+        raise NotImplementedError(f"position family {self.name!r} adds nothing to the embeddings.")
+
+    def rotary(
+        self, model: Any, position_ids: torch.Tensor, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``"qk"`` families: cos and sin [N, L, r/2] float32 of the rotation at ``position_ids``."""
+        raise NotImplementedError(f"position family {self.name!r} rotates nothing.")
+
+    def score_bias(self, model: Any) -> ScoreBias | None:
+        """``"scores"`` families: the additive logit bias (:class:`ScoreBias`) for this forward."""
+        return None
+
+    def range_error(
+        self,
+        cfg: PositionConfig,
+        max_position: int,
+        seq_len: int,
+        train_length: int,
+        linear_factor: float | None,
+    ) -> str | None:
+        """Why position ``max_position`` cannot be encoded (a finite table), or None."""
+        return None
+
+
+FAMILIES: dict[str, Family] = {}
+"""Registered position families by ``PositionConfig.kind``, in registration order."""
+
+
+def register_family(cls: type[Family]) -> type[Family]:
+    """Class decorator: register one instance of a :class:`Family` subclass under ``cls.name``."""
+    if not cls.name or cls.name in FAMILIES:
+        raise ValueError(f"position family name {cls.name!r} is empty or already registered.")
+    if cls.acts_on not in ACTS_ON:
+        raise ValueError(
+            f"position family {cls.name!r} acts on {cls.acts_on!r}; allowed: {', '.join(ACTS_ON)}."
         )
+    unknown = sorted(set(cls.fields) - set(PositionConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(
+            f"position family {cls.name!r} reads fields {unknown} that PositionConfig does not have."
+        )
+    FAMILIES[cls.name] = cls()
+    return cls
+
+
+def family(kind: str) -> Family:
+    """The registered family ``kind``; an unknown kind is one sentence listing the registered ones."""
+    if kind not in FAMILIES:
+        raise ValueError(f"position.kind {kind!r} is unknown; allowed: {', '.join(FAMILIES)}.")
+    return FAMILIES[kind]
+
+
+class _FrequencyFamily(Family):
+    """A family built on inverse frequencies, which the scaling methods rewrite."""
+
+    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
+        return bool(method.length_dependent)
+
+
+@register_family
+class Rope(_FrequencyFamily):
+    """Rotary position embedding (Su et al.): rotates the first r channels of q and k per layer."""
+
+    name, acts_on = "rope", "qk"
+    fields = ("base", "layout", "rotary_fraction")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.layout not in ROPE_LAYOUTS:
+            raise ValueError(
+                f"position.layout {cfg.layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}."
+            )
+        if not 0 < cfg.rotary_fraction <= 1:
+            raise ValueError(
+                f"position.rotary_fraction must be in (0, 1], got {cfg.rotary_fraction}."
+            )
+        rotary_dim = int(head_dim * cfg.rotary_fraction)
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(
+                f"RoPE needs an even rotary dimension, but head_dim {head_dim} x "
+                f"position.rotary_fraction {cfg.rotary_fraction} gives {rotary_dim}; choose "
+                "an even head_dim (model.d_model / model.n_heads) or a rotary_fraction "
+                "giving an even count."
+            )
+
+    def frequency_dims(self, cfg: PositionConfig, head_dim: int, d_model: int) -> tuple[int, float]:
+        return head_dim, cfg.rotary_fraction
+
+    def rotary(self, model: Any, position_ids: torch.Tensor, seq_len: int):
+        return model.rotary_table(seq_len)(position_ids)  # [N, L, r/2] each
+
+
+@register_family
+class Sinusoidal(_FrequencyFamily):
+    """Vaswani et al.'s fixed sinusoids, added to the token embeddings."""
+
+    name, acts_on = "sinusoidal", "input"
+    fields = ("base",)
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even model.d_model, got {d_model}.")
+
+    def frequency_dims(self, cfg: PositionConfig, head_dim: int, d_model: int) -> tuple[int, float]:
+        return d_model, 1.0
+
+    def embed(self, model: Any, position_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+        inv_freq, _ = model.frequencies(seq_len)
+        # scaled so a channel's RMS (~0.7/sqrt(D)) is near the token embeddings' at init (0.02 x ~3)
+        return sinusoidal_embedding(position_ids, inv_freq) / math.sqrt(model.model_cfg.d_model)
+
+
+@register_family
+class Learned(Family):
+    """A learned table of absolute positions (GPT-2), added to the token embeddings."""
+
+    name, acts_on = "learned", "input"
+    fields = ("max_positions", "out_of_range")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.max_positions < 0:
+            raise ValueError(
+                f"position.max_positions must be >= 0 (0 = the training length), got "
+                f"{cfg.max_positions}."
+            )
+        if cfg.out_of_range not in OUT_OF_RANGE_POLICIES:
+            raise ValueError(
+                f"position.out_of_range {cfg.out_of_range!r} is unknown; "
+                f"allowed: {', '.join(OUT_OF_RANGE_POLICIES)}."
+            )
+
+    def init(self, model: Any) -> None:
+        rows = model.position_cfg.table_rows(model.train_length)
+        model.pos_table = torch.nn.Parameter(torch.randn(rows, model.model_cfg.d_model) * 0.02)
+
+    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
+        # the interpolate policy stretches the table to each sequence, unless linear PI fixes it
+        return cfg.out_of_range == "interpolate" and scaling.linear_factor is None
+
+    def embed(self, model: Any, position_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
+        out_of_range = model.position_cfg.out_of_range
+        coordinates = learned_table_coordinates(
+            position_ids,
+            model.pos_table.shape[0],
+            seq_len,
+            out_of_range,
+            model.scaling.linear_factor,
+        )
+        return learned_lookup(model.pos_table, coordinates, out_of_range)
+
+    def range_error(self, cfg, max_position, seq_len, train_length, linear_factor):
+        if cfg.out_of_range == "clamp":
+            return None
+        rows = cfg.table_rows(train_length)
+        coordinates = learned_table_coordinates(
+            torch.tensor([max_position]), rows, seq_len, cfg.out_of_range, linear_factor
+        )
+        return _beyond_table(coordinates, rows)
+
+
+@register_family
+class Alibi(Family):
+    """ALiBi (Press et al. 2022): a per-head penalty linear in the query-key distance."""
+
+    name, acts_on = "alibi", "scores"
+
+    def init(self, model: Any) -> None:
+        model.register_buffer("slopes", alibi_slopes(model.model_cfg.n_heads), persistent=False)
+
+    def score_bias(self, model: Any) -> ScoreBias:
+        return alibi_bias(model.slopes)
+
+
+@register_family
+class NoPE(Family):
+    """No position signal (Kazemnejad et al. 2023): only the causal mask orders tokens."""
+
+    name, acts_on = "nope", "none"
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -263,6 +477,17 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     if m < n_heads:
         slopes += power_of_two_slopes(2 * m)[0::2][: n_heads - m]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor) -> ScoreBias:
+    """ALiBi's :class:`ScoreBias`: -slopes[h] * (i - j) for query position i and key position j."""
+    return ScoreBias(_alibi, (slopes.float(),))
+
+
+def _alibi(
+    head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor
+) -> torch.Tensor:
+    return -(slopes[head] * (q_pos - k_pos).to(torch.float32))
 
 
 # --------------------------------------------------------------------------- padding

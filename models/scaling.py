@@ -37,15 +37,17 @@ from typing import Any
 import torch
 
 __all__ = [
+    "EVERY_FAMILY",
     "SCALING_METHODS",
-    "SEQ_LEN_DEPENDENT",
     "RopeGeometry",
     "ScalingFn",
+    "ScalingMethod",
     "applicable_methods",
     "default_inv_freq",
     "logn_factor",
     "register_scaling",
     "rope_parameters",
+    "scaling_method",
 ]
 
 
@@ -67,16 +69,59 @@ class RopeGeometry:
 ScalingFn = Callable[..., tuple[torch.Tensor, float]]
 """``fn(geometry, **params) -> (inv_freq float64 [r/2], attention_factor)``."""
 
-SCALING_METHODS: dict[str, ScalingFn] = {}
-"""Registered scaling methods by name; the keyword-only parameters of each function are
-exactly the parameters that method accepts (parameters without a default are required)."""
+#: ``families`` value of a method that applies to every position family (only ``default``).
+EVERY_FAMILY = "*"
 
 
-def register_scaling(name: str) -> Callable[[ScalingFn], ScalingFn]:
+@dataclass(frozen=True)
+class ScalingMethod:
+    """A registered scaling method: its function and the facts the rest of the code asks about.
+
+    Declared once, where the method is registered (:func:`register_scaling`), so that no side list
+    has to remember a new method: ``families`` it means something for, whether its frequencies
+    depend on the current sequence length (``length_dependent``: the model then builds one table
+    per length), which parameters accept ``"auto"`` (set from the target length), and which take
+    one value per rotary pair (``list_params``).
+    """
+
+    name: str
+    fn: ScalingFn
+    families: tuple[str, ...]
+    length_dependent: bool = False
+    auto_keys: tuple[str, ...] = ()
+    list_params: tuple[str, ...] = ()
+
+    def __call__(self, geometry: RopeGeometry, **params: Any) -> tuple[torch.Tensor, float]:
+        return self.fn(geometry, **params)
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The names the method accepts: its function's keyword-only parameters."""
+        return tuple(_method_params(self.fn)[0])
+
+    def applies_to(self, family: str) -> bool:
+        return EVERY_FAMILY in self.families or family in self.families
+
+
+SCALING_METHODS: dict[str, ScalingMethod] = {}
+"""Registered scaling methods by name, in registration order; the keyword-only parameters of each
+function are exactly the parameters that method accepts (parameters without a default are
+required)."""
+
+
+def register_scaling(
+    name: str,
+    *,
+    families: Sequence[str] = ("rope",),
+    length_dependent: bool = False,
+    auto_keys: Sequence[str] = (),
+    list_params: Sequence[str] = (),
+) -> Callable[[ScalingFn], ScalingFn]:
     """Register ``fn(geometry: RopeGeometry, *, <params>) -> (inv_freq, attention_factor)``.
 
     Adding a method is one decorated function: its keyword-only parameters define which
-    names :func:`rope_parameters` accepts, so unknown names are rejected automatically.
+    names :func:`rope_parameters` accepts, so unknown names are rejected automatically; the
+    keyword arguments here are the method's facts (:class:`ScalingMethod`).
     """
 
     def decorator(fn: ScalingFn) -> ScalingFn:
@@ -92,7 +137,17 @@ def register_scaling(name: str) -> Callable[[ScalingFn], ScalingFn]:
                 f"Scaling function {fn.__name__!r} must take exactly one positional argument "
                 f"(the RopeGeometry) and keyword-only parameters, got {len(positional)} positional."
             )
-        SCALING_METHODS[name] = fn
+        accepted = set(_method_params(fn)[0])
+        for what, keys in (("auto_keys", auto_keys), ("list_params", list_params)):
+            unknown = sorted(set(keys) - accepted)
+            if unknown:
+                raise ValueError(
+                    f"Scaling method {name!r} declares {what} {unknown}, which its function does "
+                    f"not accept; its parameters: {sorted(accepted) or 'none'}."
+                )
+        SCALING_METHODS[name] = ScalingMethod(
+            name, fn, tuple(families), bool(length_dependent), tuple(auto_keys), tuple(list_params)
+        )
         return fn
 
     return decorator
@@ -110,30 +165,27 @@ def _method_params(fn: ScalingFn) -> tuple[set[str], set[str]]:
     return allowed, required
 
 
-# Methods whose frequencies depend on the current sequence length.
-SEQ_LEN_DEPENDENT = ("dynamic", "longrope")
-
-# Which methods mean something for each position family (``logn`` combines with any of them).
-# Absolute families reuse the frequency methods on the sinusoid's frequencies, and the learned
-# table supports position interpolation only; YaRN, Llama-3 and LongRoPE are defined per rotary
-# dimension, and ALiBi / NoPE have no frequencies to scale. None = every registered method.
-_FAMILY_METHODS: dict[str, tuple[str, ...] | None] = {
-    "rope": None,
-    "sinusoidal": ("default", "linear", "ntk", "dynamic"),
-    "learned": ("default", "linear"),
-    "alibi": ("default",),
-    "nope": ("default",),
-}
+def scaling_method(name: str) -> ScalingMethod:
+    """The registered method ``name``; an unknown name is one sentence listing the registered ones."""
+    if name not in SCALING_METHODS:
+        raise ValueError(
+            f"scaling method {name!r} is unknown; registered: {', '.join(SCALING_METHODS)}."
+        )
+    return SCALING_METHODS[name]
 
 
 def applicable_methods(position_kind: str) -> tuple[str, ...]:
-    """Names of the registered scaling methods that apply to a position family (each may add logn)."""
-    if position_kind not in _FAMILY_METHODS:
-        raise ValueError(
-            f"position family {position_kind!r} is unknown; allowed: {', '.join(_FAMILY_METHODS)}."
-        )
-    allowed = _FAMILY_METHODS[position_kind]
-    return tuple(SCALING_METHODS) if allowed is None else allowed
+    """Names of the registered scaling methods that apply to a position family (each may add logn).
+
+    Each method declares its families where it is registered: the absolute families reuse the
+    frequency methods on the sinusoid's frequencies, the learned table supports position
+    interpolation only, YaRN, Llama-3 and LongRoPE are defined per rotary dimension, and families
+    without frequencies (ALiBi, NoPE) take only ``default``.
+    """
+    from models.positions import family as position_family  # checks the name
+
+    position_family(position_kind)
+    return tuple(n for n, m in SCALING_METHODS.items() if m.applies_to(position_kind))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -222,20 +274,20 @@ def _yarn_correction_dim(num_rotations: float, rotary_dim: int, base: float, len
 # ----------------------------------------------------------------------------- methods
 
 
-@register_scaling("default")
+@register_scaling("default", families=(EVERY_FAMILY,))
 def _default(geometry: RopeGeometry) -> tuple[torch.Tensor, float]:
     """Plain RoPE: theta_i = b^(-2i/r)."""
     return default_inv_freq(geometry.rotary_dim, geometry.base), 1.0
 
 
-@register_scaling("linear")
+@register_scaling("linear", families=("rope", "sinusoidal", "learned"), auto_keys=("factor",))
 def _linear(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
     """Position interpolation (Chen et al. 2023): theta_i / s, i.e. positions divided by s."""
     s = _at_least("linear", "factor", factor, 1.0)
     return default_inv_freq(geometry.rotary_dim, geometry.base) / s, 1.0
 
 
-@register_scaling("ntk")
+@register_scaling("ntk", families=("rope", "sinusoidal"), auto_keys=("alpha",))
 def _ntk(geometry: RopeGeometry, *, alpha: float) -> tuple[torch.Tensor, float]:
     """Static NTK-aware scaling (YaRN repo): base' = b * alpha^(r/(r-2)).
 
@@ -247,7 +299,9 @@ def _ntk(geometry: RopeGeometry, *, alpha: float) -> tuple[torch.Tensor, float]:
     return default_inv_freq(geometry.rotary_dim, base), 1.0
 
 
-@register_scaling("dynamic")
+@register_scaling(
+    "dynamic", families=("rope", "sinusoidal"), length_dependent=True, auto_keys=("factor",)
+)
 def _dynamic(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
     """Dynamic NTK (transformers' ``dynamic``): the base grows with the current length.
 
@@ -263,7 +317,7 @@ def _dynamic(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, fl
     return default_inv_freq(r, base), 1.0
 
 
-@register_scaling("yarn")
+@register_scaling("yarn", auto_keys=("factor",))
 def _yarn(
     geometry: RopeGeometry,
     *,
@@ -324,7 +378,7 @@ def _yarn(
     return (theta / s) * ramp + theta * (1 - ramp), attn
 
 
-@register_scaling("llama3")
+@register_scaling("llama3", auto_keys=("factor",))
 def _llama3(
     geometry: RopeGeometry,
     *,
@@ -361,7 +415,12 @@ def _llama3(
     return torch.where(medium, blended, out), 1.0
 
 
-@register_scaling("longrope")
+@register_scaling(
+    "longrope",
+    length_dependent=True,
+    auto_keys=("factor",),
+    list_params=("short_factor", "long_factor"),
+)
 def _longrope(
     geometry: RopeGeometry,
     *,
@@ -435,7 +494,7 @@ def rope_parameters(
         raise ValueError(
             f"Unknown scaling method {name!r}; registered methods: {sorted(SCALING_METHODS)}."
         )
-    fn = SCALING_METHODS[name]
+    fn = SCALING_METHODS[name].fn
     allowed, required = _method_params(fn)
     unknown = sorted(set(params) - allowed)
     if unknown:

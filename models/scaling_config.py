@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 
 __all__ = [
     "AUTO",
-    "AUTO_KEYS",
     "ORACLE_SUFFIX",
     "ScalingConfig",
     "resolve_params",
@@ -21,7 +20,6 @@ __all__ = [
 ]
 
 AUTO = "auto"
-AUTO_KEYS = ("factor", "alpha")  # the static factors "auto" applies to
 ORACLE_SUFFIX = " (oracle)"  # results label of a factor set for each eval length
 
 
@@ -50,7 +48,7 @@ class ScalingConfig:
     @property
     def auto_factor(self) -> bool:
         """Whether a static factor is still ``"auto"`` (not yet resolved to a number)."""
-        return any(self.params.get(key) == AUTO for key in AUTO_KEYS)
+        return any(self.params.get(key) == AUTO for key in _auto_keys(self.method))
 
     @property
     def per_length(self) -> bool:
@@ -73,12 +71,14 @@ def resolve_params(
     that measure several lengths fix one target per run first: :func:`run_scaling`). LongRoPE's
     per-dimension factors come from a search on a pretrained model, which tiny models lack: a
     number is repeated for every one of the ``rotary_pairs``, and "ramp" rises geometrically from
-    1 (highest frequency, kept) to ``factor`` (lowest, fully interpolated).
+    1 (highest frequency, kept) to ``factor`` (lowest, fully interpolated). Which parameters take
+    one value per pair is the method's ``list_params``.
     """
     length = eval_length if scaling.oracle else scaling.target_length or eval_length
     params = _auto_factors(scaling, length, train_length)
-    if scaling.method == "longrope":
-        for key in ("short_factor", "long_factor"):
+    method = _registered(scaling.method)
+    if method is not None:
+        for key in method.list_params:
             value = params.get(key)
             if value == "ramp":
                 top = float(params.get("factor", 1.0))
@@ -86,6 +86,23 @@ def resolve_params(
             elif isinstance(value, (int, float)):
                 params[key] = [float(value)] * rotary_pairs
     return params
+
+
+def _registered(method: str):
+    """The registered ``models.scaling.ScalingMethod`` named ``method``, or None (refused later).
+
+    Imported here, not at the top: the report reads ``ORACLE_SUFFIX`` from this module and must
+    not import torch.
+    """
+    from models.scaling import SCALING_METHODS
+
+    return SCALING_METHODS.get(method)
+
+
+def _auto_keys(method: str) -> tuple[str, ...]:
+    """The parameters of ``method`` that accept "auto" (none for an unknown name)."""
+    registered = _registered(method)
+    return registered.auto_keys if registered is not None else ()
 
 
 def _check_target(scaling: ScalingConfig) -> None:
@@ -100,7 +117,7 @@ def _auto_factors(scaling: ScalingConfig, length: int | None, train_length: int)
     """``scaling.params`` with every "auto" factor set for ``length``: max(1, length / train_length)."""
     _check_target(scaling)
     params = dict(scaling.params)
-    for key in AUTO_KEYS:
+    for key in _auto_keys(scaling.method):
         if params.get(key) == AUTO:
             if length is None:
                 raise ValueError(

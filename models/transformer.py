@@ -21,21 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import Attention, AttentionInputs, logn_query_scale
-from models.positions import (
-    PositionConfig,
-    RotaryTable,
-    alibi_slopes,
-    learned_lookup,
-    learned_table_coordinates,
-    position_ids_from_attention_mask,
-    sinusoidal_embedding,
-)
-from models.scaling import (
-    SCALING_METHODS,
-    SEQ_LEN_DEPENDENT,
-    applicable_methods,
-    rope_parameters,
-)
+from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
+from models.scaling import applicable_methods, rope_parameters, scaling_method
 from models.scaling_config import ScalingConfig, resolve_params
 
 __all__ = [
@@ -112,6 +99,15 @@ class KVCache:
 
 
 @dataclass
+class _Positions:
+    position_ids: torch.Tensor  # [N, L] of the new tokens
+    row_lengths: torch.Tensor  # [N] each row's length for length-dependent scaling
+    k_pos: torch.Tensor  # [N, S] of every key, cached + new
+    k_valid: torch.Tensor  # [N, S] bool, False for padding
+    past_len: int
+
+
+@dataclass
 class LMOutput:
     logits: torch.Tensor  # [N, L, V] float32
     past: KVCache | None = None
@@ -135,17 +131,15 @@ def resolve_scaling(
     """
     scaling = scaling or ScalingConfig()
     kind = position_cfg.kind
-    if scaling.method not in SCALING_METHODS:
-        raise ValueError(
-            f"scaling method {scaling.method!r} is unknown; registered: {', '.join(SCALING_METHODS)}."
-        )
+    scaling_method(scaling.method)  # known
     allowed = applicable_methods(kind)
     if scaling.method not in allowed:
         raise ValueError(
             f"scaling method {scaling.method!r} does not apply to position family {kind!r}; "
             f"allowed for {kind}: {', '.join(allowed)} (each may add logn)."
         )
-    pairs = int(model_cfg.head_dim * position_cfg.rotary_fraction) // 2
+    dims = position_cfg.family.frequency_dims(position_cfg, model_cfg.head_dim, model_cfg.d_model)
+    pairs = int(dims[0] * dims[1]) // 2 if dims else 0
     params = resolve_params(
         scaling, train_length=train_length, eval_length=eval_length, rotary_pairs=pairs
     )
@@ -161,21 +155,21 @@ def scaling_frequencies(
     position_cfg: PositionConfig,
     train_length: int,
     seq_len: int,
-) -> tuple[torch.Tensor, float]:
-    """inv_freq and attention factor of a resolved scaling for rope (per head) or sinusoidal (width)."""
-    kind = position_cfg.kind
-    dim = model_cfg.d_model if kind == "sinusoidal" else model_cfg.head_dim
-    fraction = position_cfg.rotary_fraction if kind == "rope" else 1.0
-    method_params = {} if kind not in ("rope", "sinusoidal") else scaling.params
-    method = scaling.method if kind in ("rope", "sinusoidal") else "default"
+) -> tuple[torch.Tensor, float] | None:
+    """inv_freq and attention factor of a resolved scaling for a family with frequencies (RoPE:
+    per head; sinusoidal: the model width); None for a family without them."""
+    dims = position_cfg.family.frequency_dims(position_cfg, model_cfg.head_dim, model_cfg.d_model)
+    if dims is None:
+        return None
+    dim, fraction = dims
     return rope_parameters(
-        method,
+        scaling.method,
         head_dim=dim,
         base=position_cfg.base,
         original_length=train_length,
         seq_len=seq_len,
         rotary_fraction=fraction,
-        **method_params,
+        **scaling.params,
     )
 
 
@@ -200,7 +194,8 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm, self.attn = _norm(cfg), Attention(cfg)
+        self.attn_norm = _norm(cfg)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim)
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -220,17 +215,14 @@ class DecoderLM(nn.Module):
         if train_length < 2:
             raise ValueError(f"train_length {train_length} must be at least 2.")
         self.model_cfg, self.position_cfg, self.train_length = model_cfg, position_cfg, train_length
+        self.family = position_cfg.family
         self.tok_emb = nn.Embedding(model_cfg.vocab_size, model_cfg.d_model)
-        if position_cfg.kind == "learned":
-            rows = position_cfg.max_positions or train_length
-            self.pos_table = nn.Parameter(torch.randn(rows, model_cfg.d_model) * 0.02)
+        self.family.init(self)  # the family's own parameters and buffers
         self.blocks = nn.ModuleList(Block(model_cfg) for _ in range(model_cfg.n_layers))
         self.final_norm = _norm(model_cfg)
         self.lm_head = nn.Linear(model_cfg.d_model, model_cfg.vocab_size, bias=False)
         if model_cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        if position_cfg.kind == "alibi":
-            self.register_buffer("slopes", alibi_slopes(model_cfg.n_heads), persistent=False)
         self._init_weights()
         self.scaling = ScalingConfig()
         self._tables: dict[int | None, RotaryTable] = {}
@@ -238,7 +230,7 @@ class DecoderLM(nn.Module):
     def _init_weights(self) -> None:
         # GPT-2 init: residual projections shrink with depth so the stream's variance stays O(1)
         for name, param in self.named_parameters():
-            if name.endswith("weight") and param.dim() == 2 and name != "pos_table":
+            if name.endswith("weight") and param.dim() == 2:
                 std = (
                     0.02 / math.sqrt(2 * self.model_cfg.n_layers)
                     if "o_proj" in name or "down" in name
@@ -285,29 +277,29 @@ class DecoderLM(nn.Module):
             max_position, seq_len, self.train_length, self.scaling.linear_factor
         )
 
-    def _frequencies(self, seq_len: int) -> tuple[torch.Tensor, float]:
-        """inv_freq and attention factor of the active scaling at ``seq_len``."""
+    def frequencies(self, seq_len: int) -> tuple[torch.Tensor, float]:
+        """inv_freq and attention factor of the active scaling at ``seq_len`` (families with
+        frequencies only)."""
         cfgs = self.model_cfg, self.position_cfg, self.train_length
-        return scaling_frequencies(self.scaling, *cfgs, seq_len)
+        found = scaling_frequencies(self.scaling, *cfgs, seq_len)
+        if found is None:
+            raise ValueError(f"position family {self.position_cfg.kind!r} has no frequencies.")
+        return found
 
-    def _table(self, scaling_len: int) -> RotaryTable:
-        key = scaling_len if self.scaling.method in SEQ_LEN_DEPENDENT else None
+    def rotary_table(self, seq_len: int) -> RotaryTable:
+        """The cos/sin table of the active scaling: one per length if its method depends on the
+        length (it declares so where it is registered), else one for every length."""
+        key = seq_len if scaling_method(self.scaling.method).length_dependent else None
         if key not in self._tables:
             if len(self._tables) > 16:
                 self._tables.clear()
-            self._tables[key] = RotaryTable(*self._frequencies(scaling_len))
+            self._tables[key] = RotaryTable(*self.frequencies(seq_len))
         return self._tables[key]
 
     def _length_dependent(self) -> bool:
         """Whether the position signal depends on the sequence length (and so on each row's)."""
-        kind = self.position_cfg.kind
-        if kind in ("rope", "sinusoidal"):
-            return self.scaling.method in SEQ_LEN_DEPENDENT
-        return (
-            kind == "learned"
-            and self.position_cfg.out_of_range == "interpolate"
-            and self.scaling.linear_factor is None
-        )
+        method = scaling_method(self.scaling.method)
+        return self.family.length_dependent(self.position_cfg, self.scaling, method)
 
     def _per_row_length(
         self,
@@ -364,57 +356,16 @@ class DecoderLM(nn.Module):
                 "logits_from > 0 leaves out the last layer's earlier tokens: it cannot be combined "
                 "with output_hidden_states or output_attn_entropy."
             )
-        device = input_ids.device
-        valid = (
-            torch.ones(n, length, dtype=torch.bool, device=device)
-            if attention_mask is None
-            else attention_mask.to(device=device, dtype=torch.bool)
-        )
-        if position_ids is None:
-            position_ids = position_ids_from_attention_mask(valid)
-            if past is not None:
-                position_ids = position_ids + past.next_positions()[:, None]
-        position_ids = position_ids.to(device).long().expand(n, length)  # [N, L]
-        if bool((position_ids < 0).any()):
-            raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}.")
-        past_len = past.length if past is not None else 0
-        if past is None:  # each row's own length: its largest real position id + 1
-            row_lengths = (
-                torch.where(valid, position_ids, -1).max(dim=-1).values.add(1).clamp(min=1)
-            )
-        else:
-            row_lengths = past.row_lengths
-        k_pos = position_ids if past is None else torch.cat((past.positions, position_ids), dim=1)
-        k_valid = valid if past is None else torch.cat((past.valid, valid), dim=1)
-
+        positions = self._positions(input_ids, position_ids, attention_mask, past)
+        position_ids, row_lengths = positions.position_ids, positions.row_lengths
         x = self.tok_emb(input_ids)  # [N, L, D]
-        if self.position_cfg.kind in ("sinusoidal", "learned"):
+        family = self.family
+        if family.acts_on == "input":
             (added,) = self._per_row_length(
-                lambda pos, n: (self._absolute_positions(pos, n),), position_ids, row_lengths
+                lambda pos, n: (family.embed(self, pos, n),), position_ids, row_lengths
             )
             x = x + added.to(x.dtype)
-        cos = sin = None
-        if self.position_cfg.kind == "rope":  # [N, L, r/2] each, once for all layers
-            cos, sin = self._per_row_length(
-                lambda pos, n: self._table(n)(pos), position_ids, row_lengths
-            )
-            cos, sin = cos[:, None], sin[:, None]  # [N, 1, L, r/2]
-        q_scale = None
-        if self.scaling.logn:
-            q_scale = logn_query_scale(position_ids, self.train_length)[:, None, :, None]
-        inputs = AttentionInputs(
-            cos=cos,
-            sin=sin,
-            layout=self.position_cfg.layout,
-            slopes=getattr(self, "slopes", None),
-            q_scale=q_scale,
-            q_pos=position_ids,
-            k_pos=k_pos,
-            k_valid=None if bool(k_valid.all()) else k_valid,
-            past_len=past_len,
-            scale=1.0 / math.sqrt(self.model_cfg.head_dim),
-            want_entropy=output_attn_entropy,
-        )
+        inputs = self._attention_inputs(positions, output_attn_entropy)
         hidden_states = [x] if output_hidden_states else None
         entropies = [] if output_attn_entropy else None
         new_keys, new_values = [], []
@@ -429,27 +380,77 @@ class DecoderLM(nn.Module):
             if entropies is not None:
                 entropies.append(entropy)
         logits = self.lm_head(self.final_norm(x)).float()
-        cache = KVCache(new_keys, new_values, k_pos, k_valid, row_lengths) if use_cache else None
+        cache = (
+            KVCache(new_keys, new_values, positions.k_pos, positions.k_valid, row_lengths)
+            if use_cache
+            else None
+        )
         return LMOutput(logits, cache, hidden_states, entropies)
 
-    def _absolute_positions(self, position_ids: torch.Tensor, scaling_len: int) -> torch.Tensor:
-        """What the input-side families (sinusoidal, learned) add to the embeddings [N, L, D]."""
-        kind = self.position_cfg.kind
-        if kind == "sinusoidal":
-            inv_freq, _ = self._frequencies(scaling_len)
-            # scaled so a channel's RMS (~0.7/sqrt(D)) is near the token embeddings' at init (0.02 x ~3)
-            return sinusoidal_embedding(position_ids, inv_freq) / math.sqrt(self.model_cfg.d_model)
-        if kind == "learned":
-            out_of_range = self.position_cfg.out_of_range
-            positions = learned_table_coordinates(
-                position_ids,
-                self.pos_table.shape[0],
-                scaling_len,
-                out_of_range,
-                self.scaling.linear_factor,
+    def _positions(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        past: KVCache | None,
+    ) -> _Positions:
+        """Position ids of the new tokens, each row's length and the keys' positions and validity."""
+        n, length = input_ids.shape
+        device = input_ids.device
+        valid = (
+            torch.ones(n, length, dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(device=device, dtype=torch.bool)
+        )
+        if position_ids is None:
+            position_ids = position_ids_from_attention_mask(valid)
+            if past is not None:
+                position_ids = position_ids + past.next_positions()[:, None]
+        position_ids = position_ids.to(device).long().expand(n, length)  # [N, L]
+        if bool((position_ids < 0).any()):
+            raise ValueError(f"position ids must be >= 0, got {int(position_ids.min())}.")
+        if past is None:  # each row's own length: its largest real position id + 1
+            row_lengths = (
+                torch.where(valid, position_ids, -1).max(dim=-1).values.add(1).clamp(min=1)
             )
-            return learned_lookup(self.pos_table, positions, out_of_range)
-        raise ValueError(f"position family {kind!r} adds nothing to the embeddings.")
+            return _Positions(position_ids, row_lengths, position_ids, valid, 0)
+        return _Positions(
+            position_ids,
+            past.row_lengths,
+            torch.cat((past.positions, position_ids), dim=1),  # [N, S]
+            torch.cat((past.valid, valid), dim=1),
+            past.length,
+        )
+
+    def _attention_inputs(self, positions: _Positions, want_entropy: bool) -> AttentionInputs:
+        """What every layer's attention needs, once per forward pass: the family's rotation or
+        score bias, log-n, the positions and the padding."""
+        family = self.family
+        cos = sin = None
+        if family.acts_on == "qk":  # [N, L, r/2] each, once for all layers
+            cos, sin = self._per_row_length(
+                lambda pos, n: family.rotary(self, pos, n),
+                positions.position_ids,
+                positions.row_lengths,
+            )
+            cos, sin = cos[:, None], sin[:, None]  # [N, 1, L, r/2]
+        q_scale = None
+        if self.scaling.logn:
+            q_scale = logn_query_scale(positions.position_ids, self.train_length)[:, None, :, None]
+        k_valid = positions.k_valid
+        return AttentionInputs(
+            cos=cos,
+            sin=sin,
+            layout=self.position_cfg.layout,
+            score_bias=family.score_bias(self),
+            q_scale=q_scale,
+            q_pos=positions.position_ids,
+            k_pos=positions.k_pos,
+            k_valid=None if bool(k_valid.all()) else k_valid,
+            past_len=positions.past_len,
+            scale=1.0 / math.sqrt(self.model_cfg.head_dim),
+            want_entropy=want_entropy,
+        )
 
     @torch.no_grad()
     def generate_greedy(

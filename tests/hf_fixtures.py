@@ -198,7 +198,7 @@ def save_model(arch: str, directory: Path, tokenizer=None, seed: int = 0) -> Pat
 def load_adapter(path, train_length: int | None = None):
     """The saved model at ``path`` loaded as lenbench loads it, in a PretrainedLM."""
     from bench.pretrained.adapter import PretrainedLM
-    from bench.pretrained.source import PretrainedConfig, load_pretrained, train_length_of
+    from bench.pretrained.config import PretrainedConfig, load_pretrained, train_length_of
 
     model, tokenizer = load_pretrained(PretrainedConfig(path=str(path), train_length=train_length))
     return PretrainedLM(model, tokenizer, train_length_of(model.config, train_length))

@@ -36,7 +36,7 @@ from bench.corpora import Corpus, load_corpus
 from bench.passkey import PASSKEY_TEMPLATES
 from bench.resume import ResumeFile
 from bench.schema import DataConfig, JobConfig, PositionSchema, ScalingSchema
-from bench.train import make_model
+from bench.train import TrainStats, make_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -242,6 +242,41 @@ def test_second_call_loads_without_training(
         make_cfg(corpus_dir, steps=4), corpus, tmp_path, train_fn=trainer
     )
     assert trained3 and trainer.calls == 2 and meta3["key"] != meta["key"]
+
+
+def test_train_stats_are_stored_as_their_dict(
+    tmp_path: Path, corpus: Corpus, corpus_dir: Path
+) -> None:
+    """A train_fn's TrainStats go to the checkpoint as ``as_dict()`` through JSON (int update keys
+    become strings), in field order, and load back equal."""
+    stats = TrainStats(
+        steps=3,
+        tokens=96,
+        tokens_per_s=32.0,
+        train_time_s=3.0,
+        wall_time_s=4.0,
+        final_train_loss=4.5,
+        train_losses={3: 4.5},
+        val_losses={3: 4.75},
+        final_val_loss=4.75,
+        n_params=10,
+        precision="fp32",
+        device="cpu",
+        num_processes=1,
+        resumed_from=0,
+    )
+
+    def train_fn(job, corpus, **kwargs):
+        torch.manual_seed(job.seed)
+        return make_model(job), stats
+
+    cfg = make_cfg(corpus_dir)
+    _, meta, trained = get_or_train(cfg, corpus, tmp_path, train_fn=train_fn)
+    _, loaded, trained_again = get_or_train(cfg, corpus, tmp_path, train_fn=train_fn)
+    expected = json.loads(json.dumps(stats.as_dict()))
+    assert trained and not trained_again
+    assert meta["train_stats"] == loaded["train_stats"] == expected
+    assert list(loaded["train_stats"]) == list(expected) and expected["train_losses"] == {"3": 4.5}
 
 
 def test_real_training_round_trips_through_the_cache(

@@ -217,7 +217,7 @@ class Counter:
 
     def __call__(self, job, corpus, **kwargs):
         model, stats = train_model(job, corpus, **kwargs)
-        self.calls.append((job.extend.name, stats.get("resumed_from", 0)))
+        self.calls.append((job.extend.name, stats.resumed_from or 0))
         return model, stats
 
 
@@ -417,7 +417,7 @@ def test_sweep_killed_during_a_finetune_retrains_only_it_from_its_last_state(
     def train_fn(job, corpus, **kwargs):
         kill["in_finetune"] = job.extend.active
         model, stats = train_model(job, corpus, **kwargs)
-        calls.append((job.extend.name, stats["resumed_from"]))
+        calls.append((job.extend.name, stats.resumed_from))
         return model, stats
 
     def counting_get_or_train(job, corpus, cache_root=None, **kwargs):

@@ -125,7 +125,7 @@ def test_a_training_that_learns_nothing_fails_and_a_healthy_one_does_not(corpus,
     assert "\n" not in str(info.value)
     healthy = make_cfg(corpus_dir, steps=MIN_STEPS_FOR_PROGRESS, lr=3e-3, warmup_steps=5)
     model, stats = train_model(healthy, corpus, progress=False)
-    assert stats["final_train_loss"] < math.log(259) - 1.0
+    assert stats.final_train_loss < math.log(259) - 1.0
     assert isinstance(model, torch.nn.Module)
 
 

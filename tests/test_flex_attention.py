@@ -8,6 +8,7 @@ negative control that must differ. Skips with the reason when flex attention doe
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -27,7 +28,12 @@ from models.attention import (
     flex_mask_mod,
     flex_score_mod,
 )
-from models.positions import alibi_slopes, position_ids_from_attention_mask
+from models.positions import (
+    ScoreBias,
+    alibi_bias,
+    alibi_slopes,
+    position_ids_from_attention_mask,
+)
 from models.transformer import ModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,8 +62,20 @@ def flex_cpu():
         pytest.skip(reason)
 
 
+def _bucketed(head, q_pos, k_pos, table):
+    return table[head, (q_pos - k_pos).clamp(0, table.shape[1] - 1)]
+
+
+def bucket_bias(h: int, buckets: int = 6, seed: int = 1) -> ScoreBias:
+    """A score bias unlike ALiBi's: a random per-head value per clipped distance bucket (T5-like),
+    gathered by index, so a kernel that only handles linear biases would get it wrong."""
+    return ScoreBias(
+        _bucketed, (torch.randn(h, buckets, generator=torch.Generator().manual_seed(seed)),)
+    )
+
+
 def make_case(
-    n=2, h=4, g=4, length=7, past=0, d=8, alibi=True, pad=None, seed=0, shift=0, spread=1
+    n=2, h=4, g=4, length=7, past=0, d=8, alibi=True, pad=None, seed=0, shift=0, spread=1, bias=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionInputs]:
     """Random q, k, v and the AttentionInputs DecoderLM would build for them.
 
@@ -79,7 +97,7 @@ def make_case(
         cos=None,
         sin=None,
         layout="half",
-        slopes=alibi_slopes(h) if alibi else None,
+        score_bias=bias or (alibi_bias(alibi_slopes(h)) if alibi else None),
         q_scale=None,
         q_pos=k_pos[:, past:],
         k_pos=k_pos,
@@ -109,6 +127,8 @@ CASES = {
     "cache-chunk-without-alibi": dict(length=4, past=5, alibi=False),
     "alibi-gqa": dict(h=4, g=2, length=9, pad=[1, 0]),
     "alibi-gqa-cache": dict(h=4, g=1, length=2, past=7),
+    "bucket-bias-padded-cache": dict(length=3, past=6, spread=2, pad=[0, 4], bias=bucket_bias(4)),
+    "bucket-bias-gqa": dict(h=4, g=2, length=9, pad=[1, 0], spread=2, bias=bucket_bias(4)),
 }
 
 
@@ -134,7 +154,8 @@ def test_negative_controls_wrong_slope_sign_or_no_mask_differ(flex_cpu, case):
     reference = tiled(q, k, v, inputs)
     gqa = q.shape[1] != k.shape[1]
     # the ALiBi bias with its sign flipped: near keys are penalised instead of far ones
-    flipped = AttentionInputs(**{**vars(inputs), "slopes": -inputs.slopes, "flex_cache": {}})
+    flipped_bias = alibi_bias(-alibi_slopes(q.shape[1]))
+    flipped = AttentionInputs(**{**vars(inputs), "score_bias": flipped_bias, "flex_cache": {}})
     wrong_sign = attend_flex(q, k, v, flipped, compiled=False)
     assert (wrong_sign - reference).abs().max() > 0.1
     # the ALiBi score_mod without the causal/padding mask: future (and padding) keys are seen
@@ -413,3 +434,41 @@ def test_flex_mode_reads_the_environment_spellings():
     ]
     with pytest.raises(ValueError, match="LENBENCH_FLEX_ATTENTION"):
         _flex_mode("sometimes")
+
+
+# ------------------------------------------------------------------ the score hook, by hand
+
+
+def dense_reference(q, k, v, inputs):
+    """Attention written out entry by entry: logit(n, h, t, s) = q.k * scale + bias(h, i, j) with
+    i, j the query's and key's position ids, masked causally by index and for padding keys."""
+    n, h, length, _ = q.shape
+    s = k.shape[2]
+    k = k.repeat_interleave(h // k.shape[1], dim=1)
+    v = v.repeat_interleave(h // v.shape[1], dim=1)
+    logits = torch.full((n, h, length, s), float("-inf"))
+    for b, head, t, key in itertools.product(range(n), range(h), range(length), range(s)):
+        query = inputs.past_len + t
+        real = inputs.k_valid is None or bool(inputs.k_valid[b, key]) or key == query
+        if key <= query and real:
+            bias = inputs.score_bias(torch.tensor(head), inputs.q_pos[b, t], inputs.k_pos[b, key])
+            logits[b, head, t, key] = (q[b, head, t] @ k[b, head, key]) * inputs.scale + bias
+    return logits.softmax(-1) @ v
+
+
+@pytest.mark.parametrize(
+    "case", ["bucket-bias-padded-cache", "bucket-bias-gqa", "alibi-spread-positions"]
+)
+def test_tiled_path_adds_the_score_bias_at_position_ids(case):
+    q, k, v, inputs = make_case(**CASES[case])
+    torch.testing.assert_close(tiled(q, k, v, inputs), dense_reference(q, k, v, inputs))
+    # negative control: the same bias read at key indices instead of position ids differs
+    s = k.shape[2]
+    by_index = AttentionInputs(
+        **{
+            **vars(inputs),
+            "k_pos": torch.arange(s).expand(q.shape[0], s),
+            "q_pos": torch.arange(inputs.past_len, s).expand(q.shape[0], -1),
+        }
+    )
+    assert (dense_reference(q, k, v, by_index) - tiled(q, k, v, inputs)).abs().max() > 1e-3

@@ -8,6 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from bench.checks import integer
 from bench.evaluate import evaluate_model
 from bench.metrics import (
     METRICS,
@@ -18,7 +19,6 @@ from bench.metrics import (
     register_metric,
     select_documents,
 )
-from bench.metrics.checks import integer
 from bench.metrics.context import first_windows, make_row
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -22,14 +22,14 @@ from bench.job import NotApplicable
 from bench.metrics import METRICS
 from bench.passkey import fit_passkey_example
 from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling
-from bench.pretrained.documents import retokenize
-from bench.pretrained.source import (
+from bench.pretrained.config import (
     PretrainedConfig,
     load_config,
     model_id,
     position_family,
     train_length_of,
 )
+from bench.pretrained.documents import retokenize
 from models.scaling_config import ScalingConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -361,7 +361,7 @@ def test_logits_from_keeps_only_the_suffix_logits(arch, hf_model_dirs):
 def _parity_pair(layout: str):
     """A DecoderLM (rope, ``layout``) and a LlamaForCausalLM holding the same weights."""
     from conftest import TINY, _tiny_model
-    from perf.bench_train import build_llama, copy_weights
+    from perf.train_speed import build_llama, copy_weights
 
     ours = _tiny_model("rope", seed=3, train_length=TRAIN, model_cfg=TINY, layout=layout)
     args = argparse.Namespace(

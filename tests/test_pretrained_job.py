@@ -12,7 +12,7 @@ import pytest
 from hf_fixtures import one_sentence, small_eval
 
 from bench.corpora import stdlib_root
-from bench.pretrained.source import PretrainedConfig, model_id
+from bench.pretrained.config import PretrainedConfig, model_id
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,6 +1,9 @@
-"""Every ``lenbench`` command the README shows composes and validates as a job.
+"""Every ``lenbench`` command the README (and the READMEs its measurements moved to) shows
+composes and validates as a job; every script they name exists and every relative link resolves;
+the README's scaling-method example registers and runs, and its preset composes from a user's
+config directory (each with a negative control).
 
-The README's code blocks are parsed; each ``lenbench ...`` line (with ``\\`` continuations) is
+The documents' code blocks are parsed; each ``lenbench ...`` line (with ``\\`` continuations) is
 composed by Hydra with its overrides (the first value of a sweep list, hydra.* keys with the
 Hydra config) and parsed into a typed JobConfig, which is what every job does first: a command
 that would stop with an error (a key that does not exist, two options that exclude each other)
@@ -19,11 +22,20 @@ from hydra import compose, initialize_config_module
 
 from bench.schema import JobConfig
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: the README and the READMEs that hold what moved out of it (measurements, reference numbers)
+DOCS = [
+    README,
+    ROOT / "tests" / "perf" / "README.md",
+    ROOT / "reports" / "reference" / "README.md",
+    ROOT / "results" / "README.md",
+    ROOT / "reports" / "README.md",
+]
 
 
-def readme_commands() -> list[str]:
-    text = README.read_text(encoding="utf-8")
+def readme_commands(path: Path = README) -> list[str]:
+    text = path.read_text(encoding="utf-8")
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         joined = block.replace("\\\n", " ")
@@ -60,11 +72,12 @@ def _overrides(command: str) -> tuple[list[str], list[str]]:
     return job, hydra
 
 
-COMMANDS = readme_commands()
+COMMANDS = [c for doc in DOCS if doc.exists() for c in readme_commands(doc)]
 
 
 def test_the_readme_shows_commands():
-    assert len(COMMANDS) >= 15, COMMANDS
+    assert len(readme_commands()) >= 15, readme_commands()
+    assert all(doc.exists() for doc in DOCS), [d for d in DOCS if not d.exists()]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -77,3 +90,150 @@ def test_readme_command_composes_and_validates(command: str):
         if hydra:
             compose("config", overrides=[*job, *hydra], return_hydra_config=True)
     JobConfig.from_hydra(cfg)
+
+
+# ------------------------------------------------------------------- scripts and the README's code
+
+#: a repository path to a script or module that a document names (``tests/perf/train_speed.py``)
+SCRIPT = re.compile(r"(?<![\w./-])((?:tests|bench|models)/[\w/]+\.py)\b")
+
+
+def _named_scripts() -> list[tuple[str, str]]:
+    out = []
+    for doc in DOCS:
+        for path in sorted(set(SCRIPT.findall(doc.read_text(encoding="utf-8")))):
+            if path != "bench/metrics/logit_entropy.py":  # the example metric's file, to create
+                out.append((str(doc.relative_to(ROOT)), path))
+    return out
+
+
+def test_the_documents_name_scripts():
+    named = {path for _, path in _named_scripts()}
+    assert {"tests/perf/train_speed.py", "tests/perf/eval_speed.py"} <= named, named
+
+
+@pytest.mark.parametrize(("doc", "path"), _named_scripts())
+def test_every_script_a_document_names_exists(doc: str, path: str):
+    assert (ROOT / path).is_file(), f"{doc} names {path}, which does not exist"
+
+
+def test_the_script_check_fails_on_a_renamed_script():
+    """Negative control: the pattern finds the paths the check needs (an old name is caught)."""
+    assert SCRIPT.findall("run `python tests/perf/bench_train.py --width 64`") == [
+        "tests/perf/bench_train.py"
+    ]
+    assert not (ROOT / "tests" / "perf" / "bench_train.py").exists()
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_the_readme_scaling_method_example_registers_and_runs():
+    """The "Adding a scaling method" example, executed: it registers, applies to RoPE, and
+    computes the frequencies it says it does."""
+    import torch
+
+    from models import scaling
+
+    (example,) = [b for b in _python_blocks() if "@register_scaling" in b]
+    name = re.search(r'@register_scaling\("(\w+)"', example).group(1)
+    assert name not in scaling.SCALING_METHODS
+    try:
+        exec(compile(example, "README.md", "exec"), {})
+        assert name in scaling.SCALING_METHODS
+        assert name in scaling.applicable_methods("rope")
+        geometry = scaling.RopeGeometry(rotary_dim=16, base=10000.0, original_length=64, seq_len=64)
+        inv_freq, attention = scaling.SCALING_METHODS[name](geometry, factor=4.0)
+        torch.testing.assert_close(inv_freq, scaling.default_inv_freq(16, 10000.0) / 4.0)
+        assert attention == 1.0
+    finally:
+        scaling.SCALING_METHODS.pop(name, None)
+
+
+#: a relative Markdown link target: [text](target)
+LINK = re.compile(r"\]\(([^)#\s]+)\)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path):
+    text = doc.read_text(encoding="utf-8")
+    targets = [t for t in LINK.findall(text) if "://" not in t]
+    missing = [t for t in targets if not (doc.parent / t).exists()]
+    assert not missing, f"{doc.relative_to(ROOT)} links to missing {missing}"
+
+
+def _scaling_yaml() -> tuple[str, str]:
+    """(file name, text) of the README's example scaling preset (``# conf/scaling/<name>.yaml``)."""
+    text = README.read_text(encoding="utf-8")
+    (block,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if "conf/scaling/" in b
+    ]
+    name = re.search(r"# conf/scaling/(\w+\.yaml)", block).group(1)
+    return name, block
+
+
+def _compose_scaling(tmp_path: Path, text: str):
+    """Compose the default job with ``text`` as a preset of the user's own config directory."""
+    name, _ = _scaling_yaml()
+    (tmp_path / "scaling").mkdir(exist_ok=True)
+    (tmp_path / "scaling" / name).write_text(text, encoding="utf-8")
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", f"scaling={name.removesuffix('.yaml')}"]
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return cfg, JobConfig.from_hydra(cfg)
+
+
+def test_the_readme_scaling_preset_composes_from_a_user_config_dir(tmp_path):
+    _, text = _scaling_yaml()
+    cfg, _ = _compose_scaling(tmp_path, text)
+    assert cfg.scaling.logn is True and cfg.scaling.params.factor == "auto"
+
+
+def test_the_readme_scaling_preset_check_fails_on_an_unknown_method(tmp_path):
+    """Negative control: the same preset naming a method nobody registered is refused."""
+    _, text = _scaling_yaml()
+    wrong = re.sub(r"^method: \w+", "method: no_such_method", text, flags=re.M)
+    assert wrong != text
+    with pytest.raises(ValueError, match="no_such_method"):
+        _compose_scaling(tmp_path, wrong)
+
+
+def test_the_readme_position_encoding_example_registers_and_runs():
+    """The "Adding a position encoding" example, executed: the family registers, builds a model,
+    its bias is the formula it states, and attention uses it (controls: zero slopes give NoPE's
+    logits, and the registry refuses the name twice)."""
+    import torch
+
+    from models import positions
+    from models.scaling import applicable_methods
+    from models.transformer import DecoderLM, ModelConfig
+
+    (example,) = [b for b in _python_blocks() if "@register_family" in b]
+    name = re.search(r'name, acts_on = "(\w+)"', example).group(1)
+    assert name not in positions.FAMILIES
+    try:
+        namespace: dict = {}
+        exec(compile(example, "README.md", "exec"), namespace)
+        cfg = positions.PositionConfig(kind=name)
+        assert cfg.acts_on == "scores" and cfg.params() == {}
+        assert applicable_methods(name) == ("default",)
+        model_cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4)
+        torch.manual_seed(0)
+        model = DecoderLM(model_cfg, cfg, train_length=16).eval()
+        q_pos, k_pos = torch.tensor(9), torch.tensor(2)
+        bias = model.family.score_bias(model)(torch.tensor(1), q_pos, k_pos)
+        expected = -positions.alibi_slopes(4)[1] * torch.log(torch.tensor(8.0))
+        torch.testing.assert_close(bias, expected)
+        torch.manual_seed(0)
+        nope = DecoderLM(model_cfg, positions.PositionConfig(kind="nope"), train_length=16).eval()
+        nope.load_state_dict(model.state_dict())
+        ids = torch.randint(0, 200, (2, 24))
+        with torch.no_grad():
+            assert not torch.allclose(model(ids).logits, nope(ids).logits, atol=1e-4)
+            model.slopes.zero_()
+            torch.testing.assert_close(model(ids).logits, nope(ids).logits)
+        with pytest.raises(ValueError, match="already registered"):
+            positions.register_family(namespace["LogDistance"])
+    finally:
+        positions.FAMILIES.pop(name, None)

@@ -1,14 +1,19 @@
 """The committed reference results (results/reference) and their report (reports/reference).
 
-They are the findings experiment's output (README, "Reference results"): a reader compares a
-fresh run against them, so they must say what they claim: the findings computed from the
-committed rows equal the committed Findings table, the measured findings the README promises
-hold, and regenerating the report from the rows reproduces every committed table.
+They are the findings experiment's output, described with its numbers in
+reports/reference/README.md (the top-level README points there): a reader compares a fresh run
+against them, so they must say what they claim: the findings computed from the committed rows
+equal the committed Findings table, the measured findings that file and the README promise hold,
+every number in that file's reference tables is the one the rows give (with negative controls:
+a changed number or a missing row fails the check), and regenerating the report from the rows
+reproduces every committed table.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +27,8 @@ from bench.results import load_results
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "reference"
 REPORT = ROOT / "reports" / "reference"
+#: the reference's numbers, seed ranges and calibration history, next to its report
+NUMBERS = REPORT / "README.md"
 
 pytestmark = pytest.mark.skipif(
     not any(RESULTS.glob("*.parquet")), reason="no committed reference results"
@@ -40,12 +47,34 @@ def test_the_committed_findings_are_what_the_rows_give():
     assert list(computed["numbers"]) == list(committed["numbers"])
 
 
-def test_the_reference_shows_the_findings_the_readme_claims():
+def _join(keys: list[str]) -> str:
+    return keys[0] if len(keys) == 1 else f"{', '.join(keys[:-1])} and {keys[-1]}"
+
+
+#: how the README's one-line summary says a status, for one finding and for several
+VERBS = {
+    HOLDS: ("holds", "hold"),
+    NOT_DECIDED: ("is not decided", "are not decided"),
+    FAILS: ("does not hold", "do not hold"),
+}
+
+
+def test_the_reference_shows_the_findings_its_readmes_claim():
     status = dict(zip(committed_findings()["finding"], committed_findings()["status"], strict=True))
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    numbers = NUMBERS.read_text(encoding="utf-8")
     for key, value in status.items():
         claim = f"| {key} | {value} |"
-        assert claim in readme, f"README's reference table must say {claim!r}"
+        assert claim in numbers, f"{NUMBERS.relative_to(ROOT)}'s table must say {claim!r}"
+    # the top-level README summarises the statuses in one sentence and points to the numbers
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("### Reference results")
+    summary = readme[start : readme.index("\n## ", start)]
+    assert "reports/reference/README.md" in summary
+    for value, verbs in VERBS.items():
+        keys = [k for k, v in status.items() if v == value]
+        if keys:
+            phrase = f"{_join(keys)} {verbs[len(keys) > 1]}"
+            assert phrase in " ".join(summary.split()), f"README must say {phrase!r}"
     # the absolute-encoding, ALiBi and shift findings reproduce at this scale on every seed, and
     # 40 examples per length decide F5
     assert all(status[k] == HOLDS for k in ("F1", "F2", "F5", "F6")), status
@@ -66,15 +95,19 @@ def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monk
     assert (out / "report.md").read_text() == (REPORT / "report.md").read_text()
 
 
-# --------------------------------------------------------------------------- README numbers
+# ---------------------------------------------------------- reports/reference/README.md numbers
 
 NUMBER = r"-?\d+\.\d+"
 
 
-def _readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index(title)
-    return text[start : text.index("\n## ", start)]
+def _checked_part(text: str) -> str:
+    """The sections whose tables are checked: "## Findings" up to "## Which numbers carry"."""
+    start = text.index("\n## Findings")
+    return text[start : text.index("\n## Which numbers carry", start)]
+
+
+def _numbers_text() -> str:
+    return _checked_part(NUMBERS.read_text(encoding="utf-8"))
 
 
 def _table(section: str, header_start: str) -> dict[str, list[str]]:
@@ -95,7 +128,9 @@ def _agrees(printed: str, value: float) -> bool:
     return abs(float(printed) - value) <= 0.5 * 10**-decimals + 1e-9
 
 
+@functools.cache
 def _rows():
+    """bench.findings and the committed rows with their series (loaded once per session)."""
     from bench import findings as F
 
     return F, F._with_series(load_results(RESULTS))
@@ -112,9 +147,8 @@ def _accuracies(F, rows, seed: int) -> list[float]:
     ]
 
 
-def test_readme_zero_shot_passkey_table_equals_the_rows():
+def check_zero_shot_passkey(section: str) -> int:
     F, df = _rows()
-    section = _readme_section("### Reference results")
     table = _table(section, "| model | seed ")
     seeds = _seed_columns(section, "| model | seed ")
     models = {
@@ -131,12 +165,12 @@ def test_readme_zero_shot_passkey_table_equals_the_rows():
                 assert _agrees(p, v), (label, seed, p, v)
                 checked += 1
     assert checked == len(models) * len(seeds) * 3
+    return checked
 
 
-def test_readme_recovery_table_equals_the_rows():
+def check_recovery(section: str) -> int:
     """Cells: median (smallest-largest) over seeds of the worst accuracy over L, 2L, 4L."""
     F, df = _rows()
-    section = _readme_section("### Reference results")
     header = "| fine-tune at 4L, updates |"
     table = _table(section, header)
     steps = _seed_columns(section, header)  # the update counts head the columns
@@ -154,11 +188,11 @@ def test_readme_recovery_table_equals_the_rows():
                 assert _agrees(p, v), (label, k, p, v)
                 checked += 1
     assert checked == 3 * len(steps) * 3
+    return checked
 
 
-def test_readme_robustness_tables_equal_the_rows():
+def check_robustness(section: str) -> int:
     F, df = _rows()
-    section = _readme_section("### Reference results")
     header = section[section.index("| per seed (") :].splitlines()[0]
     seeds = [int(x) for x in header.split("(")[1].split(")")[0].split(" / ")]
     ratios = _table(section, header.split(" | sinusoidal")[0])
@@ -188,14 +222,19 @@ def test_readme_robustness_tables_equal_the_rows():
             assert _agrees(p, v), (method, p, v)
             checked += 1
     assert checked == 4 * 3 + 2 * 3 + 2 * 3
+    return checked
 
 
-def test_readme_findings_table_intervals_equal_the_rows():
-    """Every "value [lo, hi]" in the README's reference Findings table is one the findings
-    computed from the rows give (to the digits printed)."""
-    section = _readme_section("### Reference results")
+@functools.cache
+def _computed_findings() -> dict:
+    return {r.key: r for r in check_findings(load_results(RESULTS))}
+
+
+def check_findings_intervals(section: str) -> int:
+    """Every "value [lo, hi]" in the Findings table is one the findings computed from the rows
+    give (to the digits printed), under the status the rows give."""
+    computed = _computed_findings()
     table = _table(section, "| finding | status |")
-    computed = {r.key: r for r in check_findings(load_results(RESULTS))}
     pattern = re.compile(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]")
     checked = 0
     for key, (status, numbers) in table.items():
@@ -206,4 +245,54 @@ def test_readme_findings_table_intervals_equal_the_rows():
                 all(_agrees(p, v) for p, v in zip(triple, e, strict=True)) for e in estimates
             ), (key, triple, estimates)
             checked += 1
+    assert len(table) == len(computed)  # every finding has its row
     assert checked >= 12
+    return checked
+
+
+CHECKS: dict[str, Callable[[str], int]] = {
+    "zero-shot passkey": check_zero_shot_passkey,
+    "recovery": check_recovery,
+    "robustness": check_robustness,
+    "findings intervals": check_findings_intervals,
+}
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_reference_readme_table_equals_the_rows(name):
+    assert CHECKS[name](_numbers_text()) > 0
+
+
+#: (check, committed text, a wrong text): each check must fail on the wrong one
+WRONG = [
+    ("zero-shot passkey", "| raw RoPE | 1.00 / 0.07 / 0.00 |", "| raw RoPE | 1.00 / 0.17 / 0.00 |"),
+    ("recovery", "| 0.75 (0.57-0.75) |", "| 0.75 (0.57-0.80) |"),
+    ("recovery", "| 0.00 (0.00-0.23) |", "| 0.10 (0.00-0.23) |"),
+    ("robustness", "1.49 / 2.02 / 2.01", "1.49 / 2.02 / 2.11"),
+    ("robustness", "-0.17 / -0.38 / -0.46", "-0.17 / -0.38 / -0.36"),
+    ("findings intervals", "sinusoidal 2.82 [2.35, 3.40]", "sinusoidal 2.82 [2.35, 3.50]"),
+    ("findings intervals", "| F3 | not decided |", "| F3 | holds |"),
+]
+
+
+@pytest.mark.parametrize(("name", "right", "wrong"), WRONG)
+def test_reference_readme_check_fails_on_a_wrong_number(name, right, wrong):
+    text = _numbers_text()
+    assert text.count(right) == 1, right
+    with pytest.raises(AssertionError):
+        CHECKS[name](text.replace(right, wrong))
+
+
+@pytest.mark.parametrize(
+    ("name", "row_start"),
+    [
+        ("zero-shot passkey", "| PI zero-shot"),
+        ("recovery", "| YaRN | 0.50"),
+        ("findings intervals", "| F6 |"),
+    ],
+)
+def test_reference_readme_check_fails_on_a_missing_row(name, row_start):
+    text = _numbers_text()
+    (row,) = [line for line in text.splitlines() if line.startswith(row_start)]
+    with pytest.raises(AssertionError):
+        CHECKS[name](text.replace(row + "\n", ""))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -595,8 +595,91 @@ def test_applicable_methods_per_family() -> None:
     assert all(
         set(applicable_methods(k)) <= set(SCALING_METHODS) for k in ("sinusoidal", "learned")
     )
-    with pytest.raises(ValueError, match="position family 'rotary' is unknown; allowed: rope"):
+    with pytest.raises(ValueError, match="position.kind 'rotary' is unknown; allowed: rope"):
         applicable_methods("rotary")
+
+
+# ----------------------------------------------------------------------------- declared facts
+
+
+def _model_with(method: str, family: str = "rope"):
+    from models.positions import PositionConfig
+    from models.transformer import DecoderLM, ModelConfig, ScalingConfig
+
+    torch.manual_seed(0)
+    model = DecoderLM(
+        ModelConfig(n_layers=1, d_model=16, n_heads=2), PositionConfig(kind=family), 8
+    )
+    model.set_scaling(ScalingConfig(name=method, method=method))
+    return model
+
+
+@pytest.mark.parametrize("length_dependent", [True, False])
+def test_length_dependent_method_gets_a_table_per_length(length_dependent: bool) -> None:
+    """A method that declares itself length-dependent is computed at each sequence length; the
+    same function declared static (the negative control) is computed once for every length."""
+
+    @register_scaling("_test_grow", length_dependent=length_dependent)
+    def _grow(geometry: RopeGeometry) -> tuple[torch.Tensor, float]:
+        # frequencies shrink as the sequence grows past the training length
+        stretch = max(1.0, geometry.seq_len / geometry.original_length)
+        return default_inv_freq(geometry.rotary_dim, geometry.base) / stretch, 1.0
+
+    try:
+        model = _model_with("_test_grow")
+        short_ids, long_ids = torch.arange(8)[None], torch.arange(32)[None]
+        short, _ = model.family.rotary(model, short_ids, 8)
+        long, _ = model.family.rotary(model, long_ids, 32)
+        # the first 8 positions' angles: equal to raw RoPE at L, divided by 4 at 4L if dependent
+        raw = torch.cos(torch.arange(8.0)[:, None] * default_inv_freq(8, 1e4).float())
+        assert torch.allclose(short[0], raw, atol=1e-6)
+        quarter = torch.cos(torch.arange(8.0)[:, None] * default_inv_freq(8, 1e4).float() / 4)
+        assert torch.allclose(long[0, :8], quarter if length_dependent else raw, atol=1e-6)
+        assert model._length_dependent() is length_dependent
+    finally:
+        SCALING_METHODS.pop("_test_grow", None)
+
+
+def test_declared_facts_of_the_shipped_methods() -> None:
+    facts = {
+        n: (m.length_dependent, m.auto_keys, m.list_params) for n, m in SCALING_METHODS.items()
+    }
+    assert facts["dynamic"][0] and facts["longrope"][0]
+    assert not any(facts[n][0] for n in ("default", "linear", "ntk", "yarn", "llama3"))
+    assert facts["ntk"][1] == ("alpha",) and facts["linear"][1] == ("factor",)
+    assert facts["longrope"][2] == ("short_factor", "long_factor")
+    # a declared fact names a parameter the function takes
+    with pytest.raises(ValueError, match="declares auto_keys \\['scale'\\]"):
+
+        @register_scaling("_test_bad", auto_keys=("scale",))
+        def _bad(geometry: RopeGeometry, *, factor: float = 1.0) -> tuple[torch.Tensor, float]:
+            return default_inv_freq(geometry.rotary_dim, geometry.base), 1.0
+
+    assert "_test_bad" not in SCALING_METHODS
+
+
+def test_auto_and_list_params_follow_the_declaration() -> None:
+    from models.scaling_config import ScalingConfig, resolve_params
+
+    @register_scaling("_test_lists", auto_keys=("scale",), list_params=("per_pair",))
+    def _lists(
+        geometry: RopeGeometry, *, scale: float = 1.0, per_pair: Sequence[float] = ()
+    ) -> tuple[torch.Tensor, float]:
+        return default_inv_freq(geometry.rotary_dim, geometry.base) / scale, 1.0
+
+    try:
+        cfg = ScalingConfig(method="_test_lists", params={"scale": "auto", "per_pair": 2.0})
+        assert cfg.auto_factor
+        params = resolve_params(cfg, train_length=8, eval_length=32, rotary_pairs=3)
+        assert params == {"scale": 4.0, "per_pair": [2.0, 2.0, 2.0]}
+        # control: a method that does not declare "factor" leaves factor: auto alone
+        undeclared = ScalingConfig(method="_test_lists", params={"factor": "auto"})
+        assert not undeclared.auto_factor
+        assert resolve_params(undeclared, train_length=8, eval_length=32, rotary_pairs=3) == {
+            "factor": "auto"
+        }
+    finally:
+        SCALING_METHODS.pop("_test_lists", None)
 
 
 # ----------------------------------------------------------------------------- errors

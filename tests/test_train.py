@@ -90,25 +90,51 @@ def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_loss_decreases_and_stats(corpus: Corpus) -> None:
     model, stats = train_model(tiny_cfg(), corpus, progress=False)
-    losses = [stats["train_losses"][s] for s in sorted(stats["train_losses"])]
+    losses = [stats.train_losses[s] for s in sorted(stats.train_losses)]
     assert len(losses) == 30 and all(math.isfinite(x) for x in losses)
     assert losses[0] == pytest.approx(math.log(259), abs=0.3)  # uniform over the vocabulary at init
     assert sum(losses[-5:]) / 5 < losses[0] - 1.0
-    assert set(stats["val_losses"]) == {15, 30}
-    assert stats["val_losses"][30] < stats["val_losses"][15] + 0.1
-    assert stats["final_val_loss"] == stats["val_losses"][30]
-    assert stats["final_train_loss"] == pytest.approx(
+    assert set(stats.val_losses) == {15, 30}
+    assert stats.val_losses[30] < stats.val_losses[15] + 0.1
+    assert stats.final_val_loss == stats.val_losses[30]
+    assert stats.final_train_loss == pytest.approx(
         losses[-1]
     )  # log_every=1: last window = last step
-    assert stats["steps"] == 30 and stats["tokens"] == 30 * 8 * LENGTH
-    assert stats["tokens_per_s"] > 0 and stats["wall_time_s"] >= stats["train_time_s"] > 0
-    assert stats["n_params"] == model.num_parameters()
+    assert stats.steps == 30 and stats.tokens == 30 * 8 * LENGTH
+    assert stats.tokens_per_s > 0 and stats.wall_time_s >= stats.train_time_s > 0
+    assert stats.n_params == model.num_parameters()
     assert not model.training and model.train_length == LENGTH
 
     # Negative control: with lr = 0 nothing is learned, so the check above is not vacuous.
     _, frozen = train_model(tiny_cfg(lr=0.0, steps=6, eval_batches=0), corpus, progress=False)
-    first, last = frozen["train_losses"][1], frozen["train_losses"][6]
-    assert abs(last - first) < 0.2 and frozen["val_losses"] == {}
+    first, last = frozen.train_losses[1], frozen.train_losses[6]
+    assert abs(last - first) < 0.2 and frozen.val_losses == {}
+
+
+def test_train_stats_as_dict_is_the_stored_dict(corpus: Corpus) -> None:
+    """as_dict() is what a checkpoint stores: these keys in this order; a zero-update fine-tune
+    (resumed_from None: it runs no loop) stores no resumed_from."""
+    _, stats = train_model(tiny_cfg(steps=2, eval_batches=0), corpus, progress=False)
+    stored = stats.as_dict()
+    assert list(stored) == [
+        "steps",
+        "tokens",
+        "tokens_per_s",
+        "train_time_s",
+        "wall_time_s",
+        "final_train_loss",
+        "train_losses",
+        "val_losses",
+        "final_val_loss",
+        "n_params",
+        "precision",
+        "device",
+        "num_processes",
+        "resumed_from",
+    ]
+    assert stored["resumed_from"] == 0 and set(stored["train_losses"]) == {1, 2}
+    assert stored["final_val_loss"] is None and stored["device"] == "cpu"
+    assert list(replace(stats, resumed_from=None).as_dict()) == list(stored)[:-1]
 
 
 def test_same_seed_same_weights_other_seed_differs(corpus: Corpus) -> None:
@@ -117,7 +143,7 @@ def test_same_seed_same_weights_other_seed_differs(corpus: Corpus) -> None:
     b, stats_b = train_model(cfg, corpus, progress=False)
     sa, sb = state_of(a), state_of(b)
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert stats_a["train_losses"] == stats_b["train_losses"]
+    assert stats_a.train_losses == stats_b.train_losses
     c, _ = train_model(replace(cfg, seed=1), corpus, progress=False)
     sc = state_of(c)
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # negative control
@@ -155,8 +181,8 @@ def test_bf16_autocast_trains_with_float32_weights(corpus: Corpus) -> None:
         tiny_cfg(precision="bf16", steps=3, eval_batches=1), corpus, progress=False
     )
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert math.isfinite(stats["final_train_loss"]) and math.isfinite(stats["final_val_loss"])
-    assert stats["precision"] == "bf16"
+    assert math.isfinite(stats.final_train_loss) and math.isfinite(stats.final_val_loss)
+    assert stats.precision == "bf16"
 
 
 @pytest.mark.parametrize(
@@ -209,7 +235,7 @@ def test_passkey_rows_and_answer_loss_train(corpus: Corpus) -> None:
         eval_batches=0,
     )
     _, stats = train_model(cfg, corpus, progress=False)
-    assert math.isfinite(stats["final_train_loss"])
+    assert math.isfinite(stats.final_train_loss)
 
 
 def test_lr_schedule_warmup_cosine_and_min_lr_forms() -> None:
@@ -348,7 +374,7 @@ def test_omegaconf_config_is_accepted(corpus: Corpus) -> None:
 
     cfg = JobConfig.from_hydra(OmegaConf.create(tiny_dict(steps=2, eval_batches=0)))
     model, stats = train_model(cfg, corpus, progress=False)
-    assert stats["steps"] == 2 and model.model_cfg.d_model == 32
+    assert stats.steps == 2 and model.model_cfg.d_model == 32
     assert isinstance(cfg.model, ModelSchema)
 
 
@@ -419,7 +445,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(
     ]
     # Same global batch and schedule as one process: the same losses up to reduction order.
     _, single = train_model(cfg, corpus, progress=False)
-    assert single["num_processes"] == 1
-    assert ranks[0]["loss"] == pytest.approx(single["final_train_loss"], abs=1e-4)
-    assert ranks[0]["val"] == pytest.approx(single["final_val_loss"], abs=1e-4)
+    assert single.num_processes == 1
+    assert ranks[0]["loss"] == pytest.approx(single.final_train_loss, abs=1e-4)
+    assert ranks[0]["val"] == pytest.approx(single.final_val_loss, abs=1e-4)
     assert ranks[0]["loss"] < math.log(259) - 0.5  # and it did learn (not vacuous)

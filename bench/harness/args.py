@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from models.scaling import SCALING_METHODS
 from models.transformer import ScalingConfig
 
 DEFAULT_MAX_BATCH_SIZE = 64
-LIST_PARAMS = ("short_factor", "long_factor")
 # LenbenchLM's own arguments: every other model argument must be a parameter of the scaling method.
 MODEL_ARGS = (
     "pretrained",
@@ -72,18 +70,10 @@ def batch_rows(batch_size: Any, max_batch_size: Any) -> int:
     return value
 
 
-def _method_param_names(method: str) -> set[str]:
-    fn = SCALING_METHODS[method]
-    return {
-        p.name
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
-
-
-def _coerce_param(key: str, value: Any) -> Any:
-    """String-friendly parameter values: numbers, booleans, ``auto``/``ramp`` and ``a:b:c`` lists."""
-    if key in LIST_PARAMS and isinstance(value, str) and ":" in value:
+def _coerce_param(key: str, value: Any, list_params: tuple[str, ...] = ()) -> Any:
+    """String-friendly parameter values: numbers, booleans, ``auto``/``ramp`` and ``a:b:c`` lists
+    (for the method's ``list_params``)."""
+    if key in list_params and isinstance(value, str) and ":" in value:
         try:
             return [float(v) for v in value.split(":") if v.strip()]
         except ValueError:
@@ -198,7 +188,7 @@ def _scaling_config(
         raise ValueError(
             f"scaling method {method!r} is unknown; registered: {', '.join(sorted(SCALING_METHODS))}."
         )
-    allowed_params = _method_param_names(method)
+    allowed_params = set(SCALING_METHODS[method].parameters)
     unknown = sorted(set(params) - allowed_params)
     if unknown:
         what = f"scaling method {method!r}" if method != "default" else "scaling none"
@@ -206,7 +196,8 @@ def _scaling_config(
             f"model argument(s) {unknown} are unknown for {what}; allowed scaling parameters: "
             f"{', '.join(sorted(allowed_params)) or 'none'} (other model arguments: {', '.join(MODEL_ARGS)})."
         )
-    coerced = {k: _coerce_param(k, v) for k, v in params.items()}
+    list_params = SCALING_METHODS[method].list_params
+    coerced = {k: _coerce_param(k, v, list_params) for k, v in params.items()}
     if method == "default" and not logn:
         return None
     label = name or ("logn" if method == "default" else method + ("+logn" if logn else ""))

@@ -124,7 +124,7 @@ def check_arguments(argv: Sequence[str]) -> None:
     """Refuse, before any model loads, what cannot work: unknown ``--model_args`` keys of the
     ``lenbench`` model, a ``pretrained`` that is not a finished checkpoint, a task name that is
     neither ours nor lm-eval's (ours are checked at once; others need lm-eval's task index)."""
-    from bench.harness.args import MODEL_ARGS, _method_param_names, scaling_presets
+    from bench.harness.args import MODEL_ARGS, scaling_presets
     from models.scaling import SCALING_METHODS
 
     if _option_value(argv, "--model") == "lenbench":
@@ -147,7 +147,7 @@ def check_arguments(argv: Sequence[str]) -> None:
                 f"model argument scaling={scaling!r} is unknown; allowed: {', '.join(allowed)}."
             )
         method = presets[scaling]["method"] if scaling in presets else scaling
-        allowed = set(MODEL_ARGS) | _method_param_names(method)
+        allowed = set(MODEL_ARGS) | set(SCALING_METHODS[method].parameters)
         unknown = sorted(set(args) - allowed)
         if unknown:
             raise HarnessArgError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from bench.checks import parse_length
 from bench.metrics import nll, passkey, probes, probes_position  # noqa: F401  (built-ins, in order)
 from bench.metrics.config import (
     EvalConfigBase,
@@ -20,7 +21,6 @@ from bench.metrics.config import (
     eval_config_class,
 )
 from bench.metrics.context import EvalContext, select_documents
-from bench.metrics.lengths import parse_length
 from bench.metrics.registry import (
     METRICS,
     BootstrapConfig,

@@ -15,10 +15,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.metrics.checks import choice, integer, number
-from bench.metrics.lengths import check_grid, resolve_grid
-from bench.metrics.registry import METRICS, MetricConfig
-from bench.runtime import PRECISIONS
+from bench.checks import integer, number, resolve_grid
+from bench.metrics.registry import (
+    DEFAULT_LENGTHS,
+    METRICS,
+    EvalKeys,
+    MetricConfig,
+    top_level_keys,
+)
 
 __all__ = [
     "EvalConfigBase",
@@ -28,9 +32,6 @@ __all__ = [
     "eval_config_class",
     "top_level_keys",
 ]
-
-
-DEFAULT_LENGTHS = ("1x", "2x", "4x", "8x", "16x")
 
 
 @dataclass
@@ -50,23 +51,11 @@ class HarnessConfig:
 
 
 @dataclass
-class EvalConfigBase:
+class EvalConfigBase(EvalKeys):
     """The top-level eval keys; :func:`eval_config_class` adds one field per metric and harness."""
 
-    lengths: Any = field(default_factory=lambda: list(DEFAULT_LENGTHS))  # null = these
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
-    batch_size: int = 8  # windows per forward pass ...
-    max_batch_tokens: int | None = 32768  # ... capped at this many tokens per pass (None = no cap)
-
     def __post_init__(self) -> None:
-        if self.lengths == "auto":
-            raise ValueError("eval.lengths must be a length or a list of lengths, got 'auto'.")
-        check_grid(self.lengths, "eval.lengths")
-        self.precision = choice("eval.precision", self.precision, PRECISIONS)
-        self.batch_size = integer("eval.batch_size", self.batch_size, 1)
-        self.max_batch_tokens = integer(
-            "eval.max_batch_tokens", self.max_batch_tokens, 1, optional=True
-        )
+        super().__post_init__()
         for f in fields(self):  # sections: the metrics' and harness (real types, not strings)
             if not (isinstance(f.type, type) and is_dataclass(f.type)):
                 continue
@@ -153,11 +142,6 @@ class ResolvedEval:
 
 
 _built: tuple[tuple, type] | None = None
-
-
-def top_level_keys() -> tuple[str, ...]:
-    """The eval keys that are not metric sections (no metric may take these names)."""
-    return (*(f.name for f in fields(EvalConfigBase)), "harness")
 
 
 def eval_config_class() -> type[EvalConfigBase]:

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.checks import choice, integer
 from bench.corpora import Document
-from bench.metrics.checks import choice, integer
 from bench.metrics.context import (
     EvalContext,
     bootstrap_ratio_ci,
@@ -165,6 +165,28 @@ def nll_rows(
     document's first ``span`` tokens (``fill``), else its first ``max_windows`` windows."""
     if span is not None and int(span) < length:
         raise ValueError(f"nll span {span} is shorter than the eval length {length}.")
+    selected = _long_enough_documents(docs, length, span, max_docs)
+    if not selected:
+        return [make_row("nll", float("nan"), 0, length, axis="docs", axis_value=0)]
+    edges = bucket_edges(buckets, length, train_length)
+    windows = [
+        (d, start, score_from)
+        for d, doc in enumerate(selected)
+        for start, score_from in nll_windows(
+            len(doc), length, max_windows, protocol, stride or length, span
+        )
+    ]
+    all_sums, all_counts = _window_sums(ctx, selected, windows, length, edges)  # [D, K + 1]
+    rng = np.random.default_rng([int(seed), int(length), 1])
+    # the whole window is one more column, so its CI comes from the same resamples
+    lo, hi = bootstrap_ratio_ci(all_sums, all_counts, bootstrap, ci, rng)
+    return _bucket_rows(all_sums, all_counts, lo, hi, edges, length, span)
+
+
+def _long_enough_documents(
+    docs: Sequence[Document], length: int, span: int | None, max_docs: int
+) -> list[Document]:
+    """Up to ``max_docs`` documents that hold the scored span plus one token, logging the rest."""
     need = (int(span) if span is not None else length) + 1
     selected, n_eligible = select_documents(docs, need, max_docs)
     if n_eligible < len(docs):
@@ -182,17 +204,20 @@ def nll_rows(
             length,
             need,
         )
-        return [make_row("nll", float("nan"), 0, length, axis="docs", axis_value=0)]
-    edges = bucket_edges(buckets, length, train_length)
+    return selected
+
+
+def _window_sums(
+    ctx: EvalContext,
+    selected: Sequence[Document],
+    windows: list[tuple[int, int, int]],
+    length: int,
+    edges: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Summed NLL and scored tokens per document, [D, K + 1] each: K position buckets of the
+    document's first window, then every scored token of every window (the whole-window column)."""
     n_buckets = len(edges) - 1
     bucket_of = torch.from_numpy(bucket_index(edges, length))  # [L]
-    windows = [
-        (d, start, score_from)
-        for d, doc in enumerate(selected)
-        for start, score_from in nll_windows(
-            len(doc), length, max_windows, protocol, stride or length, span
-        )
-    ]
     # buckets: first windows only (the same tokens at every length); whole: every window
     sums = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
     counts = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
@@ -224,17 +249,26 @@ def nll_rows(
             sums.index_add_(0, cell[in_first], nll[in_first])
             counts.index_add_(0, cell[in_first], torch.ones_like(nll[in_first]))
             bar.update(len(chunk))
-    sums_arr = sums.view(len(selected), n_buckets).numpy()
-    counts_arr = counts.view(len(selected), n_buckets).numpy()
-    rng = np.random.default_rng([int(seed), int(length), 1])
-    # the whole window is one more column, so its CI comes from the same resamples
+    sums_arr = sums.view(len(selected), n_buckets).numpy()  # [D, K]
+    counts_arr = counts.view(len(selected), n_buckets).numpy()  # [D, K]
     all_sums = np.concatenate([sums_arr, doc_sums.numpy()[:, None]], axis=1)
     all_counts = np.concatenate([counts_arr, doc_counts.numpy()[:, None]], axis=1)
-    lo, hi = bootstrap_ratio_ci(all_sums, all_counts, bootstrap, ci, rng)
-    totals, token_counts = all_sums.sum(0), all_counts.sum(0)
+    return all_sums, all_counts
 
+
+def _bucket_rows(
+    all_sums: np.ndarray,
+    all_counts: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    edges: np.ndarray,
+    length: int,
+    span: int | None,
+) -> list[dict]:
+    """One row per scored bucket, then the whole-window row (``all_*``: [D, K + 1])."""
+    totals, token_counts = all_sums.sum(0), all_counts.sum(0)  # [K + 1]
     rows = []
-    for b in range(n_buckets):
+    for b in range(len(edges) - 1):
         if token_counts[b] == 0:
             continue  # sliding windows leave early buckets of later windows unscored
         rows.append(
@@ -256,7 +290,7 @@ def nll_rows(
             token_counts[-1],
             length,
             axis="docs",
-            axis_value=len(selected),
+            axis_value=len(all_sums),
             span=span,
             # per document, in the run's document order: what a seed x document bootstrap resamples
             doc_nll_sums=[float(x) for x in all_sums[:, -1]],

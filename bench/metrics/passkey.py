@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from bench.checks import choice, integer, number
 from bench.corpora import Document
-from bench.metrics.checks import choice, integer, number
 from bench.metrics.context import EvalContext, make_row
 from bench.metrics.registry import MetricConfig, register_metric
 from bench.passkey import (
@@ -296,6 +296,34 @@ def passkey_rows(
 
     Lengths below the template's minimum are skipped with a logged warning (no rows).
     """
+    examples = _length_examples(
+        ctx,
+        length,
+        depths=depths,
+        trials=trials,
+        seed=seed,
+        filler=filler,
+        docs=docs,
+        template=template,
+    )
+    if examples is None:
+        return []
+    verdicts = _batched_verdicts(ctx, examples, length)
+    return _accuracy_rows(examples, verdicts, length, template)
+
+
+def _length_examples(
+    ctx: EvalContext,
+    length: int,
+    *,
+    depths: Sequence[float],
+    trials: int,
+    seed: int,
+    filler: str,
+    docs: Sequence[Document],
+    template: str,
+) -> list[PasskeyExample] | None:
+    """The passkey grid at one eval length; None (with a logged warning) where it is skipped."""
     tok = ctx.tokenizer
     minimum = min_passkey_length(template=template)
     if tok is None and length < minimum:
@@ -304,7 +332,7 @@ def passkey_rows(
             length,
             minimum,
         )
-        return []
+        return None
     source = _filler_source(docs, length) if filler == "corpus" else None
     if tok is not None and source is not None:
         source = tok.decode(source.tolist(), skip_special_tokens=True)
@@ -316,7 +344,7 @@ def passkey_rows(
         if tok is None:
             raise
         logger.warning("passkey at eval length %d skipped: %s", length, exc)
-        return []
+        return None
     off = sum(e.length != length for e in examples)
     if off:
         logger.warning(
@@ -327,16 +355,30 @@ def passkey_rows(
             len(examples),
             length,
         )
+    return examples
+
+
+def _batched_verdicts(
+    ctx: EvalContext, examples: Sequence[PasskeyExample], length: int
+) -> list[bool]:
+    """Verdicts in the order of ``examples``: teacher-forced on byte tokens, greedy on text."""
     verdicts = []
     with ctx.bar(len(examples), f"passkey L={length}", unit="ex") as bar:
         step = max(1, ctx.rows_per_batch(length))
         for start in range(0, len(examples), step):
             chunk = examples[start : start + step]
-            if tok is None:
+            if ctx.tokenizer is None:
                 verdicts += passkey_verdicts(ctx.model, chunk, step, ctx.device, ctx=ctx)
             else:
                 verdicts += text_passkey_verdicts(ctx, chunk)
             bar.update(len(chunk))
+    return verdicts
+
+
+def _accuracy_rows(
+    examples: Sequence[PasskeyExample], verdicts: list[bool], length: int, template: str
+) -> list[dict]:
+    """One ``passkey_acc`` row per depth, then one over every depth (axis "template")."""
     by_depth: dict[float, list[bool]] = defaultdict(list)
     for example, verdict in zip(examples, verdicts, strict=True):
         by_depth[example.depth].append(verdict)

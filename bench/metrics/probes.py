@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.checks import integer
 from bench.corpora import Document
-from bench.metrics.checks import integer
 from bench.metrics.context import (
     EvalContext,
     bootstrap_ratio_ci,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.checks import integer, number
 from bench.corpora import Document
-from bench.metrics.checks import integer, number
 from bench.metrics.context import EvalContext, first_windows, make_row, select_documents
 from bench.metrics.registry import MetricConfig, register_metric
 

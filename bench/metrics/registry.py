@@ -14,24 +14,54 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar
 
+from bench.checks import boolean, check_grid, choice, integer, number, resolve_grid
 from bench.corpora import Document
-from bench.metrics.checks import boolean, integer, number
 from bench.metrics.context import EvalContext
-from bench.metrics.lengths import check_grid, resolve_grid
+from bench.runtime import PRECISIONS
 
 __all__ = [
+    "DEFAULT_LENGTHS",
     "METRICS",
     "BootstrapConfig",
+    "EvalKeys",
     "Metric",
     "MetricConfig",
     "MetricFn",
     "grid_field",
     "register_metric",
+    "top_level_keys",
 ]
 
 logger = logging.getLogger(__name__)
 
 _GRID = {"grid": True}
+DEFAULT_LENGTHS = ("1x", "2x", "4x", "8x", "16x")
+
+
+@dataclass
+class EvalKeys:
+    """The eval config's top-level keys, which are not metric sections: no metric may take their
+    names (nor ``harness``). :class:`bench.metrics.config.EvalConfigBase` adds the sections."""
+
+    lengths: Any = field(default_factory=lambda: list(DEFAULT_LENGTHS))  # null = these
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    batch_size: int = 8  # windows per forward pass ...
+    max_batch_tokens: int | None = 32768  # ... capped at this many tokens per pass (None = no cap)
+
+    def __post_init__(self) -> None:
+        if self.lengths == "auto":
+            raise ValueError("eval.lengths must be a length or a list of lengths, got 'auto'.")
+        check_grid(self.lengths, "eval.lengths")
+        self.precision = choice("eval.precision", self.precision, PRECISIONS)
+        self.batch_size = integer("eval.batch_size", self.batch_size, 1)
+        self.max_batch_tokens = integer(
+            "eval.max_batch_tokens", self.max_batch_tokens, 1, optional=True
+        )
+
+
+def top_level_keys() -> tuple[str, ...]:
+    """The eval keys that are not metric sections (no metric may take these names)."""
+    return (*(f.name for f in fields(EvalKeys)), "harness")
 
 
 def grid_field(default: Any) -> Any:
@@ -46,7 +76,7 @@ class MetricConfig:
     """The keys every metric section has; a metric's config dataclass adds its own after them.
 
     Subclasses check their fields in ``__post_init__`` (calling this one first) with the helpers
-    of ``bench.metrics.checks``, naming keys with :meth:`key`.
+    of ``bench.checks``, naming keys with :meth:`key`.
     """
 
     enabled: bool = True  # run this metric at all
@@ -140,8 +170,6 @@ def register_metric(
     def decorator(fn: MetricFn) -> MetricFn:
         if name in METRICS:
             raise ValueError(f"metric {name!r} is already registered.")
-        from bench.metrics.config import top_level_keys  # config builds on this module
-
         if not name.isidentifier() or name in top_level_keys():
             raise ValueError(
                 f"metric name {name!r} is invalid; allowed: a Python identifier other than "

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from bench.job import NotApplicable
-from bench.pretrained.source import position_family, rope_geometry
+from bench.checks import NotApplicable, check_method
+from bench.pretrained.config import position_family, rope_geometry
 from bench.runtime import forward_takes
 from models.attention import ATTENTION_TILE_ELEMENTS
 from models.scaling import rope_parameters
@@ -65,12 +65,14 @@ def check_pretrained_scaling(family: str, scaling: ScalingConfig | None) -> None
             f"scaling {scaling.name} (method {scaling.method}) is not applicable to a pretrained "
             f"model: {_MISSING[scaling.method]}"
         )
-    allowed = pretrained_methods(family)
-    if scaling.method not in allowed:
-        raise NotApplicable(
-            f"scaling {scaling.name} (method {scaling.method}) does not apply to position "
-            f"{family}; methods for a pretrained {family} model: {', '.join(allowed)}"
-        )
+    check_method(
+        "scaling",
+        scaling.name,
+        scaling.method,
+        family,
+        pretrained_methods(family),
+        owner=f"a pretrained {family} model",
+    )
 
 
 def rope_for(

@@ -1,295 +1,111 @@
-"""Where a pretrained model comes from: its config section, loading, and what lenbench reads off it.
+"""A pretrained transformers model as the model source of a lenbench job (``bench.source``).
 
-A pretrained model is a transformers causal LM in a local directory or on the Hugging Face hub.
-From its config come the training length (``original_max_position_embeddings`` or the model's
-maximum length), the position family (rope / learned / alibi / nope) and its parameters; its
-``model_id`` hashes the hub id and revision, or the local weights files. Loading problems become
-one-sentence ValueErrors that say what to do. transformers is imported only when a model is used.
+The job's eval config runs on the model at lengths relative to its training length, the scaling is
+applied through its own rope parameters (``bench.pretrained.adapter``), the corpus is read in the
+model's tokens (``bench.pretrained.documents``), and the rows carry the usual identity columns
+(``model_id`` from ``bench.pretrained.config``, ``position`` = the detected family,
+``position_params`` naming the model) so that reports and the dedup rule work unchanged. Until the
+pipeline asks for the model only its config is read.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
-import re
-from dataclasses import dataclass
-from pathlib import Path
+import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bench.metrics.checks import boolean, choice, integer
+from torch import nn
 
-__all__ = [
-    "DTYPES",
-    "PretrainedConfig",
-    "load_config",
-    "load_pretrained",
-    "model_id",
-    "position_family",
-    "position_params",
-    "rope_geometry",
-    "train_length_of",
-]
+from bench.corpora import Corpus, Document
+from bench.metrics import ResolvedEval
+from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling, rope_for
+from bench.pretrained.config import (
+    PretrainedConfig,
+    load_config,
+    load_pretrained,
+    model_id,
+    position_family,
+    position_params,
+    rope_geometry,
+    train_length_of,
+)
+from bench.pretrained.documents import retokenize
+from bench.results import canonical_json
+from bench.source import SourceModel
+from models.scaling_config import ScalingConfig, run_scaling
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-ALIBI_MODEL_TYPES = ("bloom", "mpt")
-# config keys naming the longest context a model was trained with, most specific first
-LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+__all__ = ["PretrainedSource"]
+
+log = logging.getLogger("lenbench")
 
 
-@dataclass
-class PretrainedConfig:
-    """The ``pretrained`` section: a transformers model evaluated instead of a trained lenbench model."""
+class PretrainedSource:
+    """The ``pretrained`` section's model (``bench.source.ModelSource``)."""
 
-    path: str | None = None  # local model directory or hub id (required)
-    revision: str | None = None  # hub branch, tag or commit (hub ids only)
-    dtype: str = "auto"  # auto (the checkpoint's) | float32 | bfloat16 | float16
-    attn_implementation: str | None = None  # sdpa | eager | flash_attention_2 ...; null = default
-    train_length: int | None = None  # null = original_max_position_embeddings or max length
-    trust_remote_code: bool = False  # run the model repository's own Python code
+    obtains = "loading the model"
+    caches = False
 
-    def __post_init__(self) -> None:
-        if self.path is None or str(self.path).strip() in ("", "???"):
-            raise ValueError(
-                "pretrained.path is required; give a local model directory or a hub id, e.g. "
-                "pretrained.path=~/models/my-llama or pretrained.path=org/name."
+    def __init__(self, job: Any) -> None:
+        self.job = job  # bench.schema.JobConfig
+        self.cfg: PretrainedConfig = job.pretrained
+
+    @functools.cached_property
+    def config(self) -> Any:
+        """The model's transformers config (no weights); one-sentence ValueErrors."""
+        return load_config(self.cfg)
+
+    def check_scaling(self, scaling: ScalingConfig) -> None:
+        check_pretrained_scaling(position_family(self.config), scaling)
+
+    def plan(self) -> tuple[ResolvedEval, ScalingConfig]:
+        job, config = self.job, self.config
+        train_length = train_length_of(config, self.cfg.train_length)
+        resolved = job.eval.resolve(train_length)
+        scaling = run_scaling(job.scaling, train_length=train_length, lengths=resolved.lengths)
+        if position_family(config) == "rope" and scaling.method != "default":
+            rope_geometry(config)  # a rope model without head geometry fails here, in one sentence
+            for length in resolved.lengths:
+                try:
+                    rope_for(config, train_length, scaling, length)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
+                    ) from None
+        return resolved, scaling
+
+    def model_id(self, corpus: Corpus) -> str:
+        return model_id(self.cfg)
+
+    def model(self, corpus: Corpus, spec: Any) -> SourceModel:
+        hf_model, tokenizer = load_pretrained(self.cfg, spec.device)
+        lm = PretrainedLM(hf_model, tokenizer, spec.eval.train_length)
+        return SourceModel(lm, labels={"position": lm.family}, tokenizer=tokenizer)
+
+    def test_docs(self, corpus: Corpus, model: SourceModel) -> Sequence[Document]:
+        return retokenize(corpus.split("test"), model.tokenizer)
+
+    def measured(
+        self, model: SourceModel, corpus: Corpus, spec: Any
+    ) -> Iterator[tuple[nn.Module, dict[str, Any] | None]]:
+        yield model.module, None
+
+    def extra_rows(self, model: SourceModel, spec: Any) -> list[dict[str, Any]]:
+        if spec.eval.harness.tasks:
+            log.warning(
+                "eval.harness.tasks are not run on a pretrained model; run lm-eval's own hf model "
+                "(lm_eval --model hf --model_args pretrained=%s) for them.",
+                self.cfg.path,
             )
-        choice("pretrained.dtype", self.dtype, DTYPES)
-        self.train_length = integer("pretrained.train_length", self.train_length, 2, optional=True)
-        self.trust_remote_code = boolean("pretrained.trust_remote_code", self.trust_remote_code)
+        return []
 
-    def local_dir(self) -> Path | None:
-        """The local directory ``path`` names, or None when it is a hub id."""
-        path = Path(os.path.expandvars(os.path.expanduser(str(self.path))))
-        if path.exists():
-            return path
-        looks_local = str(self.path).startswith(("/", ".", "~")) or not _HUB_ID.match(
-            str(self.path)
-        )
-        if looks_local:
-            raise ValueError(
-                f"pretrained.path {self.path!r} does not exist; give a transformers model "
-                "directory (the output of save_pretrained) or a hub id such as org/name."
-            )
-        return None
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-
-
-def _hub_error(cfg: PretrainedConfig, exc: BaseException) -> ValueError:
-    """One sentence for a hub id that could not be loaded."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    where = f"pretrained.path {cfg.path!r}" + (
-        f" (revision {cfg.revision})" if cfg.revision else ""
-    )
-    if "offline" in text or "connect" in text or "resolve" in text or _offline():
-        return ValueError(
-            f"{where} is not in the local Hugging Face cache and the hub cannot be reached "
-            f"(offline); download it first (hf download {cfg.path}) or give a local directory."
-        )
-    if "not found" in text or "404" in text or "repository" in text or "revision" in text:
-        return ValueError(
-            f"{where} is not a model on the Hugging Face hub (or needs a login); check the id and "
-            "revision, or give a local directory."
-        )
-    return ValueError(
-        f"{where} could not be loaded ({type(exc).__name__}); {str(exc).splitlines()[0]}"
-    )
-
-
-def load_config(cfg: PretrainedConfig):
-    """The model's transformers config (no weights); raises one-sentence ValueErrors."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    local = cfg.local_dir()
-    if local is not None and local.is_dir() and not (local / "config.json").exists():
-        raise ValueError(
-            f"pretrained.path {cfg.path!r} is a directory without config.json; give a transformers "
-            "model directory (the output of save_pretrained)."
-        )
-    if local is not None and local.is_file():
-        raise ValueError(
-            f"pretrained.path {cfg.path!r} is a file; give the model's directory (with config.json)."
-        )
-    try:
-        config = AutoConfig.from_pretrained(
-            str(local or cfg.path),
-            revision=cfg.revision,
-            trust_remote_code=cfg.trust_remote_code,
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        if local is not None:
-            raise ValueError(
-                f"pretrained.path {cfg.path!r} has a config.json transformers cannot read "
-                f"({str(exc).splitlines()[0]}); check the model type or set "
-                "pretrained.trust_remote_code=true for a model with its own code."
-            ) from None
-        raise _hub_error(cfg, exc) from None
-    causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or bool(
-        getattr(config, "auto_map", {}) and "AutoModelForCausalLM" in config.auto_map
-    )
-    if not causal or getattr(config, "is_encoder_decoder", False):
-        kinds = ", ".join(getattr(config, "architectures", None) or [config.model_type])
-        raise ValueError(
-            f"pretrained.path {cfg.path!r} holds a {kinds} model, which is not a causal language "
-            "model; give a decoder-only model that AutoModelForCausalLM loads (e.g. Llama, GPT-2)."
-        )
-    return config
-
-
-def load_pretrained(cfg: PretrainedConfig, device: str = "cpu"):
-    """(model in eval mode on ``device``, tokenizer) of ``cfg``; one-sentence ValueErrors."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    load_config(cfg)  # the checks with their messages
-    source = str(cfg.local_dir() or cfg.path)
-    dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
-    kwargs: dict[str, Any] = {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
-    if cfg.attn_implementation is not None:
-        kwargs["attn_implementation"] = cfg.attn_implementation
-    try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
-    except (OSError, ValueError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(
-            f"pretrained.path {cfg.path!r}: the model could not be loaded: {first}"
-        ) from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
-        )
-    except (OSError, ValueError, TypeError) as exc:
-        raise ValueError(
-            f"pretrained.path {cfg.path!r} has no tokenizer that AutoTokenizer can load "
-            f"({type(exc).__name__}); save the model's tokenizer next to it."
-        ) from None
-    return model.to(device).eval(), tokenizer
-
-
-# --------------------------------------------------------------------------- what the config says
-
-
-def _rope_dict(config) -> dict | None:
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    return dict(rope) if isinstance(rope, dict) and rope else None
-
-
-def train_length_of(config, override: int | None = None) -> int:
-    """The context the model was trained with: ``override``, else ``original_max_position_embeddings``
-    (in the rope parameters or the config), else its maximum length."""
-    if override is not None:
-        return int(override)
-    rope = _rope_dict(config) or {}
-    for value in (
-        rope.get("original_max_position_embeddings"),
-        getattr(config, "original_max_position_embeddings", None),
-    ):
-        if isinstance(value, int) and value > 1:
-            return value
-    for key in LENGTH_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 1:
-            return value
-    raise ValueError(
-        f"the training length of this {config.model_type} model is not in its config (none of "
-        f"original_max_position_embeddings, {', '.join(LENGTH_KEYS)}); set pretrained.train_length."
-    )
-
-
-def position_family(config, model=None) -> str:
-    """rope / learned / alibi / nope, from the config (and the modules, when ``model`` is given)."""
-    attn = getattr(config, "attn_config", None)
-    alibi = getattr(config, "alibi", None) or (
-        attn.get("alibi") if isinstance(attn, dict) else getattr(attn, "alibi", None)
-    )
-    if config.model_type in ALIBI_MODEL_TYPES or alibi:
-        return "alibi"
-    if model is not None:
-        names = {type(m).__name__ for m in model.modules()}
-        if any(n.endswith("RotaryEmbedding") for n in names):
-            return "rope"
-        learned = ("wpe", "embed_positions", "position_embeddings")
-        if any(name.rsplit(".", 1)[-1] in learned for name, _ in model.named_modules()):
-            return "learned"
-        return "nope"
-    if _rope_dict(config) is not None or getattr(config, "rope_theta", None):
-        return "rope"
-    if getattr(config, "n_positions", None) or config.model_type in ("gpt2", "opt", "gpt_neo"):
-        return "learned"
-    return "nope"
-
-
-def rope_geometry(config) -> dict:
-    """head_dim, base and rotary_fraction of a rope model's config."""
-    rope = _rope_dict(config) or {}
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    fraction = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
-    return {
-        "head_dim": int(head_dim),
-        "base": float(base),
-        "rotary_fraction": float(fraction or 1.0),
-    }
-
-
-def position_params(cfg: PretrainedConfig, config, family: str) -> dict:
-    """The ``position_params`` of a pretrained model: its name (so each model is its own series in
-    the report) and, for rope, its geometry and the rope parameters it ships with."""
-    params: dict[str, Any] = {"pretrained": _display_name(cfg)}
-    if cfg.revision:
-        params["revision"] = cfg.revision
-    if family == "rope":
-        geometry = rope_geometry(config)
-        params.update(
-            base=geometry["base"], rotary_fraction=geometry["rotary_fraction"], layout="half"
-        )
-        shipped = {
-            k: v
-            for k, v in (_rope_dict(config) or {}).items()
-            if k not in ("rope_theta", "partial_rotary_factor")
+    def columns(self, model: SourceModel, corpus: Corpus) -> dict[str, Any]:
+        lm = model.module
+        params = position_params(self.cfg, lm.hf.config, lm.family)
+        return {
+            "position": lm.family,
+            "position_params": canonical_json(params),
+            "train_length": lm.train_length,
+            # one pretrained model = one configuration; seeds sample the eval
+            "model_config_id": model_id(self.cfg),
         }
-        if shipped.get("rope_type", "default") != "default":
-            params["shipped_rope"] = shipped
-    return params
-
-
-def _display_name(cfg: PretrainedConfig) -> str:
-    local = Path(os.path.expanduser(str(cfg.path)))
-    return local.name if local.exists() else str(cfg.path)
-
-
-@functools.lru_cache(maxsize=256)
-def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
-    """sha256 of a file; cached per process by (path, size, mtime), so a sweep hashes once."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def model_id(cfg: PretrainedConfig) -> str:
-    """sha256 hex[:16] of the hub id + revision, or of a local directory's weights files and config."""
-    local = cfg.local_dir()
-    if local is None:
-        identity: dict[str, Any] = {"hub": str(cfg.path), "revision": cfg.revision or "main"}
-    else:
-        files = sorted(
-            p
-            for p in local.iterdir()
-            if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name == "config.json")
-        )
-        identity = {
-            "files": {
-                p.name: _file_sha256(p, p.stat().st_size, p.stat().st_mtime_ns) for p in files
-            }
-        }
-    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -18,6 +18,8 @@ import pandas as pd
 from bench.series import series_key, series_labels
 from models.scaling_config import ORACLE_SUFFIX
 
+# Display order only (the report reads rows and never imports torch, so it cannot ask the
+# registries in models/): names not listed here sort after these, by name, and are shown all the same.
 POSITION_ORDER = ["rope", "sinusoidal", "learned", "alibi", "nope"]
 SCALING_ORDER = ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"]
 SERIES_KEYS = [
@@ -92,8 +94,14 @@ def _param_labels(names: list[str], params: list[str], groups: list[object]) -> 
     return labels
 
 
-def rank(value: str, order: list[str]) -> int:
+def rank(value: str, order: Sequence[str]) -> int:
     return order.index(value) if value in order else len(order)
+
+
+def scaling_rank(scaling: str) -> int:
+    """Where a scaling config sorts (:data:`SCALING_ORDER`); an oracle series right after its
+    method's."""
+    return rank(str(scaling).removesuffix(ORACLE_SUFFIX), SCALING_ORDER)
 
 
 #: Scaling-label parts that tell a model fine-tuned at length ("pi ft@4x", bench.extend) from
@@ -167,9 +175,7 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
         .assign(
             _pr=lambda d: [rank(p, POSITION_ORDER) for p in d["position"]],
             # an oracle series (a factor per eval length) right after its method's
-            _sr=lambda d: [
-                rank(s.removesuffix(ORACLE_SUFFIX), SCALING_ORDER) for s in d["scaling"]
-            ],
+            _sr=lambda d: [scaling_rank(s) for s in d["scaling"]],
         )
         .sort_values(
             [

@@ -165,6 +165,13 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
         return "## Perplexity vs evaluation length\n\n" + note(
             "nll", "the perplexity tables and figures are omitted"
         )
+    text = ["## Perplexity vs evaluation length", *_perplexity_parts(rep, df, t, style)]
+    text += _ratio_parts(rep, df, t, style)
+    return "\n\n".join(text)
+
+
+def _perplexity_parts(rep: ReportDir, df: pd.DataFrame, t: pd.DataFrame, style: Style) -> list[str]:
+    """Perplexity per series x eval length (:func:`nll_table` ``t``): table and figure."""
     wide = pivot(t, index=["series_rank", "series"], columns="eval_length", values="ppl")
     wide.columns = [f"L={c}" for c in wide.columns]
     counted = _doc_counts(df)
@@ -173,7 +180,7 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
     counts = _counts_text(counted["docs"])
     every_run = f", {counts} in every run" if counts and "/" not in counts else ""
     md = write_table(rep, "perplexity", t, wide, index=True)
-    text = ["## Perplexity vs evaluation length"]
+    text = []
     made = ppl_figure(df, style)
     if made is not None:
         fig, bands = made
@@ -195,7 +202,12 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
         "Source: `tables/perplexity.csv`.",
         md,
     ]
-    # extrapolation ratio
+    return text
+
+
+def _ratio_table(t: pd.DataFrame) -> pd.DataFrame:
+    """Perplexity at each eval length over the same series' perplexity at its training length,
+    with the row ids of both."""
     base = t[t["eval_length"] == t["train_length"]][[*GROUP_KEYS, "ppl", "row_ids", "n_rows"]]
     base = base.rename(columns={"ppl": "ppl_train", "row_ids": "_rid", "n_rows": "_nr"})
     r = t.merge(base, on=GROUP_KEYS, how="left")
@@ -220,11 +232,16 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
         "n_rows",
         "row_ids",
     ]
-    r = sort_series(r[rcols], ["eval_length"])
+    return sort_series(r[rcols], ["eval_length"])
+
+
+def _ratio_parts(rep: ReportDir, df: pd.DataFrame, t: pd.DataFrame, style: Style) -> list[str]:
+    """The extrapolation ratio subsection: table, and its figure where some ratio is known."""
+    r = _ratio_table(t)
     rp = pivot(r, index=["series_rank", "series"], columns="k", values="ratio")
     rp.columns = [f"{c:g}x" for c in rp.columns]
     rmd = write_table(rep, "extrapolation_ratio", r, rp, index=True)
-    text += [
+    text = [
         "### Extrapolation ratio",
         "Perplexity at k x the training length divided by perplexity at the training length "
         "(1 = no degradation; – = no evaluation at that length or at the training length). "
@@ -245,7 +262,7 @@ def perplexity_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
                 + bands,
             ),
         )
-    return "\n\n".join(text)
+    return text
 
 
 def bucket_figure(df: pd.DataFrame, style: Style) -> tuple[Figure, str] | None:

@@ -221,8 +221,21 @@ def _accuracy_parts(
 ) -> list[str]:
     """Accuracy by length (figure with the stored threshold, table) and by depth (heatmaps of
     the series with signal)."""
-    parts = []
     acc = _with_depth(acc)
+    md_len = _length_table(rep, acc)
+    by_depth = accuracy_by_depth(acc)
+    parts = _length_figure_parts(rep, acc, recorded, style)
+    parts += [
+        "Passkey accuracy by context length (the per-length rows where stored, else the "
+        "mean over depths; weighted by trials, seeds pooled). Source: "
+        "`tables/passkey_by_length.csv`, by depth: `tables/passkey_by_depth.csv`.",
+        md_len,
+    ]
+    return parts + _depth_parts(rep, by_depth)
+
+
+def _length_table(rep: ReportDir, acc: pd.DataFrame) -> str:
+    """Write the accuracy-by-length table (series x eval length); return its markdown."""
     by_len = summary_or_detail(
         acc,
         [*GROUP_KEYS, "eval_length"],
@@ -230,7 +243,6 @@ def _accuracy_parts(
         ("per-length rows", "mean over depths"),
     )
     by_len = sort_series(by_len, ["eval_length"]).rename(columns={"value": "passkey_acc"})
-    by_depth = accuracy_by_depth(acc)
     piv = pivot(
         by_len,
         index=["series_rank", "series"],
@@ -238,50 +250,56 @@ def _accuracy_parts(
         values="passkey_acc",
     )
     piv.columns = [f"L={c}" for c in piv.columns]
-    md_len = write_table(rep, "passkey_by_length", by_len, piv, index=True)
+    return write_table(rep, "passkey_by_length", by_len, piv, index=True)
+
+
+def _length_figure_parts(
+    rep: ReportDir, acc: pd.DataFrame, recorded: pd.DataFrame, style: Style
+) -> list[str]:
+    """Save the accuracy-vs-length figure, with the stored threshold where the runs share one;
+    return its markdown (nothing without rows)."""
     thresholds = sorted(set(stored_thresholds(recorded).dropna()))
     line = thresholds[0] if len(thresholds) == 1 else None
     made = passkey_figure(acc, style, line)
-    if made is not None:
-        fig, bands = made
-        save_figure(fig, rep.plots_dir, "passkey_vs_length")
-        if line is not None:
-            mark = (
-                f"the dotted line is the {line:g} threshold that defines the passkey context, "
-                "the grey vertical line the training length"
-            )
-        else:
-            if recorded.empty:
-                why = "no `passkey_context` rows"
-            elif thresholds:
-                why = f"the runs used different thresholds ({', '.join(f'{t:g}' for t in thresholds)})"
-            else:
-                why = "threshold not recorded"
-            mark = (
-                "the grey vertical line marks the training length (no passkey-context "
-                f"threshold line: {why})"
-            )
-        parts.append(
-            figure_md(
-                "passkey_vs_length",
-                "Passkey accuracy (mean over key depths) vs context length, one panel per "
-                "position family with rows; colour = scaling method, the same in every panel "
-                "(black = none, the raw model), fine-tuned models are their own lines; "
-                f"{mark}. {bands}",
-            )
+    if made is None:
+        return []
+    fig, bands = made
+    save_figure(fig, rep.plots_dir, "passkey_vs_length")
+    if line is not None:
+        mark = (
+            f"the dotted line is the {line:g} threshold that defines the passkey context, "
+            "the grey vertical line the training length"
         )
-    parts += [
-        "Passkey accuracy by context length (the per-length rows where stored, else the "
-        "mean over depths; weighted by trials, seeds pooled). Source: "
-        "`tables/passkey_by_length.csv`, by depth: `tables/passkey_by_depth.csv`.",
-        md_len,
+    else:
+        if recorded.empty:
+            why = "no `passkey_context` rows"
+        elif thresholds:
+            why = f"the runs used different thresholds ({', '.join(f'{t:g}' for t in thresholds)})"
+        else:
+            why = "threshold not recorded"
+        mark = (
+            "the grey vertical line marks the training length (no passkey-context "
+            f"threshold line: {why})"
+        )
+    return [
+        figure_md(
+            "passkey_vs_length",
+            "Passkey accuracy (mean over key depths) vs context length, one panel per "
+            "position family with rows; colour = scaling method, the same in every panel "
+            "(black = none, the raw model), fine-tuned models are their own lines; "
+            f"{mark}. {bands}",
+        )
     ]
+
+
+def _depth_parts(rep: ReportDir, by_depth: pd.DataFrame) -> list[str]:
+    """Write the accuracy-by-depth table and save the heatmaps of the series with signal;
+    return their markdown (a note where there is nothing to draw)."""
     if by_depth.empty:
-        parts.append(
+        return [
             "> Note: no per-depth `passkey_acc` rows (axis=depth) in these results, so the "
             "depth x length heatmap is omitted."
-        )
-        return parts
+        ]
     write_table(
         rep,
         "passkey_by_depth",
@@ -300,13 +318,12 @@ def _accuracy_parts(
         else ""
     )
     if fig is None:
-        parts.append(
+        return [
             f"> Note: every model's passkey accuracy stays below {HEATMAP_MIN_ACC:g} at every "
             "depth and length, so the depth x length heatmap is omitted."
-        )
-        return parts
+        ]
     save_figure(fig, rep.plots_dir, "passkey_heatmap")
-    parts.append(
+    return [
         figure_md(
             "passkey_heatmap",
             "Exact-match accuracy of retrieving a numeric pass key hidden at the given depth "
@@ -315,8 +332,7 @@ def _accuracy_parts(
             "evaluated, and columns right of the red dashed line are longer than the training "
             "length. " + skipped,
         )
-    )
-    return parts
+    ]
 
 
 def _context_parts(rep: ReportDir, recorded: pd.DataFrame) -> list[str]:

@@ -104,98 +104,109 @@ def probe_section(rep: ReportDir, df: pd.DataFrame, style: Style) -> str:
             parts.append(note(probe.metric, f"the {probe.metric} table and figure are omitted"))
             continue
         if probe.metric == "attn_entropy":
-            full = sort_series(
-                aggregate(rows, [*GROUP_KEYS, "eval_length", "layer", "bucket_lo", "bucket_hi"]),
-                ["eval_length", "layer", "bucket_lo"],
-            )
-            write_table(
-                rep,
-                "probe_attn_entropy",
-                full,
-                full[["series", "eval_length", "layer", "bucket_lo", "bucket_hi", "value"]],
-                index=False,
-            )
-            r2 = rows.assign(
-                region=np.where(
-                    (rows["bucket_lo"] + rows["bucket_hi"]) / 2 < rows["train_length"],
-                    "inside",
-                    "beyond",
-                )
-            )
-            summ = sort_series(
-                aggregate(r2, [*GROUP_KEYS, "eval_length", "region"]), ["eval_length", "region"]
-            )
-            shown = pivot(
-                summ,
-                index=["series_rank", "series", "eval_length"],
-                columns="region",
-                values="value",
-            )
-            if {"inside", "beyond"} <= set(shown.columns):
-                shown["beyond - inside"] = shown["beyond"] - shown["inside"]
-            md = write_table(rep, "probe_attn_entropy_summary", summ, shown, index=True)
-            parts.append(
-                "Mean attention entropy (nats) over query positions inside vs beyond the training "
-                "length (token-weighted over layers, buckets and seeds). Source: "
-                "`tables/probe_attn_entropy_summary.csv`; per layer and bucket: `tables/probe_attn_entropy.csv`."
-            )
+            md, text = _entropy_tables(rep, rows)
         else:
-            t = aggregate(
-                rows.assign(x=numeric_axis(rows["axis_value"])),
-                [*GROUP_KEYS, "eval_length", "axis", "x"],
-            )
-            t = sort_series(t, ["eval_length", "x"])
-            shown = pivot(
-                t,
-                index=["series_rank", "series", "eval_length"],
-                columns="x",
-                values="value",
-            )
-            shown.columns = [f"{c:g}" for c in shown.columns]
-            md = write_table(rep, f"probe_{probe.metric}", t, shown, index=True)
-            axis = (
-                ", ".join(sorted({str(a) for a in rows["axis"].dropna().unique()})) or "axis value"
-            )
-            parts.append(
-                f"{probe.metric} by {axis} (columns). Source: `tables/probe_{probe.metric}.csv`."
-            )
+            md, text = _axis_table(rep, rows, probe)
         fig, extra = probe_figure(rows, probe, style)
         save_figure(fig, rep.plots_dir, probe.metric)
-        parts.insert(-1, figure_md(probe.metric, f"{probe.caption} {extra}"))
-        parts.append(md)
+        parts += [figure_md(probe.metric, f"{probe.caption} {extra}"), text, md]
     parts.append("### position_probe_r2")
+    parts += _position_probe_parts(rep, df, style)
+    return "\n\n".join(parts)
+
+
+def _entropy_tables(rep: ReportDir, rows: pd.DataFrame) -> tuple[str, str]:
+    """Write the attention-entropy tables (per layer and bucket; inside vs beyond the training
+    length); return the summary's markdown and its description."""
+    full = sort_series(
+        aggregate(rows, [*GROUP_KEYS, "eval_length", "layer", "bucket_lo", "bucket_hi"]),
+        ["eval_length", "layer", "bucket_lo"],
+    )
+    write_table(
+        rep,
+        "probe_attn_entropy",
+        full,
+        full[["series", "eval_length", "layer", "bucket_lo", "bucket_hi", "value"]],
+        index=False,
+    )
+    r2 = rows.assign(
+        region=np.where(
+            (rows["bucket_lo"] + rows["bucket_hi"]) / 2 < rows["train_length"],
+            "inside",
+            "beyond",
+        )
+    )
+    summ = sort_series(
+        aggregate(r2, [*GROUP_KEYS, "eval_length", "region"]), ["eval_length", "region"]
+    )
+    shown = pivot(
+        summ,
+        index=["series_rank", "series", "eval_length"],
+        columns="region",
+        values="value",
+    )
+    if {"inside", "beyond"} <= set(shown.columns):
+        shown["beyond - inside"] = shown["beyond"] - shown["inside"]
+    md = write_table(rep, "probe_attn_entropy_summary", summ, shown, index=True)
+    text = (
+        "Mean attention entropy (nats) over query positions inside vs beyond the training "
+        "length (token-weighted over layers, buckets and seeds). Source: "
+        "`tables/probe_attn_entropy_summary.csv`; per layer and bucket: `tables/probe_attn_entropy.csv`."
+    )
+    return md, text
+
+
+def _axis_table(rep: ReportDir, rows: pd.DataFrame, probe: Probe) -> tuple[str, str]:
+    """Write an axis-valued probe's table (series x eval length by axis value); return its
+    markdown and description."""
+    t = aggregate(
+        rows.assign(x=numeric_axis(rows["axis_value"])),
+        [*GROUP_KEYS, "eval_length", "axis", "x"],
+    )
+    t = sort_series(t, ["eval_length", "x"])
+    shown = pivot(
+        t,
+        index=["series_rank", "series", "eval_length"],
+        columns="x",
+        values="value",
+    )
+    shown.columns = [f"{c:g}" for c in shown.columns]
+    md = write_table(rep, f"probe_{probe.metric}", t, shown, index=True)
+    axis = ", ".join(sorted({str(a) for a in rows["axis"].dropna().unique()})) or "axis value"
+    text = f"{probe.metric} by {axis} (columns). Source: `tables/probe_{probe.metric}.csv`."
+    return md, text
+
+
+def _position_probe_parts(rep: ReportDir, df: pd.DataFrame, style: Style) -> list[str]:
+    """The position-probe R² by region: table and bar chart (a note without rows)."""
     rows = df[df["metric"] == "position_probe_r2"]
     if rows.empty:
-        parts.append(note("position_probe_r2", "the position-probe table and figure are omitted"))
-    else:
-        rows = rows.assign(
-            region=[
-                _region(ax_, a) for a, ax_ in zip(rows["axis_value"], rows["axis"], strict=True)
-            ]
-        )
-        t = sort_series(
-            aggregate(rows, [*GROUP_KEYS, "eval_length", "region"]), ["eval_length", "region"]
-        )
-        shown = pivot(
-            t,
-            index=["series_rank", "series", "eval_length"],
-            columns="region",
-            values="value",
-        )
-        md = write_table(rep, "probe_position_probe_r2", t, shown, index=True)
-        _r2_plot(rep, style, t)
-        parts += [
-            figure_md(
-                "position_probe_r2",
-                "R² of a linear probe that decodes absolute position from hidden states, for "
-                "positions inside vs beyond the training length; bars near the grey line at 1 mean "
-                "position is linearly readable there, a drop beyond the training length means the "
-                "model's notion of position breaks down.",
-            ),
-            "Position-probe R² by region. Source: `tables/probe_position_probe_r2.csv`.",
-            md,
-        ]
-    return "\n\n".join(parts)
+        return [note("position_probe_r2", "the position-probe table and figure are omitted")]
+    rows = rows.assign(
+        region=[_region(ax_, a) for a, ax_ in zip(rows["axis_value"], rows["axis"], strict=True)]
+    )
+    t = sort_series(
+        aggregate(rows, [*GROUP_KEYS, "eval_length", "region"]), ["eval_length", "region"]
+    )
+    shown = pivot(
+        t,
+        index=["series_rank", "series", "eval_length"],
+        columns="region",
+        values="value",
+    )
+    md = write_table(rep, "probe_position_probe_r2", t, shown, index=True)
+    _r2_plot(rep, style, t)
+    return [
+        figure_md(
+            "position_probe_r2",
+            "R² of a linear probe that decodes absolute position from hidden states, for "
+            "positions inside vs beyond the training length; bars near the grey line at 1 mean "
+            "position is linearly readable there, a drop beyond the training length means the "
+            "model's notion of position breaks down.",
+        ),
+        "Position-probe R² by region. Source: `tables/probe_position_probe_r2.csv`.",
+        md,
+    ]
 
 
 def probe_figure(rows: pd.DataFrame, probe: Probe, style: Style) -> tuple[Figure, str]:

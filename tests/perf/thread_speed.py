@@ -4,10 +4,10 @@ Each setting runs in a fresh subprocess (OpenMP reads ``OMP_WAIT_POLICY`` once, 
 loads it). "Under load" starts one busy competitor process first (a single-threaded fp32 matmul
 loop, as another job on the same cores would be). The step is the quickstart LM arm's: DecoderLM
 2 layers, width 128, 4 heads, L=64, batch 32, fp32 AdamW. Prints a table and writes
-results/perf/bench_threads.json::
+results/perf/thread_speed.json (measured figures: tests/perf/README.md)::
 
-    python tests/perf/bench_threads.py
-    python tests/perf/bench_threads.py --steps 40 --width 64 --seq 256 --batch 16
+    python tests/perf/thread_speed.py
+    python tests/perf/thread_speed.py --steps 40 --width 64 --seq 256 --batch 16
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting (median)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_threads.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "thread_speed.json")
     args = parser.parse_args()
     sys.path.insert(0, str(Path.cwd()))
     from bench.runtime import machine_line, machine_summary
@@ -127,7 +127,7 @@ def main() -> None:
     args.out.write_text(
         json.dumps(
             {
-                "benchmark": "bench_threads",
+                "benchmark": "thread_speed",
                 "config": vars(args) | {"out": str(args.out)},
                 "machine": machine,
                 "results": results,

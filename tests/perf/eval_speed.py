@@ -14,12 +14,12 @@ so in an ``all`` run a metric that reuses the nll windows is cheaper than alone.
 The table shows seconds and peak memory per length and metric, the slowest metric per length,
 and the machine (CPU model, avx512_bf16/AMX flags, torch threads, torch version, load average
 before and after, since a shared machine skews the seconds). Run from the repository root after
-``pip install -e .`` (pytest does not collect bench_*.py); writes
-results/perf/bench_eval_<device>.json::
+``pip install -e .`` (pytest does not collect the scripts in tests/perf/: none is named
+test_*.py); writes results/perf/eval_speed_<device>.json (measured figures: tests/perf/README.md)::
 
-    python tests/perf/bench_eval.py                          # all metrics, then each alone
-    python tests/perf/bench_eval.py --metrics all --multiples 16
-    python tests/perf/bench_eval.py --metrics all,nll --multiples 1,4,16 --device cuda
+    python tests/perf/eval_speed.py                          # all metrics, then each alone
+    python tests/perf/eval_speed.py --metrics all --multiples 16
+    python tests/perf/eval_speed.py --metrics all,nll --multiples 1,4,16 --device cuda
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ def main() -> None:
     print_table(results, info, load)
 
     report = {
-        "benchmark": "bench_eval",
+        "benchmark": "eval_speed",
         "model": {"position": "rope", "d_model": 128, "n_layers": 4, "n_heads": 4},
         "train_length": TRAIN_LENGTH,
         "eval_config": BENCH_EVAL,
@@ -358,7 +358,7 @@ def main() -> None:
         "CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats",
         "results": results,
     }
-    path = Path(args.out) if args.out else RESULTS / f"bench_eval_{args.device}.json"
+    path = Path(args.out) if args.out else RESULTS / f"eval_speed_{args.device}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")

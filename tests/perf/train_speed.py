@@ -9,13 +9,14 @@ over the models so that load from other processes hits all alike; tokens/s uses 
 time, and ``vs llama`` is Llama's median step time over ours. Peak memory: ``torch.cuda.max_memory_allocated`` on
 CUDA; on CPU the sampled peak RSS above the RSS right before the model is built.
 
-Run from the repository root after ``pip install -e ".[dev]"`` (pytest does not collect
-bench_*.py); prints a table and writes results/perf/bench_train_<config>.json::
+Run from the repository root after ``pip install -e ".[dev]"`` (pytest does not collect the
+scripts in tests/perf/: none is named test_*.py); prints a table and writes
+results/perf/train_speed_<config>.json (measured figures: tests/perf/README.md)::
 
-    python tests/perf/bench_train.py --width 128
-    python tests/perf/bench_train.py --layers 2 --width 64 --heads 2 --positions rope,alibi --compile
-    python tests/perf/bench_train.py --width 256 --precisions fp32,bf16 --steps 8
-    python tests/perf/bench_train.py --layers 2 --width 128 --seq 64 --batch 32 --kernel-share
+    python tests/perf/train_speed.py --width 128
+    python tests/perf/train_speed.py --layers 2 --width 64 --heads 2 --positions rope,alibi --compile
+    python tests/perf/train_speed.py --width 256 --precisions fp32,bf16 --steps 8
+    python tests/perf/train_speed.py --layers 2 --width 128 --seq 64 --batch 32 --kernel-share
 
 ``--kernel-share`` also profiles Llama's step and prints the share of its time in GEMMs and in
 SDPA's fused attention kernels (profiled self time per step over its unprofiled median step): a
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     name = (
-        f"bench_train_L{args.layers}_D{args.width}_H{args.heads}_S{args.seq}_B{args.batch}_"
+        f"train_speed_L{args.layers}_D{args.width}_H{args.heads}_S{args.seq}_B{args.batch}_"
         f"{device.type}.json"
     )
     path = args.out / name
