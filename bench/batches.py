@@ -25,8 +25,8 @@ from bench.passkey import (
     random_key,
 )
 from bench.passkey import passkey_template as passkey_template_of
-from bench.recipe import PASSKEY_LENGTHS, PASSKEY_LOSSES
 from bench.tokenizer import ByteTokenizer
+from bench.train_config import PASSKEY_LENGTHS, PASSKEY_LOSSES
 
 __all__ = [
     "TrainingBatch",

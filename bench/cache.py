@@ -46,8 +46,9 @@ from bench.extend import base_job, extend_weights
 from bench.passkey import passkey_template
 from bench.results import canonical_json
 from bench.resume import RESUME_FILE, TMP_PREFIX, ResumeFile, atomic_write
-from bench.schema import JobConfig, PositionSchema, weight_fields, weights_dict
-from bench.train import TrainStats, train_model, use_cpu_backend
+from bench.runtime import use_cpu_backend
+from bench.schema import JobConfig, PositionSchema, weights_dict
+from bench.train import TrainStats, train_model
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 
@@ -201,7 +202,7 @@ def _check_model_matches(
     where: str,
 ) -> None:
     want_model, want_position, want_length = _model_part(config)
-    position = {k: v for k, v in position_cfg.items() if k in weight_fields(PositionSchema)}
+    position = weights_dict(PositionSchema(**position_cfg))  # as it enters the key
     if (
         canonical_json(model_cfg) != canonical_json(want_model)
         or canonical_json(position) != canonical_json(want_position)

@@ -187,6 +187,8 @@ def check_grid(value: Any, what: str) -> None:
 # this section's other values make the field irrelevant to the weights
 WEIGHTS = "weights"
 NOT_IN_KEY = object()
+# the field enters the key only where the section's position family reads it (Family.fields)
+IF_READ = "if_read"
 KINDS = "kinds"  # data kinds (DataConfig.name) the field belongs to; absent = every kind
 
 
@@ -203,6 +205,8 @@ def weights_dict(section: Any) -> dict[str, Any]:
         kinds = f.metadata.get(KINDS)
         if rule is False or (kinds and section.name not in kinds):
             continue
+        if rule == IF_READ and f.name not in section.family.fields:
+            continue  # a field of another position family: not this model's
         value = rule(section) if callable(rule) else getattr(section, f.name)
         if value is not NOT_IN_KEY:
             out[f.name] = value

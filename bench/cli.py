@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import traceback
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -374,13 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     _OUTCOME.clear()
     try:
-        with warnings.catch_warnings():
-            # Our hydra/launcher/*.yaml spell out the plugins' full configs; Hydra 1.3 still
-            # merges them with the plugins' schemas of the same name and warns about it.
-            warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema")
-            errors = sweep_errors(argv)
-            if not errors:
-                _hydra_app()
+        errors = sweep_errors(argv)
+        if not errors:
+            _hydra_app()
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         if user_full_error:
             raise

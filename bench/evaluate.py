@@ -58,8 +58,8 @@ def evaluate_model(
 ) -> list[dict]:
     """Measure every enabled metric at every eval length; return result rows (module doc).
 
-    ``eval_cfg``: an ``EvalConfig``, a mapping of eval keys (missing ones take the defaults of
-    ``conf/eval/standard.yaml``), None for the defaults, or an already resolved config.
+    ``eval_cfg``: an ``EvalConfig``, a mapping of eval keys (missing ones take the dataclasses'
+    defaults, ``bench.metrics``), None for the defaults, or an already resolved config.
     ``scaling`` (None = the raw model; its factor fixed for the run, module doc) needs a model with
     ``scaled()``. ``tokenizer``: a transformers tokenizer for a pretrained model
     (``bench.pretrained``): passkey prompts are then built as text in its tokens; None = byte

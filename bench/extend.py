@@ -21,11 +21,11 @@ from models.transformer import ScalingConfig, resolve_scaling
 
 __all__ = [
     "base_job",
+    "check_finetune_eval",
     "extend_weights",
     "finetune_columns",
     "finetune_recipe",
     "finetune_scaling",
-    "finetuned_scaling",
 ]
 
 
@@ -61,10 +61,11 @@ def finetune_scaling(job: JobConfig) -> ScalingConfig:
     return resolve_scaling(scaling, job.model, job.position, job.train.length)
 
 
-def finetuned_scaling(job: JobConfig) -> ScalingConfig:
-    """The scaling a model fine-tuned at length (``extend``) is evaluated with: the one it was
-    trained with. Raises NotApplicable for a method the family lacks, or for an eval-time scaling
-    on top (its frequencies are already the fine-tune's; only ``scaling=none`` applies)."""
+def check_finetune_eval(job: JobConfig) -> None:
+    """That a model fine-tuned at length (``extend``) can be evaluated, which it is with the scaling
+    it was trained with (:func:`finetune_scaling`). Raises NotApplicable for a method the family
+    lacks, or for an eval-time scaling on top (its frequencies are already the fine-tune's; only
+    ``scaling=none`` applies)."""
     ext, kind = job.extend, job.position.kind
     check_method("extend", ext.name, ext.method, kind, applicable_methods(kind))
     if job.scaling.method != "default" or job.scaling.logn:
@@ -72,7 +73,6 @@ def finetuned_scaling(job: JobConfig) -> ScalingConfig:
             f"scaling {job.scaling.name} on top of extend {ext.name}: a fine-tuned model is "
             "evaluated with the scaling it was trained with, so only scaling=none applies"
         )
-    return finetune_scaling(job)
 
 
 def finetune_recipe(job: JobConfig) -> TrainConfig:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from bench.series import SERIES_COLUMNS, columns_key, model_key, series_key, series_labels
+from bench.series import SERIES_COLUMNS, columns_key, model_series_key, series_key, series_labels
 
 HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured"
 NOT_DECIDED = "not decided"
@@ -156,7 +156,7 @@ def _with_series(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``_series`` / ``_model`` keys (``bench.series``), computed once."""
     if "_series" in df.columns:
         return df
-    return df.assign(_series=series_key(df), _model=model_key(df))
+    return df.assign(_series=series_key(df), _model=model_series_key(df))
 
 
 def select(df: pd.DataFrame, position: str, scaling: str | None = "none", tuned: str | None = None):
@@ -465,7 +465,7 @@ def f3_rope_scaling(df: pd.DataFrame) -> FindingResult:
         for other, label in (("none", "raw"), ("linear", "PI")):
             a_series = by_series(_window_nll(select(df, "rope", method)))
             b_series = by_series(_window_nll(select(df, "rope", other)))
-            # pairs of series of one trained model (same model key): the seeds pair up
+            # pairs of series of one trained model (same model series key): the seeds pair up
             pairs = [
                 (ka, a, kb, b)
                 for ka, a in a_series

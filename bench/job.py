@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bench.checks import NotApplicable, check_method
 from bench.corpora import Corpus, Document
-from bench.extend import base_job, finetune_columns, finetuned_scaling
+from bench.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
 from bench.metrics import ResolvedEval
 from bench.pretrained.source import PretrainedSource
 from bench.results import canonical_json, write_results
@@ -493,7 +493,8 @@ class TrainedSource:
         if passkey is not None and passkey.template is None:  # evaluate with the trained template
             resolved.metrics["passkey"] = replace(passkey, template=job.train.passkey_template)
         if job.extend.active:
-            scaling = finetuned_scaling(job)
+            check_finetune_eval(job)
+            scaling = finetune_scaling(job)
         else:
             scaling = run_scaling(
                 job.scaling, train_length=job.train.length, lengths=resolved.lengths

@@ -87,7 +87,7 @@ OPTIONAL_COLUMNS: list[str] = [
 TIMESTAMP_COLUMN = "written_at"
 
 #: Metric names from DESIGN.md plus ``passkey_context``. Other metric names are accepted too.
-METRICS: tuple[str, ...] = (
+ROW_METRICS: tuple[str, ...] = (
     "nll",
     "passkey_acc",
     "passkey_context",

@@ -1,4 +1,6 @@
-"""Where and how a model runs: device resolution and mixed-precision autocast, one of each.
+"""Where and how a model runs: device resolution and mixed-precision autocast, one of each, the
+``accelerate`` set-up of a training run (its CPU backend flag, its accelerator) and the machine
+it runs on (CPU flags such as native bf16, a one-line summary for benchmark tables).
 
 Training, evaluation and the lm-eval adapter all call these, so ``device=auto`` and
 ``precision=bf16`` mean the same thing everywhere.
@@ -12,6 +14,7 @@ import inspect
 import os
 import platform
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,14 @@ __all__ = [
     "PRECISIONS",
     "autocast",
     "busy_cores",
+    "cpu_has_native_bf16",
     "cpu_info",
     "machine_line",
     "machine_summary",
+    "make_accelerator",
     "resolve_device",
+    "use_cpu_backend",
+    "warn_if_emulated_bf16",
 ]
 
 #: CPU flags that decide training speed here: vector width and native bf16 / AMX matmuls.
@@ -145,3 +152,52 @@ def busy_cores(interval: float = 0.25) -> float | None:
         return None
     total, idle = second[0] - first[0], second[1] - first[1]
     return (total - idle) / total * (os.cpu_count() or 1)
+
+
+def cpu_has_native_bf16() -> bool | None:
+    """True/False from the CPU flags (AVX512-BF16 or AMX-BF16) where Linux shows them, else None."""
+    _, flags = cpu_info()
+    if flags is None:
+        return None
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def warn_if_emulated_bf16(device: torch.device, precision: str, stacklevel: int) -> None:
+    # stacklevel: the frames up to the caller to name (train_model's, for a training run)
+    if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
+        warnings.warn(
+            "train.precision bf16 on this CPU (no AVX512-BF16/AMX-BF16) runs emulated, measured "
+            "12-25x slower than fp32; use train.precision=fp32 here.",
+            stacklevel=stacklevel,
+        )
+
+
+def use_cpu_backend() -> bool:
+    """accelerate's ``cpu`` flag: True when ``ACCELERATE_USE_CPU`` is set, or when several
+    processes were launched (``WORLD_SIZE`` > 1) on a machine without CUDA.
+
+    accelerate only sets up multi-CPU (gloo) DDP when told ``cpu=True``; without it, ranks
+    started by ``torchrun`` or ``accelerate launch --multi_gpu`` on a CPU box would each train
+    alone. ``bench.cache`` uses the same flag so that both create one consistent state.
+    """
+    if os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "true", "yes"):
+        return True
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+
+
+def make_accelerator(accelerator: Any, precision: str) -> Any:
+    """An accelerator with ``mixed_precision="no"``: we autocast ourselves, because accelerate's
+    process-wide state refuses a second, different mixed_precision (a sweep over precision)."""
+    from accelerate import Accelerator
+
+    if accelerator is None:
+        return Accelerator(mixed_precision="no", cpu=use_cpu_backend())
+    mixed = str(getattr(accelerator, "mixed_precision", "no"))
+    wanted = {"fp32": "no", "bf16": "bf16"}[precision]
+    if mixed not in ("no", wanted):
+        raise ValueError(
+            f"the accelerator passed in uses mixed_precision={mixed!r} but train.precision is "
+            f"{precision!r}; create it with mixed_precision='no' (train.precision sets autocast) "
+            f"or {wanted!r}."
+        )
+    return accelerator

@@ -6,8 +6,9 @@ validators are ``bench.checks``). A job parses its composed config once
 (:meth:`JobConfig.from_hydra`) and hands the typed sections down. Field metadata declares what
 enters the checkpoint key (``weights``), which data kinds a field belongs to (``kinds``) and which
 position families use it (``families``). The groups defined beside what they configure are
-imported here: ``data`` (``bench.data_config``), ``train``/``extend`` (``bench.recipe``), ``eval``
-(``bench.metrics``) and ``pretrained`` (``bench.pretrained.config``).
+imported here: ``data`` (``bench.data_config``), ``train``/``extend`` (``bench.train_config``),
+``eval`` (``bench.metrics``) and ``pretrained`` (``bench.pretrained.config``). The launcher
+plugins' configs get lenbench's values here too (``hydra/launcher``, end of this module).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
+from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from omegaconf import DictConfig, open_dict
 
 from bench.checks import (
@@ -34,7 +38,7 @@ from bench.data_config import DataConfig
 from bench.metrics import EvalConfig, as_eval_config
 from bench.passkey import PASSKEY_TEMPLATES, min_passkey_length
 from bench.pretrained.config import PretrainedConfig
-from bench.recipe import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
+from bench.train_config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS
 from models.scaling_config import ScalingConfig
@@ -47,10 +51,12 @@ __all__ = [
     "DataConfig",
     "ExtendConfig",
     "JobConfig",
+    "JoblibLauncher",
     "ModelSchema",
     "PathsConfig",
     "PositionSchema",
     "ScalingSchema",
+    "SlurmLauncher",
     "TrainConfig",
     "config_error",
     "weight_fields",
@@ -236,3 +242,77 @@ class JobConfig:
 
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)
+
+
+# --------------------------------------------------------------------------- launchers
+#
+# ``hydra/launcher=basic|joblib|submitit_local|submitit_slurm`` select the launcher plugins' own
+# configs (``lenbench --cfg hydra -p hydra.launcher`` prints the one chosen):
+# - basic (the default): jobs one after another in this process. Best on a 2-core laptop: no
+#   worker start cost, corpora stay cached in memory between jobs, torch uses every core per job.
+# - joblib: parallel jobs on this machine (hydra-joblib-launcher, loky worker processes); lenbench's
+#   values: :class:`JoblibLauncher`.
+# - submitit_local: jobs as local submitit processes, the SLURM code path without a cluster (to
+#   test a sweep's submitit setup); logs and pickles go to <sweep dir>/.submitit/<job id>/.
+# - submitit_slurm: one SLURM job per sweep job; lenbench's values: :class:`SlurmLauncher`.
+# lenbench's values are stored under the plugins' names, replacing their nodes, rather than
+# written as conf/hydra/launcher/<name>.yaml: a config file named like a ConfigStore node is
+# merged into it by Hydra's deprecated automatic schema matching. Your own values go into a
+# --config-dir file that extends a launcher explicitly, e.g. DIR/hydra/launcher/my_slurm.yaml:
+#     defaults: [submitit_slurm, _self_]
+#     partition: gpu
+# run with ``lenbench -m --config-dir DIR hydra/launcher=my_slurm ...``.
+
+
+@dataclass
+class JoblibLauncher(JobLibLauncherConf):
+    """``hydra/launcher=joblib``: the plugin's config with lenbench's worker count.
+
+    ``n_jobs``: the plugin's -1 starts one worker per core; each costs seconds to start and
+    its own copy of the corpus, so lenbench starts 2 (``hydra.launcher.n_jobs=4`` for more).
+    Each job sets torch to cpu_count // n_jobs intra-op threads (the top-level ``threads``
+    overrides), so workers do not fight. Trap: a torch DataLoader with num_workers > 0 inside
+    a loky worker must use multiprocessing_context="fork" (lenbench's training stream needs no
+    DataLoader). Two jobs that need the same checkpoint: one trains, the other waits on the
+    cache's file lock.
+    """
+
+    n_jobs: int = 2
+
+
+@dataclass
+class SlurmLauncher(SlurmQueueConf):
+    """``hydra/launcher=submitit_slurm``: the plugin's config with lenbench's per-job resources.
+
+    Set your cluster's values on the command line (``hydra.launcher.partition=gpu
+    hydra.launcher.timeout_min=240``) or in a --config-dir launcher (see above), e.g.
+    partition, account, qos, constraint (e.g. a100) or setup (shell lines run before the job,
+    e.g. ["module load cuda", "source ~/venv/bin/activate"]). ``max_num_timeout`` stays 0: a
+    requeued job would retrain from scratch. ``lenbench`` blocks until every job has finished,
+    then prints the summary and writes the report: run it inside tmux/screen on the login node,
+    with ``paths.cache`` on a shared file system (a local/default.yaml in your --config-dir).
+
+    Several GPUs per job (DDP): Hydra stays outside, the distributed launcher inside. Either
+    use submitit tasks (tasks_per_node = gpus_per_node; each task is one rank, see
+    submitit.helpers.TorchDistributedEnvironment), or run one ``accelerate launch`` subprocess
+    per job with a fixed hydra.run.dir. Never ``accelerate launch lenbench -m ...``: every rank
+    would run the whole sweep.
+    """
+
+    timeout_min: int = 120  # per job; the small model on train=standard needs ~10-20 min on one GPU
+    cpus_per_task: int | None = 8
+    gpus_per_node: int | None = 1
+    mem_gb: int | None = 32
+    name: str = "lenbench-${experiment_name}"
+    array_parallelism: int = 32  # jobs running at once
+
+
+# Hydra's plugin scan (once per process) re-executes the plugins' config modules, which store
+# their nodes again: scan first, so that these nodes are stored last.
+Plugins.instance()
+ConfigStore.instance().store(
+    group="hydra/launcher", name="joblib", node=JoblibLauncher, provider="lenbench"
+)
+ConfigStore.instance().store(
+    group="hydra/launcher", name="submitit_slurm", node=SlurmLauncher, provider="lenbench"
+)

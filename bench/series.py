@@ -21,7 +21,7 @@ __all__ = [
     "MODEL_COLUMNS",
     "SERIES_COLUMNS",
     "columns_key",
-    "model_key",
+    "model_series_key",
     "series_key",
     "series_labels",
 ]
@@ -42,7 +42,7 @@ SERIES_COLUMNS: list[str] = [
     "finetune_steps",
 ]
 #: A series minus its eval-time scaling: the trained model (all seeds of it). Two series with the
-#: same model key differ only in how the model was evaluated, so their seeds pair.
+#: same model series key differ only in how the model was evaluated, so their seeds pair.
 MODEL_COLUMNS: list[str] = [c for c in SERIES_COLUMNS if c not in ("scaling", "scaling_params")]
 
 _SEP = "\x1f"
@@ -70,7 +70,7 @@ def series_key(df: pd.DataFrame) -> pd.Series:
     return columns_key(df, SERIES_COLUMNS)
 
 
-def model_key(df: pd.DataFrame) -> pd.Series:
+def model_series_key(df: pd.DataFrame) -> pd.Series:
     """One opaque string per row, equal for rows of the same trained model series (any scaling)."""
     return columns_key(df, MODEL_COLUMNS)
 

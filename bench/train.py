@@ -6,14 +6,14 @@ validation, NaN/inf detection. It is deterministic for a seed on one machine and
 global batches under DDP (through ``accelerate``) as in one process. The checkpoint cache
 (``bench.cache.get_or_train``) calls it only when no checkpoint with the same weights key exists.
 The run itself is a :class:`Trainer` (setup, then one small method per part of the loop); it
-returns :class:`TrainStats`.
+returns :class:`TrainStats`. Its pieces: the schedule, parameter groups and loss in
+:mod:`bench.optim`, the accelerator and precision set-up in :mod:`bench.runtime`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,25 +28,19 @@ from tqdm.auto import tqdm
 from bench.batches import TrainingStream, validation_batches
 from bench.corpora import Corpus
 from bench.extend import finetune_recipe, finetune_scaling
+from bench.optim import ADAM_EPS, lm_loss, lr_at, param_groups
 from bench.resume import SaveClock, rng_state, set_rng_state
-from bench.runtime import autocast, cpu_info
-from bench.schema import WEIGHT_DECAY_SCOPES, JobConfig, TrainConfig
+from bench.runtime import autocast, make_accelerator, warn_if_emulated_bf16
+from bench.schema import JobConfig, TrainConfig
 from models.transformer import DecoderLM
 
 __all__ = [
     "TrainStats",
     "Trainer",
     "TrainingDiverged",
-    "lm_loss",
-    "lr_at",
     "make_model",
-    "param_groups",
     "train_model",
-    "use_cpu_backend",
 ]
-
-ADAM_EPS = 1e-8
-
 
 logger = logging.getLogger("lenbench")
 
@@ -87,111 +81,7 @@ def make_model(job: JobConfig) -> DecoderLM:
     return DecoderLM(job.model, job.position, job.train.length)
 
 
-# --------------------------------------------------------------------------- pieces
-
-
-def lr_at(step: int, spec: TrainConfig) -> float:
-    """Learning rate of update ``step`` (0-based): linear warmup, constant, then cosine to
-    ``final_lr`` over the last ``decay_steps`` updates (all updates after warmup when None).
-
-    Warmup reaches ``lr`` at update ``warmup_steps - 1``; the decay starts at ``lr`` and reaches
-    ``min_lr`` exactly on the last update.
-    """
-    lr, min_lr, warmup, steps = spec.lr, spec.final_lr, spec.warmup_steps, spec.steps
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    span = steps - warmup - 1 if spec.decay_steps is None else spec.decay_steps
-    start = steps - 1 - span  # the last update at the full lr
-    if span <= 0 or step <= start:
-        return lr
-    progress = min(1.0, (step - start) / span)
-    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
-def param_groups(
-    model: torch.nn.Module, weight_decay: float, scope: str = "matrices"
-) -> list[dict[str, Any]]:
-    """AdamW groups ``[decayed, not decayed]`` for ``weight_decay_scope``.
-
-    ``matrices`` (as in nanoGPT) decays only the linear projections' weight matrices: decay would
-    pull rarely seen byte and position rows towards zero and norm gains towards 0 instead of 1.
-    ``all`` decays every parameter. Tied parameters appear once (``named_parameters``
-    deduplicates), so a tied output head is an embedding and, with ``matrices``, is not decayed.
-    """
-    if scope not in WEIGHT_DECAY_SCOPES:
-        raise ValueError(
-            f"weight decay scope {scope!r} is unknown; allowed values are {', '.join(WEIGHT_DECAY_SCOPES)}."
-        )
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_matrix = param.dim() >= 2 and id(param) not in embeddings and "pos_table" not in name
-        (decay if scope == "all" or is_matrix else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean next-token cross entropy (float32) over the tokens where ``mask`` is True (None = all)."""
-    flat = logits.reshape(-1, logits.shape[-1]).float()
-    if mask is None:
-        return F.cross_entropy(flat, targets.reshape(-1))
-    per_token = F.cross_entropy(flat, targets.reshape(-1), reduction="none")
-    weights = mask.reshape(-1).to(per_token.dtype)
-    return (per_token * weights).sum() / weights.sum().clamp(min=1.0)
-
-
-def cpu_has_native_bf16() -> bool | None:
-    """True/False from the CPU flags (AVX512-BF16 or AMX-BF16) where Linux shows them, else None."""
-    _, flags = cpu_info()
-    if flags is None:
-        return None
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
-
-
-def _warn_if_emulated_bf16(device: torch.device, precision: str, stacklevel: int) -> None:
-    # stacklevel: the frames up to train_model's caller, which the warning names
-    if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
-        warnings.warn(
-            "train.precision bf16 on this CPU (no AVX512-BF16/AMX-BF16) runs emulated, measured "
-            "12-25x slower than fp32; use train.precision=fp32 here.",
-            stacklevel=stacklevel,
-        )
-
-
-def use_cpu_backend() -> bool:
-    """accelerate's ``cpu`` flag: True when ``ACCELERATE_USE_CPU`` is set, or when several
-    processes were launched (``WORLD_SIZE`` > 1) on a machine without CUDA.
-
-    accelerate only sets up multi-CPU (gloo) DDP when told ``cpu=True``; without it, ranks
-    started by ``torchrun`` or ``accelerate launch --multi_gpu`` on a CPU box would each train
-    alone. ``bench.cache`` uses the same flag so that both create one consistent state.
-    """
-    if os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "true", "yes"):
-        return True
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
-
-
-def _make_accelerator(accelerator: Any, precision: str) -> Any:
-    """An accelerator with ``mixed_precision="no"``: we autocast ourselves, because accelerate's
-    process-wide state refuses a second, different mixed_precision (a sweep over precision)."""
-    from accelerate import Accelerator
-
-    if accelerator is None:
-        return Accelerator(mixed_precision="no", cpu=use_cpu_backend())
-    mixed = str(getattr(accelerator, "mixed_precision", "no"))
-    wanted = {"fp32": "no", "bf16": "bf16"}[precision]
-    if mixed not in ("no", wanted):
-        raise ValueError(
-            f"the accelerator passed in uses mixed_precision={mixed!r} but train.precision is "
-            f"{precision!r}; create it with mixed_precision='no' (train.precision sets autocast) "
-            f"or {wanted!r}."
-        )
-    return accelerator
+# --------------------------------------------------------------------------- validation
 
 
 class _Validator:
@@ -332,8 +222,8 @@ class Trainer:
         self.started = started  # time.perf_counter() when train_model was called
         self.extended = job.extend.active
         self.spec = finetune_recipe(job) if self.extended else job.train
-        self.accelerator = _make_accelerator(accelerator, self.spec.precision)
-        _warn_if_emulated_bf16(self.accelerator.device, self.spec.precision, stacklevel=4)
+        self.accelerator = make_accelerator(accelerator, self.spec.precision)
+        warn_if_emulated_bf16(self.accelerator.device, self.spec.precision, stacklevel=4)
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         if self.spec.batch_size % self.world:
             what = "extend" if self.extended else "train"

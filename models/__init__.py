@@ -1,0 +1,1 @@
+"""lenbench's models: position families, scaling methods, attention and the decoder."""

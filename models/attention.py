@@ -199,7 +199,7 @@ def flex_score_mod(inputs: AttentionInputs, device: torch.device) -> Callable | 
     if inputs.score_bias is None:
         return None
     fn = inputs.score_bias.fn
-    tensors = tuple(t.to(device) for t in inputs.score_bias.tensors)
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in inputs.score_bias.args)
     # own contiguous copies: in a prefill q_pos is k_pos, and aliasing that comes and goes recompiles
     q_pos = _dynamic_lengths(
         inputs.q_pos.to(device).clone(memory_format=torch.contiguous_format), 1
@@ -209,7 +209,7 @@ def flex_score_mod(inputs: AttentionInputs, device: torch.device) -> Callable | 
     )
 
     def biased(score, b, h, q_idx, kv_idx):
-        return score + fn(h, q_pos[b, q_idx], k_pos[b, kv_idx], *tensors)
+        return score + fn(h, q_pos[b, q_idx], k_pos[b, kv_idx], *args)
 
     return biased
 

@@ -10,8 +10,8 @@ A family says where it acts, and the transformer asks it only there (``Family.ac
 
 Adding a family is one subclass of :class:`Family` decorated with :func:`register_family` (its
 fields, checks and hook), one ``conf/position/<kind>.yaml`` and tests; README, "Adding a position
-encoding". Which scaling methods apply to a family is declared by each method
-(``models.scaling.register_scaling(families=...)``).
+encoding". Which scaling methods apply follows from what each method acts on
+(``models.scaling.register_scaling(applies_to=...)``) and what the family has (``capabilities``).
 
 Angles, frequencies and interpolation weights are computed in float32 whatever the model dtype:
 in bf16, position 1995 rounds to 2000.
@@ -19,6 +19,7 @@ in bf16, position 1995 rounds to 2000.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,21 +36,22 @@ ACTS_ON = ("input", "qk", "scores", "none")
 class ScoreBias:
     """An additive attention-logit bias b_h(i, j) of query position i and key position j.
 
-    ``fn(head, q_pos, k_pos, *tensors) -> float32 bias`` is a module-level function written with
-    broadcasting tensor ops only; ``tensors`` are what it reads (slopes, bias tables: parameters
-    keep their gradients). The tiled kernel calls it with head [1, H, 1, 1], q_pos [N, 1, T, 1]
-    and k_pos [N, 1, 1, S] and adds the [N, H, T, S] result to the scaled logits; flex attention
-    calls the same function per entry (0-d tensors) inside its ``score_mod``. Positions are
-    position ids, never indices.
+    ``fn(head, q_pos, k_pos, *args) -> float32 bias`` is a module-level function written with
+    broadcasting tensor ops only; ``args`` are what it reads (slopes, bias tables: parameters keep
+    their gradients; Python numbers for constants). The tiled kernel calls it with head
+    [1, H, 1, 1], q_pos [N, 1, T, 1] and k_pos [N, 1, 1, S] and adds the [N, H, T, S] result to
+    the scaled logits; flex attention calls the same function per entry (0-d tensors) inside its
+    ``score_mod``. Positions are position ids, never indices; entries with j > i are masked
+    afterwards but must stay finite.
     """
 
     fn: Callable[..., torch.Tensor]
-    tensors: tuple[torch.Tensor, ...] = ()
+    args: tuple[Any, ...] = ()
 
     def __call__(
         self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> torch.Tensor:
-        return self.fn(head, q_pos, k_pos, *self.tensors)
+        return self.fn(head, q_pos, k_pos, *self.args)
 
 
 @dataclass
@@ -61,6 +63,15 @@ class PositionConfig:
     layout: str = "half"
     rotary_fraction: float = 1.0
     max_positions: int = 0  # learned only; 0 means "the training length"
+    # the zoo's fields (models.zoo); each enters the checkpoint key only for a family that reads it
+    num_buckets: int = field(default=32, metadata={"weights": "if_read"})  # t5
+    max_distance: int = field(default=128, metadata={"weights": "if_read"})  # t5
+    frequency_fraction: float = field(default=0.75, metadata={"weights": "if_read"})  # p_rope
+    fire_width: int = field(default=32, metadata={"weights": "if_read"})  # fire: MLP hidden units
+    fire_c: float = field(default=0.1, metadata={"weights": "if_read"})  # fire: init of c
+    fire_threshold: int = field(
+        default=0, metadata={"weights": "if_read"}
+    )  # fire: init L_thr; 0 = L
     # learned only; read only past the table's end, so not in the checkpoint key (bench.checks.WEIGHTS)
     out_of_range: str = field(default="error", metadata={"weights": False})
 
@@ -111,6 +122,9 @@ class Family:
     acts_on: str = "none"
     #: PositionConfig fields this family reads: its ``position_params``
     fields: tuple[str, ...] = ()
+    #: what eval-time scaling methods can act on (``models.scaling.CAPABILITIES``); a method
+    #: applies when the family has everything it acts on
+    capabilities: tuple[str, ...] = ()
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         """Raise ValueError (one sentence) for fields this family cannot use with this geometry."""
@@ -141,9 +155,14 @@ class Family:
         """``"qk"`` families: cos and sin [N, L, r/2] float32 of the rotation at ``position_ids``."""
         raise NotImplementedError(f"position family {self.name!r} rotates nothing.")
 
-    def score_bias(self, model: Any) -> ScoreBias | None:
-        """``"scores"`` families: the additive logit bias (:class:`ScoreBias`) for this forward."""
+    def score_bias(self, model: Any, length: int) -> ScoreBias | None:
+        """``"scores"`` families: the additive logit bias (:class:`ScoreBias`) for this forward,
+        whose position ids are all below ``length``."""
         return None
+
+    def adjust_frequencies(self, cfg: PositionConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The inverse frequencies the family uses, from the scaling method's (identity here)."""
+        return inv_freq
 
     def range_error(
         self,
@@ -158,7 +177,12 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {}
-"""Registered position families by ``PositionConfig.kind``, in registration order."""
+"""Registered position families by ``PositionConfig.kind``, in registration order (complete once
+:func:`families` or :func:`family` has run)."""
+
+#: Modules whose import registers more families (loaded on the first lookup, by name, so that
+#: they can import this module without an import cycle).
+FAMILY_MODULES = ("models.zoo",)
 
 
 def register_family(cls: type[Family]) -> type[Family]:
@@ -178,8 +202,17 @@ def register_family(cls: type[Family]) -> type[Family]:
     return cls
 
 
+def families() -> dict[str, Family]:
+    """Every registered family by kind, the :data:`FAMILY_MODULES` loaded."""
+    for module in FAMILY_MODULES:
+        importlib.import_module(module)
+    return FAMILIES
+
+
 def family(kind: str) -> Family:
     """The registered family ``kind``; an unknown kind is one sentence listing the registered ones."""
+    if kind not in FAMILIES:
+        families()
     if kind not in FAMILIES:
         raise ValueError(f"position.kind {kind!r} is unknown; allowed: {', '.join(FAMILIES)}.")
     return FAMILIES[kind]
@@ -198,6 +231,7 @@ class Rope(_FrequencyFamily):
 
     name, acts_on = "rope", "qk"
     fields = ("base", "layout", "rotary_fraction")
+    capabilities = ("positions", "frequencies", "rotary")
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.layout not in ROPE_LAYOUTS:
@@ -230,6 +264,8 @@ class Sinusoidal(_FrequencyFamily):
 
     name, acts_on = "sinusoidal", "input"
     fields = ("base",)
+    # per-dimension methods (YaRN, Llama-3, LongRoPE) are defined per rotary pair
+    capabilities = ("positions", "frequencies")
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if d_model % 2:
@@ -250,6 +286,7 @@ class Learned(Family):
 
     name, acts_on = "learned", "input"
     fields = ("max_positions", "out_of_range")
+    capabilities = ("positions",)  # position interpolation stretches the table
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.max_positions < 0:
@@ -301,7 +338,7 @@ class Alibi(Family):
     def init(self, model: Any) -> None:
         model.register_buffer("slopes", alibi_slopes(model.model_cfg.n_heads), persistent=False)
 
-    def score_bias(self, model: Any) -> ScoreBias:
+    def score_bias(self, model: Any, length: int) -> ScoreBias:
         return alibi_bias(model.slopes)
 
 

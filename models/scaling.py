@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "CAPABILITIES",
     "EVERY_FAMILY",
     "SCALING_METHODS",
     "RopeGeometry",
@@ -69,8 +70,13 @@ class RopeGeometry:
 ScalingFn = Callable[..., tuple[torch.Tensor, float]]
 """``fn(geometry, **params) -> (inv_freq float64 [r/2], attention_factor)``."""
 
-#: ``families`` value of a method that applies to every position family (only ``default``).
+#: ``applies_to`` value of a method that applies to every position family (only ``default``).
 EVERY_FAMILY = "*"
+#: What a scaling method can act on; each position family lists the ones it has
+#: (``models.positions.Family.capabilities``): ``positions`` (position ids or distances, which
+#: position interpolation divides), ``frequencies`` (a sinusoid's inverse frequencies, which NTK
+#: rescales) and ``rotary`` (per-rotary-pair frequencies: YaRN, Llama-3, LongRoPE).
+CAPABILITIES = ("positions", "frequencies", "rotary")
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,8 @@ class ScalingMethod:
     """A registered scaling method: its function and the facts the rest of the code asks about.
 
     Declared once, where the method is registered (:func:`register_scaling`), so that no side list
-    has to remember a new method: ``families`` it means something for, whether its frequencies
+    has to remember a new method: what it acts on (``applies_to``: capabilities a family must
+    have, :data:`CAPABILITIES`, or :data:`EVERY_FAMILY`), whether its frequencies
     depend on the current sequence length (``length_dependent``: the model then builds one table
     per length), which parameters accept ``"auto"`` (set from the target length), and which take
     one value per rotary pair (``list_params``).
@@ -86,7 +93,7 @@ class ScalingMethod:
 
     name: str
     fn: ScalingFn
-    families: tuple[str, ...]
+    applies_to: tuple[str, ...]
     length_dependent: bool = False
     auto_keys: tuple[str, ...] = ()
     list_params: tuple[str, ...] = ()
@@ -99,8 +106,9 @@ class ScalingMethod:
         """The names the method accepts: its function's keyword-only parameters."""
         return tuple(_method_params(self.fn)[0])
 
-    def applies_to(self, family: str) -> bool:
-        return EVERY_FAMILY in self.families or family in self.families
+    def applies(self, capabilities: Sequence[str]) -> bool:
+        """Whether the method means something for a family with these capabilities."""
+        return EVERY_FAMILY in self.applies_to or set(self.applies_to) <= set(capabilities)
 
 
 SCALING_METHODS: dict[str, ScalingMethod] = {}
@@ -112,7 +120,7 @@ required)."""
 def register_scaling(
     name: str,
     *,
-    families: Sequence[str] = ("rope",),
+    applies_to: Sequence[str] = ("rotary",),
     length_dependent: bool = False,
     auto_keys: Sequence[str] = (),
     list_params: Sequence[str] = (),
@@ -137,6 +145,12 @@ def register_scaling(
                 f"Scaling function {fn.__name__!r} must take exactly one positional argument "
                 f"(the RopeGeometry) and keyword-only parameters, got {len(positional)} positional."
             )
+        unknown_caps = sorted(set(applies_to) - {EVERY_FAMILY, *CAPABILITIES})
+        if unknown_caps:
+            raise ValueError(
+                f"Scaling method {name!r} applies to {unknown_caps}; allowed: "
+                f"{', '.join(CAPABILITIES)} or {EVERY_FAMILY!r}."
+            )
         accepted = set(_method_params(fn)[0])
         for what, keys in (("auto_keys", auto_keys), ("list_params", list_params)):
             unknown = sorted(set(keys) - accepted)
@@ -146,7 +160,12 @@ def register_scaling(
                     f"not accept; its parameters: {sorted(accepted) or 'none'}."
                 )
         SCALING_METHODS[name] = ScalingMethod(
-            name, fn, tuple(families), bool(length_dependent), tuple(auto_keys), tuple(list_params)
+            name,
+            fn,
+            tuple(applies_to),
+            bool(length_dependent),
+            tuple(auto_keys),
+            tuple(list_params),
         )
         return fn
 
@@ -177,15 +196,15 @@ def scaling_method(name: str) -> ScalingMethod:
 def applicable_methods(position_kind: str) -> tuple[str, ...]:
     """Names of the registered scaling methods that apply to a position family (each may add logn).
 
-    Each method declares its families where it is registered: the absolute families reuse the
-    frequency methods on the sinusoid's frequencies, the learned table supports position
-    interpolation only, YaRN, Llama-3 and LongRoPE are defined per rotary dimension, and families
-    without frequencies (ALiBi, NoPE) take only ``default``.
+    A method declares what it acts on where it is registered (``applies_to``) and a family what it
+    has (``Family.capabilities``): position interpolation needs positions, NTK and dynamic NTK a
+    sinusoid's frequencies, YaRN, Llama-3 and LongRoPE per-rotary-pair frequencies; a family
+    without any (ALiBi, NoPE) takes only ``default``.
     """
     from models.positions import family as position_family  # checks the name
 
-    position_family(position_kind)
-    return tuple(n for n, m in SCALING_METHODS.items() if m.applies_to(position_kind))
+    capabilities = position_family(position_kind).capabilities
+    return tuple(n for n, m in SCALING_METHODS.items() if m.applies(capabilities))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -274,20 +293,20 @@ def _yarn_correction_dim(num_rotations: float, rotary_dim: int, base: float, len
 # ----------------------------------------------------------------------------- methods
 
 
-@register_scaling("default", families=(EVERY_FAMILY,))
+@register_scaling("default", applies_to=(EVERY_FAMILY,))
 def _default(geometry: RopeGeometry) -> tuple[torch.Tensor, float]:
     """Plain RoPE: theta_i = b^(-2i/r)."""
     return default_inv_freq(geometry.rotary_dim, geometry.base), 1.0
 
 
-@register_scaling("linear", families=("rope", "sinusoidal", "learned"), auto_keys=("factor",))
+@register_scaling("linear", applies_to=("positions",), auto_keys=("factor",))
 def _linear(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
     """Position interpolation (Chen et al. 2023): theta_i / s, i.e. positions divided by s."""
     s = _at_least("linear", "factor", factor, 1.0)
     return default_inv_freq(geometry.rotary_dim, geometry.base) / s, 1.0
 
 
-@register_scaling("ntk", families=("rope", "sinusoidal"), auto_keys=("alpha",))
+@register_scaling("ntk", applies_to=("frequencies",), auto_keys=("alpha",))
 def _ntk(geometry: RopeGeometry, *, alpha: float) -> tuple[torch.Tensor, float]:
     """Static NTK-aware scaling (YaRN repo): base' = b * alpha^(r/(r-2)).
 
@@ -300,7 +319,7 @@ def _ntk(geometry: RopeGeometry, *, alpha: float) -> tuple[torch.Tensor, float]:
 
 
 @register_scaling(
-    "dynamic", families=("rope", "sinusoidal"), length_dependent=True, auto_keys=("factor",)
+    "dynamic", applies_to=("frequencies",), length_dependent=True, auto_keys=("factor",)
 )
 def _dynamic(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
     """Dynamic NTK (transformers' ``dynamic``): the base grows with the current length.

@@ -284,7 +284,8 @@ class DecoderLM(nn.Module):
         found = scaling_frequencies(self.scaling, *cfgs, seq_len)
         if found is None:
             raise ValueError(f"position family {self.position_cfg.kind!r} has no frequencies.")
-        return found
+        inv_freq, attention_factor = found
+        return self.family.adjust_frequencies(self.position_cfg, inv_freq), attention_factor
 
     def rotary_table(self, seq_len: int) -> RotaryTable:
         """The cos/sin table of the active scaling: one per length if its method depends on the
@@ -442,7 +443,11 @@ class DecoderLM(nn.Module):
             cos=cos,
             sin=sin,
             layout=self.position_cfg.layout,
-            score_bias=family.score_bias(self),
+            score_bias=(
+                family.score_bias(self, int(positions.k_pos.max()) + 1)
+                if family.acts_on == "scores"
+                else None
+            ),
             q_scale=q_scale,
             q_pos=positions.position_ids,
             k_pos=positions.k_pos,

@@ -8,8 +8,6 @@ from hydra import compose, initialize_config_module
 from bench.job import NotApplicable, validate_job
 from bench.schema import ArmConfig, JobConfig
 
-pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
-
 
 def quickstart_job(*overrides: str) -> JobConfig:
     with initialize_config_module("conf", version_base="1.3"):

@@ -138,10 +138,17 @@ def test_key_ignores_eval_time_settings() -> None:
 
 
 def test_weights_fields_are_declared_on_the_schema() -> None:
-    from bench.schema import TrainConfig, weight_fields
+    from bench.schema import TrainConfig, weight_fields, weights_dict
 
     position = {"kind", "base", "layout", "rotary_fraction", "max_positions"}
-    assert set(weight_fields(PositionSchema)) == position  # not out_of_range
+    zoo = {"num_buckets", "max_distance", "frequency_fraction", "fire_width", "fire_c"}
+    zoo |= {"fire_threshold"}  # each only for the family that reads it (models/zoo.py)
+    assert set(weight_fields(PositionSchema)) == position | zoo  # not out_of_range
+    assert set(weights_dict(PositionSchema(kind="rope"))) == position
+    assert set(weights_dict(PositionSchema(kind="t5"))) == position | {
+        "num_buckets",
+        "max_distance",
+    }
     train = {f.name for f in dataclasses.fields(TrainConfig)} - set(weight_fields(TrainConfig))
     assert train == {
         "min_lr_ratio",

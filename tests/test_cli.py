@@ -22,12 +22,22 @@ from bench.cli import ERROR_PREFIX, main, sweep_errors, with_default_experiment
 from bench.job import NotApplicable, validate_job
 from bench.schema import JobConfig, ScalingSchema
 
-pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
-
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = {
     "model": ["tiny", "small", "base"],
-    "position": ["rope", "sinusoidal", "learned", "alibi", "nope"],
+    "position": [
+        "rope",
+        "sinusoidal",
+        "learned",
+        "alibi",
+        "nope",
+        "t5",
+        "kerple_log",
+        "kerple_power",
+        "fire",
+        "sandwich",
+        "p_rope",
+    ],
     "scaling": ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"],
     "data": ["pycorpus", "text", "hf"],
     "train": ["quick", "standard"],
@@ -41,11 +51,13 @@ GROUPS = {
         "extend_study",
         "findings",
         "pretrained",
+        "zoo",
     ],
     "arm": ["all", "lm", "retrieval"],
     "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct"],
-    "hydra/launcher": ["basic", "joblib", "submitit_local", "submitit_slurm"],
 }
+# hydra/launcher options: the plugins' ConfigStore nodes, two with lenbench's values (bench.schema)
+LAUNCHERS = ["basic", "joblib", "submitit_local", "submitit_slurm"]
 
 
 @pytest.fixture
@@ -91,12 +103,7 @@ def test_every_group_option_exists_and_nothing_else():
 
 @pytest.mark.parametrize(
     "group,option",
-    [
-        (g, o)
-        for g, opts in GROUPS.items()
-        if g not in ("experiment", "hydra/launcher")
-        for o in opts
-    ],
+    [(g, o) for g, opts in GROUPS.items() if g != "experiment" for o in opts],
 )
 def test_every_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
@@ -115,12 +122,69 @@ def test_scaling_files_follow_the_format():
 
     for path in (CONF / "scaling").glob("*.yaml"):
         data = yaml.safe_load(path.read_text())
-        assert set(data) == {"name", "method", "params", "logn"}, path.name
+        assert {"name", "method"} <= set(data) <= {"name", "method", "params", "logn"}, path.name
         assert data["name"] == path.stem
         assert data["method"] in SCALING_METHODS
     longrope = yaml.safe_load((CONF / "scaling" / "longrope.yaml").read_text())
     assert longrope["params"]["long_factor"] == "ramp" and longrope["params"]["short_factor"] == 1.0
     assert yaml.safe_load((CONF / "scaling" / "logn.yaml").read_text())["method"] == "default"
+
+
+IDENTITY_KEYS = {"name", "kind", "method"}  # what an option is: stated even if it is the default
+# Options that still repeat their dataclass's defaults, because they carry its field comments:
+# move the comments onto the dataclass field (as for eval), then trim the file.
+DOCUMENTING_OPTIONS = {"model/tiny", "train/quick", *(f"position/{o}" for o in GROUPS["position"])}
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        f"{g}/{o}"
+        for g, opts in GROUPS.items()
+        if g not in ("experiment",)
+        for o in opts
+        if f"{g}/{o}" not in DOCUMENTING_OPTIONS
+    ],
+)
+def test_presets_hold_only_their_changes(option):
+    """No option file sets a key to the value it would have without it: the schema's default
+    (the group's dataclass), or for a file with `defaults: [parent, _self_]` the parent's value.
+    A global arm file is checked for its arm keys only (its model/train/eval values are its own
+    choices, whatever the other groups set)."""
+    group, name = option.split("/")
+    values = yaml.safe_load((CONF / group / f"{name}.yaml").read_text()) or {}
+    parent = [d for d in values.pop("defaults", []) if d != "_self_"]
+    if parent:
+        (parent,) = parent
+        inherited = compose_cfg([f"{group}={parent}"])[group]
+    else:
+        inherited = OmegaConf.structured(JobConfig)[group]
+    if "arm" in values and group == "arm":  # a `# @package _global_` arm
+        values = values["arm"]
+    inherited = OmegaConf.to_container(inherited)
+    for key, value in values.items():
+        if key in IDENTITY_KEYS:
+            continue
+        assert inherited.get(key) != value, f"{option} repeats {key}: {value!r}"
+    assert compose_cfg([f"{group}={name}"])  # and it composes
+
+
+def test_no_config_file_is_named_like_a_configstore_node():
+    """Hydra merges such a file into the node ("automatic schema matching", deprecated): the
+    launcher presets are ConfigStore nodes (bench.schema), not conf/hydra/launcher/*.yaml."""
+    from hydra.core.config_store import ConfigStore
+
+    def nodes(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from nodes(value, f"{prefix}{key}/")
+            else:
+                yield f"{prefix}{key}"
+
+    stored = set(nodes(ConfigStore.instance().repo))
+    files = {str(p.relative_to(CONF)) for p in CONF.rglob("*.yaml")}
+    assert "hydra/launcher/joblib.yaml" in stored and "lenbench_schema.yaml" in stored
+    assert files and not files & stored
 
 
 EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's sweep
@@ -133,6 +197,7 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     # per seed (3): lm 11 (4 scalings, extend none); retrieval rope x 4 scalings + pi, yarn tunes
     "findings": (54, 426),
     "pretrained": (3, 0),  # on the tiny local Llama of tests/conftest.py (hf_model_dirs)
+    "zoo": (60, 6),  # 3 seeds x 11 families x (none, linear); linear skipped for alibi, nope
 }
 
 
@@ -246,7 +311,7 @@ def test_no_argument_lenbench_is_the_quickstart_sweep(in_tmp, capsys):
 BAD_OVERRIDES = [
     (
         ["position=foo"],
-        "position 'foo' is unknown; allowed: alibi, learned, nope, rope, sinusoidal",
+        "position 'foo' is unknown; allowed: alibi, fire, kerple_log, kerple_power, learned, nope,",
     ),
     (["model.d_model=60"], "RoPE needs an even rotary dimension, but head_dim 15"),
     # a key only some cells use keeps its full path (issue: "rotary_fraction 2.0 must be ...")
@@ -545,12 +610,18 @@ def test_local_default_overrides_are_picked_up(in_tmp, capsys):
     "launcher,target,check",
     [
         ("basic", "BasicLauncher", {}),
-        ("joblib", "JoblibLauncher", {"n_jobs": 2}),
+        ("joblib", "JoblibLauncher", {"n_jobs": 2, "prefer": "processes"}),
         ("submitit_local", "LocalLauncher", {"timeout_min": 60}),
-        ("submitit_slurm", "SlurmLauncher", {"gpus_per_node": 1, "partition": None}),
+        (
+            "submitit_slurm",
+            "SlurmLauncher",
+            {"gpus_per_node": 1, "partition": None, "timeout_min": 120, "array_parallelism": 32},
+        ),
     ],
 )
+@pytest.mark.filterwarnings("error")  # no deprecation warning (automatic schema matching)
 def test_launchers_compose_with_an_experiment(launcher, target, check, in_tmp, capsys):
+    assert launcher in LAUNCHERS
     code = main([f"hydra/launcher={launcher}", "+experiment=smoke", "--cfg", "hydra"])
     assert code == 0
     text = capsys.readouterr().out
@@ -560,6 +631,23 @@ def test_launchers_compose_with_an_experiment(launcher, target, check, in_tmp, c
         assert shown.hydra.launcher[key] == value
     if launcher == "submitit_slurm":
         assert "name: lenbench-${experiment_name}" in text
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_user_launcher_extends_a_preset_explicitly(in_tmp, capsys):
+    """Cluster values go into a --config-dir launcher whose defaults list names the preset (the
+    supported way to extend a config; no file shadows the plugin's node)."""
+    user = in_tmp / "my_conf" / "hydra" / "launcher"
+    user.mkdir(parents=True)
+    (user / "my_slurm.yaml").write_text(
+        "defaults:\n  - submitit_slurm\n  - _self_\n\npartition: gpu\ntimeout_min: 240\n"
+    )
+    argv = ["--config-dir", str(in_tmp / "my_conf"), "hydra/launcher=my_slurm", "+experiment=smoke"]
+    assert main([*argv, "--cfg", "hydra"]) == 0
+    launcher = OmegaConf.create(capsys.readouterr().out).hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.partition, launcher.timeout_min) == ("gpu", 240)  # the user's values
+    assert (launcher.gpus_per_node, launcher.array_parallelism) == (1, 32)  # lenbench's preset
 
 
 # ----------------------------------------------------------------------------- packaging

@@ -1,9 +1,11 @@
 """evaluate_model, the nll protocols, passkey scoring and the eval configs; each with a negative control."""
 
 import dataclasses
+import inspect
 import logging
 import math
 import re
+import shutil
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir, initialize_config_module
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -60,11 +62,29 @@ def only(**sections):
     return cfg
 
 
-def composed(name):
-    """conf/eval/<name>.yaml as Hydra composes the eval group (defaults list followed), as plain data."""
-    with initialize_config_module(config_module="conf", version_base=None):
-        cfg = compose(config_name=f"eval/{name}")
+def composed(name, conf_dir=None):
+    """The ``eval`` section of the default config with ``eval=<name>``, composed as the lenbench
+    CLI composes it (conf/config.yaml: the typed schema, then the eval preset), as plain data.
+    ``conf_dir``: a copy of the config tree to compose from instead of the packaged one."""
+    overrides = [f"eval={name}"]
+    if conf_dir is None:
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
     return OmegaConf.to_container(cfg.eval, resolve=True)
+
+
+def leaves(mapping, prefix=()):
+    """{(key, ...): value} of the non-mapping values of a nested mapping."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(leaves(value, (*prefix, key)))
+        else:
+            out[(*prefix, key)] = value
+    return out
 
 
 def resolved(mapping, train_length):
@@ -74,37 +94,85 @@ def resolved(mapping, train_length):
 # ---------------------------------------------------------------- configs
 
 
-def test_standard_yaml_is_the_default_config():
-    assert yaml.safe_load((CONF / "standard.yaml").read_text()) == dataclasses.asdict(EvalConfig())
+def test_the_composed_standard_protocol_is_the_dataclass_defaults(tmp_path, monkeypatch, capsys):
+    """The defaults are written once, on the dataclasses: what `lenbench --cfg job` shows for
+    eval=standard is EvalConfig() (standard.yaml holds no copy of them)."""
+    from bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--cfg", "job", "eval=standard"]) == 0
+    shown = OmegaConf.to_container(OmegaConf.create(capsys.readouterr().out).eval)
+    assert shown == dataclasses.asdict(EvalConfig())
+    assert composed("standard") == shown  # the helper below composes the same way
+    assert shown["nll"]["max_docs"] == 64 and shown["passkey"]["threshold"] == 0.8
 
 
-def test_quick_yaml_is_standard_plus_its_changes():
-    quick, standard = composed("quick"), composed("standard")
+def test_a_value_in_standard_yaml_reaches_the_composed_config_and_quick(tmp_path):
+    """Negative control for the test above: a choice written into standard.yaml changes the
+    composed protocol (so the equality is not vacuous), and eval=quick inherits it."""
+    shutil.copytree(CONF.parent, tmp_path / "conf")
+    standard = tmp_path / "conf" / "eval" / "standard.yaml"
+    standard.write_text(standard.read_text() + "batch_size: 3\npasskey: {threshold: 0.5}\n")
+    defaults = dataclasses.asdict(EvalConfig())
+    changed = composed("standard", tmp_path / "conf")
+    assert changed != defaults
+    assert {k: v for k, v in leaves(changed).items() if leaves(defaults)[k] != v} == {
+        ("batch_size",): 3,
+        ("passkey", "threshold"): 0.5,
+    }
+    quick = composed("quick", tmp_path / "conf")
+    assert quick["batch_size"] == 3 and quick["passkey"]["threshold"] == 0.5
+    assert quick["passkey"]["depths"] == 3  # and keeps its own changes
+
+
+def test_eval_presets_hold_only_their_changes():
+    """standard.yaml sets no key to its default; quick.yaml no key to what it inherits from
+    standard, and every key it sets arrives."""
+    defaults = leaves(dataclasses.asdict(EvalConfig()))
+    standard = yaml.safe_load((CONF / "standard.yaml").read_text()) or {}
+    for key, value in leaves(standard).items():
+        assert defaults[key] != value, f"standard.yaml repeats the default {key}={value!r}"
+    inherited = leaves(composed("standard"))
     changes = yaml.safe_load((CONF / "quick.yaml").read_text())
     assert changes.pop("defaults") == ["standard", "_self_"]
-    assert quick["lengths"] == ["1x", "2x", "4x"] and quick["passkey"]["depths"] == 3
-    assert quick["passkey"]["threshold"] == standard["passkey"]["threshold"]  # inherited
-    for key, value in quick.items():  # every key is standard's unless quick.yaml changes it
-        if key not in changes:
-            assert value == standard[key], key
-        elif isinstance(value, dict):
-            assert value == {**standard[key], **changes[key]}, key
-    assert quick != standard  # negative control: the changes arrive
+    quick = leaves(composed("quick"))
+    for key, value in leaves(changes).items():
+        assert inherited[key] != value, f"quick.yaml repeats {key}={value!r}"
+        assert quick[key] == value, key
+    for key, value in quick.items():  # the rest is standard's
+        if key not in leaves(changes):
+            assert value == inherited[key], key
+    assert quick[("lengths",)] == ["1x", "2x", "4x"] and quick[("passkey", "depths")] == 3
 
 
-def test_every_yaml_key_is_documented_and_known():
-    fields = {f.name for f in dataclasses.fields(EvalConfig)}
-    for name in ("standard", "quick"):
+def test_every_eval_key_is_documented_where_its_default_is_written():
+    """Each field of the eval config has a comment (inline or the line above) in the dataclass
+    that declares it (or a base class of it), and each section class a docstring."""
+    from bench.metrics.config import HarnessConfig
+    from bench.metrics.registry import EvalKeys
+
+    classes = [EvalKeys, HarnessConfig, *(metric.config for metric in METRICS.values())]
+    for cls in classes:
+        assert cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("), cls  # own docstring
+        for f in dataclasses.fields(cls):
+            documented = False
+            for owner in cls.__mro__:
+                if f.name not in getattr(owner, "__annotations__", {}):
+                    continue
+                lines = inspect.getsource(owner).splitlines()
+                for i, line in enumerate(lines):
+                    if re.match(rf"    {f.name}: ", line):
+                        documented |= "#" in line or lines[i - 1].strip().startswith("#")
+            assert documented, f"{cls.__name__}.{f.name} has no comment"
+    for name in ("standard", "quick"):  # presets: valid, known keys, each change commented
         text = (CONF / f"{name}.yaml").read_text()
-        loaded = yaml.safe_load(text)
         resolved(composed(name), 64)  # no unknown keys, every value valid
-        if name == "standard":
-            assert set(loaded) == fields
-        else:
-            assert set(loaded) - {"defaults"} <= fields
+        assert set(yaml.safe_load(text) or {}) - {"defaults"} <= set(
+            dataclasses.asdict(EvalConfig())
+        )
         lines = text.splitlines()
-        for i, line in enumerate(lines):  # each key: an inline comment or a comment line above
-            if re.match(r"\s*\w+:", line):
+        for i, line in enumerate(lines):
+            if re.match(r"\s*\w+:", line) and line.strip() != "defaults:":
                 above = lines[i - 1].strip() if i else ""
                 assert "#" in line or above.startswith("#"), (
                     f"{name}: {line.strip()} is not documented"

@@ -548,7 +548,7 @@ def test_a_curve_needs_a_learning_rate_that_does_not_depend_on_steps() -> None:
     """With a decay to 0.1 lr, update 3 of a 6-update run has another lr than update 3 of a
     4-update run (so a saved state would not be the 4-update fine-tune): refused."""
     from bench.extend import finetune_recipe
-    from bench.train import lr_at
+    from bench.optim import lr_at
 
     def lr(steps: int, ratio: float) -> float:
         job = make_cfg(extend=pi(steps=steps, warmup_steps=2, min_lr_ratio=ratio))

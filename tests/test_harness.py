@@ -227,6 +227,34 @@ def test_parse_scaling_string_friendly_arguments():
         parse_scaling(None, factor=4)
 
 
+def test_a_user_config_dir_preset_reaches_the_harness(tmp_path):
+    """A preset in a user's config folder (as ``lenbench --config-dir`` reads it) is a harness
+    scaling too, typed like lenbench's group; controls: without the folder the name is unknown,
+    and a preset with a misspelt key is one sentence naming it."""
+    from bench.harness.cli import HarnessArgError, check_arguments
+
+    (tmp_path / "scaling").mkdir()
+    (tmp_path / "scaling" / "yarn_logn.yaml").write_text(
+        "name: yarn_logn\nmethod: yarn\nparams: {factor: 4, beta_fast: 16}\nlogn: true\n"
+    )
+    scaling = parse_scaling("yarn_logn", config_dir=str(tmp_path))
+    assert scaling == ScalingConfig(
+        name="yarn_logn", method="yarn", params={"factor": 4, "beta_fast": 16}, logn=True
+    )
+    with pytest.raises(ValueError, match="scaling 'yarn_logn' is unknown"):
+        parse_scaling("yarn_logn")
+    argv = ["run", "--model", "lenbench", "--model_args"]
+    with pytest.raises(HarnessArgError, match="scaling='yarn_logn' is unknown"):
+        check_arguments([*argv, "pretrained=x,scaling=yarn_logn"])
+    with pytest.raises(HarnessArgError, match="checkpoint 'x' was not found"):  # preset found
+        check_arguments([*argv, f"pretrained=x,scaling=yarn_logn,config_dir={tmp_path}"])
+    (tmp_path / "scaling" / "typo.yaml").write_text("method: yarn\nparam: {factor: 4}\n")
+    with pytest.raises(ValueError, match="scaling.param is an unknown key"):
+        parse_scaling("yarn_logn", config_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="config_dir '/nonexistent' is not a folder"):
+        parse_scaling("yarn", config_dir="/nonexistent")
+
+
 def test_model_arguments_validate_early_and_unavailable_device_is_an_error():
     model = tiny_model()
     lm = LenbenchLM.create_from_arg_obj(
@@ -494,13 +522,13 @@ def test_harness_passkey_uses_the_checkpoints_training_template(tmp_path):
     the harness verdicts equal the native ones on the same examples."""
     from bench.cache import key_of, save_checkpoint
     from bench.harness.cli import _with_training_template
-    from bench.schema import PositionSchema, weight_fields
+    from bench.schema import PositionSchema, weights_dict
 
     model = tiny_model(seed=3)
     position = dataclasses.asdict(model.position_cfg)
     config = {
         "model": dataclasses.asdict(model.model_cfg),
-        "position": {k: v for k, v in position.items() if k in weight_fields(PositionSchema)},
+        "position": weights_dict(PositionSchema(**position)),
         "train": {"length": model.train_length, "passkey_template": "short"},
     }
     key = key_of(config)
@@ -676,12 +704,12 @@ def save_tiny_checkpoint(model: DecoderLM, cache_root: Path) -> str:
     from dataclasses import asdict
 
     from bench.cache import key_of, save_checkpoint
-    from bench.schema import PositionSchema, weight_fields
+    from bench.schema import PositionSchema, weights_dict
 
     position = asdict(model.position_cfg)
     config = {
         "model": asdict(model.model_cfg),
-        "position": {k: v for k, v in position.items() if k in weight_fields(PositionSchema)},
+        "position": weights_dict(PositionSchema(**position)),
         "train": {"length": model.train_length},
         "note": "bench.harness test checkpoint",
     }

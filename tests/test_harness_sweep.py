@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from bench.cli import main
 from bench.results import load_results
-
-pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
 
 
 def test_harness_tasks_in_a_sweep_job_land_in_the_results(tmp_path, monkeypatch):

@@ -222,7 +222,7 @@ def test_the_readme_position_encoding_example_registers_and_runs():
         torch.manual_seed(0)
         model = DecoderLM(model_cfg, cfg, train_length=16).eval()
         q_pos, k_pos = torch.tensor(9), torch.tensor(2)
-        bias = model.family.score_bias(model)(torch.tensor(1), q_pos, k_pos)
+        bias = model.family.score_bias(model, 10)(torch.tensor(1), q_pos, k_pos)
         expected = -positions.alibi_slopes(4)[1] * torch.log(torch.tensor(8.0))
         torch.testing.assert_close(bias, expected)
         torch.manual_seed(0)

@@ -13,9 +13,9 @@ import pytest
 from bench import results as R
 from bench.results import (
     CELL_COLUMNS,
-    METRICS,
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
+    ROW_METRICS,
     canonical_json,
     dedup_results,
     load_results,
@@ -90,7 +90,7 @@ def test_schema_constants_match_design() -> None:
         "position_probe_r2",
         "passkey_context",
     ):
-        assert m in METRICS
+        assert m in ROW_METRICS
     assert "run_id" not in CELL_COLUMNS and "value" not in CELL_COLUMNS
 
 

@@ -20,8 +20,6 @@ from bench.cli import STATUS_FILE, main
 from bench.results import REQUIRED_COLUMNS, load_results
 from bench.train import TrainingDiverged, train_model
 
-pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
-
 
 class TrainCounter:
     """Wraps bench.cache.get_or_train so that every real training is counted (and can fail)."""

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import bench.runtime as runtime_mod
 import bench.train as train_mod
 from bench.corpora import Corpus, load_corpus
+from bench.optim import lr_at, param_groups
 from bench.schema import (
     DataConfig,
     JobConfig,
@@ -19,13 +21,7 @@ from bench.schema import (
     TrainConfig,
     weights_dict,
 )
-from bench.train import (
-    TrainingDiverged,
-    lr_at,
-    make_model,
-    param_groups,
-    train_model,
-)
+from bench.train import TrainingDiverged, make_model, train_model
 
 LENGTH = 32
 
@@ -192,7 +188,7 @@ def test_bf16_autocast_trains_with_float32_weights(corpus: Corpus) -> None:
 def test_emulated_bf16_on_cpu_warns_once(corpus, monkeypatch, native, precision, warns) -> None:
     import warnings
 
-    monkeypatch.setattr(train_mod, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(runtime_mod, "cpu_has_native_bf16", lambda: native)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train_model(tiny_cfg(precision=precision, steps=1, eval_batches=0), corpus, progress=False)
@@ -214,15 +210,15 @@ def test_cpu_bf16_flags_are_read_from_cpuinfo(monkeypatch, tmp_path) -> None:
         )
 
     fake_cpuinfo("fpu avx2 fma")
-    assert train_mod.cpu_has_native_bf16() is False
+    assert runtime_mod.cpu_has_native_bf16() is False
     fake_cpuinfo("fpu avx512f avx512_bf16")
-    assert train_mod.cpu_has_native_bf16() is True
+    assert runtime_mod.cpu_has_native_bf16() is True
     fake_cpuinfo("fpu amx_bf16 amx_tile")
-    assert train_mod.cpu_has_native_bf16() is True
+    assert runtime_mod.cpu_has_native_bf16() is True
     fake_cpuinfo("fpu avx512_bf16x")  # a flag that merely starts with the name does not count
-    assert train_mod.cpu_has_native_bf16() is False
+    assert runtime_mod.cpu_has_native_bf16() is False
     fake_cpuinfo(None)
-    assert train_mod.cpu_has_native_bf16() is None
+    assert runtime_mod.cpu_has_native_bf16() is None
 
 
 def test_passkey_rows_and_answer_loss_train(corpus: Corpus) -> None:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ MODEL_ARGS = (
     "cache_root",
     "scaling",
     "scaling_name",
+    "config_dir",
     "logn",
     "oracle",
     "eval_length",
@@ -92,20 +94,40 @@ def _coerce_param(key: str, value: Any, list_params: tuple[str, ...] = ()) -> An
     return value
 
 
-def scaling_presets() -> dict[str, dict]:
-    """lenbench's scaling configs (``conf/scaling/<name>.yaml``) by name: name, method, params, logn."""
-    import yaml
+def scaling_presets(config_dir: str | os.PathLike | None = None) -> dict[str, dict]:
+    """lenbench's scaling presets by name (name, method, params, logn): ``conf/scaling/<name>.yaml``
+    plus, with ``config_dir``, that folder's ``scaling/*.yaml`` (a user's ``--config-dir`` for
+    ``lenbench``; a preset there wins over a packaged one of the same name).
 
-    try:
-        import conf
-    except ImportError:  # pragma: no cover - conf ships with the package
-        return {}
+    Each is read as lenbench's ``scaling`` group is: merged into its typed schema
+    (``bench.schema.ScalingSchema``), so a type error or an unknown key is the same one sentence.
+    """
+    import conf
+    from bench.checks import parse_section
+    from bench.schema import ScalingSchema
+
+    folders = [Path(conf.__file__).parent / "scaling"]
+    if config_dir is not None:
+        user = Path(os.path.expandvars(os.path.expanduser(str(config_dir))))
+        if not user.is_dir():
+            raise ValueError(f"config_dir {str(config_dir)!r} is not a folder.")
+        folders.append(user / "scaling")
     presets = {}
-    for path in sorted((Path(conf.__file__).parent / "scaling").glob("*.yaml")):
-        with path.open(encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-        if isinstance(data, dict) and "method" in data:
-            presets[path.stem] = data
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")):
+            try:
+                values = OmegaConf.load(path)
+            except Exception as exc:  # YAML syntax: one sentence naming the file
+                raise ValueError(
+                    f"scaling preset {path} does not parse: {exc}".split("\n")[0]
+                ) from None
+            preset = parse_section(ScalingSchema, values, key="scaling")
+            presets[path.stem] = {
+                "name": preset.name,
+                "method": preset.method,
+                "params": dict(preset.params),
+                "logn": preset.logn,
+            }
     return presets
 
 
@@ -115,6 +137,7 @@ def parse_scaling(
     logn: Any = False,
     name: str | None = None,
     oracle: Any = False,
+    config_dir: str | None = None,
     **params: Any,
 ) -> ScalingConfig | None:
     """A ``ScalingConfig`` from string-friendly arguments (None = the raw model).
@@ -127,7 +150,8 @@ def parse_scaling(
     ``params`` override the preset's and are checked against the method's signature here (values
     are checked when the model applies them). ``logn=True`` adds log-n scaling; ``name`` sets the
     results label; ``oracle=True`` sets a factor "auto" for each request's length instead of one
-    for the run (``LenbenchLM``).
+    for the run (``LenbenchLM``); ``config_dir`` adds a user's preset folder
+    (:func:`scaling_presets`).
     """
     logn = _coerce_param("logn", logn) if isinstance(logn, str) else bool(logn)
     oracle = bool(_coerce_param("oracle", oracle) if isinstance(oracle, str) else oracle)
@@ -156,7 +180,7 @@ def parse_scaling(
             target_length=None if target is None else positive_int(target, "target_length"),
         )
     key = "none" if scaling in (None, "") else str(scaling)
-    presets = scaling_presets()
+    presets = scaling_presets(config_dir)
     if key in presets:
         preset = presets[key]
         return _scaling_config(

@@ -140,7 +140,10 @@ def check_arguments(argv: Sequence[str]) -> None:
                 )
             args[key.strip()] = value.strip()
         scaling = args.get("scaling", "none")
-        presets = scaling_presets()
+        try:
+            presets = scaling_presets(args.get("config_dir"))
+        except ValueError as err:
+            raise HarnessArgError(str(err)) from None
         if scaling not in presets and scaling not in SCALING_METHODS:
             allowed = sorted(set(presets) | set(SCALING_METHODS))
             raise HarnessArgError(

@@ -84,6 +84,7 @@ class LenbenchLM(LM):
         cache_root: str | None = None,
         scaling: Any = None,
         scaling_name: str | None = None,
+        config_dir: str | None = None,
         logn: Any = False,
         oracle: Any = False,
         eval_length: Any = None,
@@ -98,7 +99,12 @@ class LenbenchLM(LM):
     ) -> None:
         super().__init__()
         self.scaling = parse_scaling(
-            scaling, logn=logn, name=scaling_name, oracle=oracle, **scaling_params
+            scaling,
+            logn=logn,
+            name=scaling_name,
+            oracle=oracle,
+            config_dir=config_dir,
+            **scaling_params,
         )
         if prefix_token not in PREFIX_TOKENS:
             raise ValueError(

@@ -1,9 +1,10 @@
 """Evaluation metrics: a registry of metric functions, each with a typed YAML section.
 
 Importing this package registers the built-in metrics (nll, passkey, the probes) in that order,
-then every other module of this package (alphabetically), so a new metric is one module here
-plus its section in ``conf/eval/standard.yaml``. ``EvalConfig`` is the eval config dataclass built
-from the registry (:func:`bench.metrics.config.eval_config_class`).
+then every other module of this package (alphabetically), so a new metric is one module here:
+its config dataclass holds the section's defaults and their comments (``conf/eval/*.yaml`` hold
+only changes to them). ``EvalConfig`` is the eval config dataclass built from the registry
+(:func:`bench.metrics.config.eval_config_class`).
 """
 
 from __future__ import annotations

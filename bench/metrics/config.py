@@ -36,10 +36,12 @@ __all__ = [
 
 @dataclass
 class HarnessConfig:
-    """lm-evaluation-harness tasks the job runs after the native metrics."""
+    """``eval.harness``: lm-evaluation-harness tasks the job runs after the native metrics, in
+    the same job; their rows get metric ``harness/<task>/<metric>``."""
 
-    tasks: list[str] = field(default_factory=list)  # task names (bench/harness tasks)
-    limit: Any = None  # documents per task (a number > 0); None = all
+    # task names (bench/harness tasks), e.g. [lenbench_passkey_1024, lenbench_ppl_1024]
+    tasks: list[str] = field(default_factory=list)
+    limit: Any = None  # documents per task (a number > 0); null = all
 
     def __post_init__(self) -> None:
         tasks = self.tasks

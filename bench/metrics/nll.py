@@ -58,13 +58,17 @@ NLL_PROTOCOLS = ("nonoverlapping", "sliding")
 
 @dataclass
 class NllConfig(BootstrapConfig):
+    """``eval.nll``: per-token NLL (nats) by position bucket in the window, plus a whole-window row."""
+
     max_docs: int = 64
-    protocol: str = "nonoverlapping"  # nonoverlapping | sliding
+    # nonoverlapping | sliding (score only the tokens the previous window did not)
+    protocol: str = "nonoverlapping"
     stride: int = 256  # sliding stride in tokens (capped at the eval length)
-    # consecutive windows per document: "fill" = as many as fit in the longest nll length, so
-    # every length scores the same tokens; N = at most N from the start (1 = the first only)
+    # consecutive windows per document: "fill" = as many as fit in the longest nll length (tile
+    # it), so every length scores the same tokens; N = at most N from the start (1 = the first)
     max_windows: Any = "fill"
-    buckets: Any = grid_field("auto")  # bucket edges; auto = powers of two + training length
+    # bucket edges: auto = powers of two + the training length, or a list
+    buckets: Any = grid_field("auto")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -66,12 +66,19 @@ _DIGIT_IDS = torch.tensor([i for i in range(ByteTokenizer.vocab_size) if is_digi
 
 @dataclass
 class PasskeyConfig(MetricConfig):
-    depths: Any = 10  # a count of depths evenly spaced in [0, 1], or a list of depths
-    trials: int = 10  # examples (seeded keys) per (length, depth)
-    filler: str = "standard"  # standard | corpus (text of the test documents)
-    threshold: float = 0.8  # passkey_context: the largest length with accuracy >= this
-    # text around the filler: short | landmark (bench.passkey); null = the template the model was
-    # trained with (a lenbench job sets it from train.passkey_template), else landmark
+    """``eval.passkey``: exact-match retrieval of a key hidden in filler; passkey_acc and
+    passkey_context rows. Eval lengths shorter than the template are skipped."""
+
+    # a count of depths evenly spaced from 0 (needle first) to 1 (last), or a list of depths
+    depths: Any = 10
+    trials: int = 10  # examples per (length, depth), each with its own seeded key
+    # standard ("The grass is green...") | corpus (text of the test documents)
+    filler: str = "standard"
+    # passkey_context = the largest length with accuracy >= this (YaRN: 0.8)
+    threshold: float = 0.8
+    # text around the filler: landmark (Landmark/PI/YaRN, 253 tokens) | short (73) (bench.passkey);
+    # null = the template the model was trained with (a lenbench job sets it from
+    # train.passkey_template), else landmark
     template: str | None = None
 
     def __post_init__(self) -> None:

@@ -60,15 +60,22 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ShiftDnllConfig(BootstrapConfig):
-    lengths: Any = field(default_factory=lambda: ["1x"])
-    deltas: Any = grid_field([16, "0.25x", "1x", "2x", "4x", "8x", "16x"])  # position offsets
+    """``eval.shift_dnll``: NLL change when every position id is offset by delta (same tokens,
+    same window); its bootstrap is paired over documents."""
+
+    lengths: Any = field(default_factory=lambda: ["1x"])  # window lengths
+    # offsets added to the position ids (0 is dropped)
+    deltas: Any = grid_field([16, "0.25x", "1x", "2x", "4x", "8x", "16x"])
 
 
 @dataclass
 class OrderDnllConfig(BootstrapConfig):
+    """``eval.order_dnll``: NLL change on the final block when the context farther than d tokens
+    is shuffled; its bootstrap is paired over documents."""
+
     block: int = 32  # size of the scored final block (tokens)
-    shuffle_block: int | None = None  # size of the shuffled blocks (None = block)
-    distances: Any = grid_field("auto")  # auto = 0 and powers of two from block
+    shuffle_block: int | None = None  # size of the shuffled blocks (null = block)
+    distances: Any = grid_field("auto")  # d grid: auto = 0 and powers of two from block, or a list
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,8 +87,13 @@ class OrderDnllConfig(BootstrapConfig):
 
 @dataclass
 class ContextNllConfig(BootstrapConfig):
+    """``eval.context_nll``: NLL of the fixed final block given c tokens of visible context before
+    it."""
+
     block: int = 32  # size of the scored final block (tokens)
-    contexts: Any = grid_field("auto")  # auto = 0, powers of two and eval_length - block
+    # c grid: auto = 0, powers of two and eval_length - block, or a list (values > length - block
+    # are dropped)
+    contexts: Any = grid_field("auto")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,7 +102,9 @@ class ContextNllConfig(BootstrapConfig):
 
 @dataclass
 class AttnEntropyConfig(MetricConfig):
-    lengths: Any = field(default_factory=lambda: ["1x", "4x", "16x"])
+    """``eval.attn_entropy``: mean attention entropy (nats) per layer and query-position bucket."""
+
+    lengths: Any = field(default_factory=lambda: ["1x", "4x", "16x"])  # eval lengths to run at
     buckets: Any = grid_field("auto")  # bucket edges, as for nll
     max_docs: int = 4  # test documents
 

@@ -37,8 +37,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PositionProbeConfig(MetricConfig):
-    lengths: Any = field(default_factory=lambda: ["1x", "4x", "16x"])
-    layer: int | None = None  # hidden-state index (0 = embeddings; None = n_layers // 2)
+    """``eval.position_probe_r2``: R^2 of a ridge probe from hidden states to position, inside /
+    beyond L (the "beyond" row needs an eval length > the training length)."""
+
+    lengths: Any = field(default_factory=lambda: ["1x", "4x", "16x"])  # eval lengths to run at
+    # hidden-state index: 0 = embeddings, i = after block i; null = n_layers // 2
+    layer: int | None = None
     fit_docs: int = 8  # documents the probe is fitted on
     test_docs: int = 8  # other documents it is scored on
     positions_per_doc: int = 256  # evenly spaced positions per document and region

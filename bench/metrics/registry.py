@@ -41,12 +41,19 @@ DEFAULT_LENGTHS = ("1x", "2x", "4x", "8x", "16x")
 @dataclass
 class EvalKeys:
     """The eval config's top-level keys, which are not metric sections: no metric may take their
-    names (nor ``harness``). :class:`bench.metrics.config.EvalConfigBase` adds the sections."""
+    names (nor ``harness``). :class:`bench.metrics.config.EvalConfigBase` adds the sections.
 
-    lengths: Any = field(default_factory=lambda: list(DEFAULT_LENGTHS))  # null = these
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    These defaults are the standard protocol (``conf/eval/standard.yaml`` holds only changes to
+    them; ``lenbench --cfg job`` prints the composed values). Lengths and grids take token counts
+    (256) or multiples of the training length ("4x", "0.25x").
+    """
+
+    # eval lengths (window sizes); a static scaling factor "auto" is set for the longest; null = these
+    lengths: Any = field(default_factory=lambda: list(DEFAULT_LENGTHS))
+    # fp32 | bf16 (autocast; angles and softmax statistics stay fp32)
+    precision: str = "fp32"
     batch_size: int = 8  # windows per forward pass ...
-    max_batch_tokens: int | None = 32768  # ... capped at this many tokens per pass (None = no cap)
+    max_batch_tokens: int | None = 32768  # ... capped at this many tokens per pass (null = no cap)
 
     def __post_init__(self) -> None:
         if self.lengths == "auto":
@@ -75,12 +82,13 @@ def grid_field(default: Any) -> Any:
 class MetricConfig:
     """The keys every metric section has; a metric's config dataclass adds its own after them.
 
+    A section's defaults are the standard protocol (``conf/eval/*.yaml`` hold only changes).
     Subclasses check their fields in ``__post_init__`` (calling this one first) with the helpers
     of ``bench.checks``, naming keys with :meth:`key`.
     """
 
     enabled: bool = True  # run this metric at all
-    lengths: Any = None  # the eval lengths it runs at (tokens or "<m>x"); null = every one
+    lengths: Any = None  # the eval lengths it runs at (tokens or "<m>x"); null = every eval length
 
     section: ClassVar[str] = ""  # the YAML section name, set by register_metric
 
@@ -121,7 +129,8 @@ class MetricConfig:
 class BootstrapConfig(MetricConfig):
     """A metric over a sample of test documents with a bootstrap CI over documents."""
 
-    max_docs: int = 16  # documents taken from the run's set (long enough for every length)
+    # test documents taken from the run's set (long enough for its longest length), spread evenly
+    max_docs: int = 16
     bootstrap: int = 1000  # bootstrap resamples over documents for ci_lo/ci_hi (0 = no CI)
     ci: float = 0.95  # CI level
 

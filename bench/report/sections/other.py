@@ -1,5 +1,5 @@
 """The catch-all table for metrics that no dedicated section shows (any name outside
-:data:`bench.results.METRICS`), so a new metric appears in the report before it has a figure."""
+:data:`bench.results.ROW_METRICS`), so a new metric appears in the report before it has a figure."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pandas as pd
 
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, write_table
-from bench.results import METRICS
+from bench.results import ROW_METRICS
 
 
 def other_section(rep: ReportDir, df: pd.DataFrame) -> str:
-    rows = df[~df["metric"].isin(METRICS)]
+    rows = df[~df["metric"].isin(ROW_METRICS)]
     if rows.empty:
         return ""
     keys = [

@@ -1,5 +1,6 @@
-"""Training recipes: the ``train`` group (one training run) and the ``extend`` group (a fine-tune
-at a longer length with a scaling method active), as typed, checked dataclasses.
+"""The config of training: the ``train`` group (one training run) and the ``extend`` group (a
+fine-tune at a longer length with a scaling method active), as typed, checked dataclasses. The
+recipe that runs them is :mod:`bench.train`.
 """
 
 from __future__ import annotations

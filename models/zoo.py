@@ -1,0 +1,280 @@
+"""The position-encoding zoo: families compared against since 2020, each one registered definition.
+
+Relative biases added to the attention logits (``acts_on == "scores"``), as a function of query
+position i, key position j and the causal distance n = i - j >= 0:
+
+- ``t5`` (Raffel et al. 2020): a learned per-head value per log-spaced distance bucket;
+- ``kerple_log`` / ``kerple_power`` (Chi et al. 2022): -r1_h log(1 + r2_h n) / -r1_h n^r2_h, with
+  learned positive per-head r1, r2;
+- ``fire`` (Li et al. 2024): a small MLP of psi(n) / psi(max(L_thr, i)), psi(x) = log(c x + 1);
+  depends on i, so not shift invariant by design;
+- ``sandwich`` (Chi et al. 2023): parameter-free, the inner product of sinusoidal embeddings of i
+  and j (a sum of cosines of n) with ALiBi-like per-head compression.
+
+and one rotary variant (``acts_on == "qk"``):
+
+- ``p_rope`` (Barbero et al. 2025): RoPE keeping the highest-frequency fraction p of the rotary
+  pairs and leaving the others unrotated (p = 0 is NoPE, p = 1 is RoPE); unlike NeoX partial
+  rotary (``rotary_fraction``), the kept frequencies are RoPE's own.
+
+Position interpolation (``scaling=linear``) divides positions and distances by its factor for
+every family here. Formulas and their sources: ``../shared/REFERENCE-ZOO.md``; each is tested
+against an independent evaluation (tests/test_zoo.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.positions import (
+    Family,
+    PositionConfig,
+    Rope,
+    ScoreBias,
+    register_family,
+)
+
+# KERPLE keeps r1, r2 >= this (its reference clamps the parameters at 1e-2)
+KERPLE_EPS = 1e-2
+
+
+def _distances(q_pos: torch.Tensor, k_pos: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """n = (i - j) / factor, float32, >= 0 (entries with j > i are masked; kept finite here)."""
+    return (q_pos - k_pos).clamp(min=0).to(torch.float32) / factor
+
+
+def _pi_factor(model: Any) -> torch.Tensor:
+    """The active position-interpolation factor as a float32 0-d tensor (1: none)."""
+    return torch.tensor(
+        float(model.scaling.linear_factor or 1.0), device=model.tok_emb.weight.device
+    )
+
+
+def _per_head(values: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """Every head's values in the tiled kernel's layout: values [N, 1, T, S, H] -> [N, H, T, S]
+    (its ``head`` is every head in order, [1, H, 1, 1])."""
+    if head.numel() != values.shape[-1]:
+        raise ValueError(f"{head.numel()} heads asked for, {values.shape[-1]} computed.")
+    return values.squeeze(1).movedim(-1, 1)
+
+
+class _BiasFamily(Family):
+    acts_on = "scores"
+    capabilities = ("positions",)  # position interpolation divides the distance
+
+
+# --------------------------------------------------------------------------- T5
+
+
+def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's causal bucket of a distance n >= 0 (``bidirectional=False``): n itself below
+    num_buckets / 2, then log-spaced up to max_distance, and the last bucket beyond.
+
+    ``distance`` may be fractional (position interpolation): exact buckets take its floor.
+    """
+    max_exact = num_buckets // 2
+    small = distance < max_exact
+    # clamp: the log branch is only used for distance >= max_exact (no log of 0)
+    ratio = distance.clamp(min=max_exact) / max_exact
+    large = max_exact + (
+        torch.log(ratio) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(small, distance.floor().to(torch.long), large)
+
+
+def _t5(head, q_pos, k_pos, table, factor, num_buckets, max_distance):
+    bucket = t5_bucket(_distances(q_pos, k_pos, factor), num_buckets, max_distance)
+    return table[head, bucket]  # table [H, num_buckets]
+
+
+@register_family
+class T5(_BiasFamily):
+    """T5's relative position bias: a learned [H, num_buckets] table, one bias per bucket."""
+
+    name = "t5"
+    fields = ("num_buckets", "max_distance")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.num_buckets < 2:
+            raise ValueError(f"position.num_buckets must be >= 2, got {cfg.num_buckets}.")
+        if cfg.max_distance <= cfg.num_buckets // 2:
+            raise ValueError(
+                f"position.max_distance must be greater than num_buckets / 2 = "
+                f"{cfg.num_buckets // 2}, got {cfg.max_distance}."
+            )
+
+    def init(self, model: Any) -> None:
+        rows = (model.model_cfg.n_heads, model.position_cfg.num_buckets)
+        model.t5_bias = nn.Parameter(torch.randn(rows) * 0.02)  # [H, num_buckets]
+
+    def score_bias(self, model: Any, length: int) -> ScoreBias:
+        cfg = model.position_cfg
+        return ScoreBias(_t5, (model.t5_bias, _pi_factor(model), cfg.num_buckets, cfg.max_distance))
+
+
+# --------------------------------------------------------------------------- KERPLE
+
+
+def _kerple_log(head, q_pos, k_pos, r1, r2, factor):
+    n = _distances(q_pos, k_pos, factor)
+    r1, r2 = r1.clamp(min=KERPLE_EPS)[head], r2.clamp(min=KERPLE_EPS)[head]
+    return -r1 * torch.log1p(r2 * n)
+
+
+def _kerple_power(head, q_pos, k_pos, r1, r2, factor):
+    n = _distances(q_pos, k_pos, factor)
+    r1, r2 = r1.clamp(min=KERPLE_EPS)[head], r2.clamp(KERPLE_EPS, 2.0)[head]
+    # 0^r2 = 0, without pow's infinite gradient in r2 at 0
+    positive = n > 0
+    return torch.where(positive, -r1 * torch.where(positive, n, 1.0) ** r2, 0.0)
+
+
+class _Kerple(_BiasFamily):
+    """KERPLE: learned positive per-head r1 (init U(0, 2)) and r2 (init U(0, 1)), as the
+    paper's reference initialises them."""
+
+    fn: Any = None
+
+    def init(self, model: Any) -> None:
+        heads = model.model_cfg.n_heads
+        model.kerple_r1 = nn.Parameter(torch.rand(heads) * 2)
+        model.kerple_r2 = nn.Parameter(torch.rand(heads))
+
+    def score_bias(self, model: Any, length: int) -> ScoreBias:
+        return ScoreBias(type(self).fn, (model.kerple_r1, model.kerple_r2, _pi_factor(model)))
+
+
+@register_family
+class KerpleLog(_Kerple):
+    name, fn = "kerple_log", staticmethod(_kerple_log)
+
+
+@register_family
+class KerplePower(_Kerple):
+    name, fn = "kerple_power", staticmethod(_kerple_power)
+
+
+# --------------------------------------------------------------------------- FIRE
+
+
+def _fire(head, q_pos, k_pos, w1, b1, w2, b2, c, threshold, factor):
+    c = c.clamp(min=1e-4)
+    n = _distances(q_pos, k_pos, factor)
+    i = q_pos.to(torch.float32) / factor
+    x = torch.log1p(c * n) / torch.log1p(c * torch.maximum(threshold.clamp(min=1.0), i))
+    hidden = torch.relu(x[..., None] * w1 + b1)  # [..., W]
+    if head.dim() == 0:  # flex: one entry, one head
+        return (hidden * w2[head]).sum(-1) + b2[head]
+    return _per_head(hidden @ w2.T + b2, head)  # [N, 1, T, S, H] -> [N, H, T, S]
+
+
+@register_family
+class Fire(_BiasFamily):
+    """FIRE: b_h(i, j) = f(psi(n) / psi(max(L_thr, i)))_h with f an MLP 1 -> fire_width -> H
+    (ReLU), psi(x) = log(c x + 1), c and L_thr learned (init fire_c, and fire_threshold or the
+    training length, as in the paper)."""
+
+    name = "fire"
+    fields = ("fire_width", "fire_c", "fire_threshold")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.fire_width < 1:
+            raise ValueError(f"position.fire_width must be >= 1, got {cfg.fire_width}.")
+        if cfg.fire_c <= 0:
+            raise ValueError(f"position.fire_c must be > 0, got {cfg.fire_c}.")
+        if cfg.fire_threshold < 0:
+            raise ValueError(
+                f"position.fire_threshold must be >= 0 (0 = the training length), got "
+                f"{cfg.fire_threshold}."
+            )
+
+    def init(self, model: Any) -> None:
+        cfg, heads = model.position_cfg, model.model_cfg.n_heads
+        width = cfg.fire_width
+        # nn.Linear's default initialisation (uniform in +-1/sqrt(fan_in))
+        model.fire_w1 = nn.Parameter(torch.rand(width) * 2 - 1)  # fan_in 1
+        model.fire_b1 = nn.Parameter(torch.rand(width) * 2 - 1)
+        bound = 1 / math.sqrt(width)
+        model.fire_w2 = nn.Parameter((torch.rand(heads, width) * 2 - 1) * bound)
+        model.fire_b2 = nn.Parameter((torch.rand(heads) * 2 - 1) * bound)
+        model.fire_c = nn.Parameter(torch.tensor(float(cfg.fire_c)))
+        threshold = cfg.fire_threshold or model.train_length
+        model.fire_threshold = nn.Parameter(torch.tensor(float(threshold)))
+
+    def score_bias(self, model: Any, length: int) -> ScoreBias:
+        tensors = (
+            model.fire_w1,
+            model.fire_b1,
+            model.fire_w2,
+            model.fire_b2,
+            model.fire_c,
+            model.fire_threshold,
+            _pi_factor(model),
+        )
+        return ScoreBias(_fire, tensors)
+
+
+# --------------------------------------------------------------------------- Sandwich
+
+
+def sandwich_table(length: int, d_model: int, factor: float = 1.0) -> torch.Tensor:
+    """sum_{k=1..D/2} cos(n 10000^(-2k/D)) - D/2 for n = 0..length-1 (divided by ``factor``),
+    float32 [length]: the inner product of the sinusoidal embeddings of i and j minus its value
+    at n = 0, so that the bias is 0 at distance 0 and negative beyond."""
+    k = torch.arange(1, d_model // 2 + 1, dtype=torch.float64)
+    inv_freq = 10000.0 ** (-2 * k / d_model)  # [D/2]
+    n = torch.arange(length, dtype=torch.float64) / factor
+    return ((n[:, None] * inv_freq).cos().sum(-1) - d_model // 2).to(torch.float32)
+
+
+def _sandwich(head, q_pos, k_pos, table, compression):
+    n = (q_pos - k_pos).clamp(0, table.shape[0] - 1)
+    return table[n] / compression[head]
+
+
+@register_family
+class Sandwich(_BiasFamily):
+    """Sandwich: (sum_k cos(n w_k) - D/2) / (h 8 / H) for head h = 1..H, parameter-free (the
+    sinusoid has the model width D, as in the paper's NeMo implementation)."""
+
+    name = "sandwich"
+
+    def score_bias(self, model: Any, length: int) -> ScoreBias:
+        heads, device = model.model_cfg.n_heads, model.tok_emb.weight.device
+        factor = float(model.scaling.linear_factor or 1.0)
+        table = sandwich_table(length, model.model_cfg.d_model, factor).to(device)  # [length]
+        compression = torch.arange(1, heads + 1, device=device, dtype=torch.float32) * 8 / heads
+        return ScoreBias(_sandwich, (table, compression))
+
+
+# --------------------------------------------------------------------------- p-RoPE
+
+
+@register_family
+class PRope(Rope):
+    """p-RoPE: RoPE whose lowest-frequency 1 - p of the rotary pairs are not rotated
+    (inverse frequency 0), p = ``frequency_fraction``; int(p x pairs) pairs keep theirs."""
+
+    name = "p_rope"
+    fields = ("base", "layout", "frequency_fraction")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.rotary_fraction != 1.0:
+            raise ValueError(
+                f"p_rope keeps a fraction of RoPE's frequencies (position.frequency_fraction); "
+                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
+            )
+        if not 0 <= cfg.frequency_fraction <= 1:
+            raise ValueError(
+                f"position.frequency_fraction must be in [0, 1], got {cfg.frequency_fraction}."
+            )
+        super().check(cfg, head_dim, d_model)
+
+    def adjust_frequencies(self, cfg: PositionConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+        kept = int(cfg.frequency_fraction * inv_freq.numel())  # inv_freq falls with the index
+        return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
