@@ -82,7 +82,7 @@ FLEX_BLOCK_SIZE = 128
 class AttentionInputs:
     """What every layer's attention needs, computed once per forward pass."""
 
-    cos: torch.Tensor | None  # [N, 1, L, r/2] float32
+    cos: torch.Tensor | None  # [N, 1, L, r/2] float32, the queries' rotation (and the keys')
     sin: torch.Tensor | None
     layout: str
     score_bias: ScoreBias | None  # the family's additive logit bias b_h(i, j); None = none
@@ -93,6 +93,9 @@ class AttentionInputs:
     past_len: int
     scale: float
     want_entropy: bool
+    # the keys' rotation where it differs from the queries' (xPos scales them apart); None = cos/sin
+    k_cos: torch.Tensor | None = None  # [N, 1, L, r/2] float32
+    k_sin: torch.Tensor | None = None
     # per forward pass: the flex block mask, shared by all layers (built on first use)
     flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -449,7 +452,9 @@ class Attention(nn.Module):
         if inputs.cos is not None:  # RoPE: rotate this layer's queries and keys, never the values
             q_cos, q_sin = inputs.cos[:, :, query_from:], inputs.sin[:, :, query_from:]
             q = rotate(q, q_cos, q_sin, inputs.layout)
-            k = rotate(k, inputs.cos, inputs.sin, inputs.layout)
+            k_cos = inputs.cos if inputs.k_cos is None else inputs.k_cos
+            k_sin = inputs.sin if inputs.k_sin is None else inputs.k_sin
+            k = rotate(k, k_cos, k_sin, inputs.layout)
         if inputs.q_scale is not None:  # log-n, per query position
             q = (q.float() * inputs.q_scale[:, :, query_from:]).to(q.dtype)
         if cached is not None:

@@ -69,9 +69,8 @@ class PositionConfig:
     frequency_fraction: float = field(default=0.75, metadata={"weights": "if_read"})  # p_rope
     fire_width: int = field(default=32, metadata={"weights": "if_read"})  # fire: MLP hidden units
     fire_c: float = field(default=0.1, metadata={"weights": "if_read"})  # fire: init of c
-    fire_threshold: int = field(
-        default=0, metadata={"weights": "if_read"}
-    )  # fire: init L_thr; 0 = L
+    fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_thr; 0: L
+    xpos_scale_base: float = field(default=512.0, metadata={"weights": "if_read"})  # xpos: gamma
     # learned only; read only past the table's end, so not in the checkpoint key (bench.checks.WEIGHTS)
     out_of_range: str = field(default="error", metadata={"weights": False})
 
@@ -152,7 +151,8 @@ class Family:
     def rotary(
         self, model: Any, position_ids: torch.Tensor, seq_len: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``"qk"`` families: cos and sin [N, L, r/2] float32 of the rotation at ``position_ids``."""
+        """``"qk"`` families: cos and sin [N, L, r/2] float32 of the rotation at ``position_ids``,
+        or (q cos, q sin, k cos, k sin) where keys rotate or scale differently (xPos)."""
         raise NotImplementedError(f"position family {self.name!r} rotates nothing.")
 
     def score_bias(self, model: Any, length: int) -> ScoreBias | None:

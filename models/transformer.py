@@ -427,14 +427,16 @@ class DecoderLM(nn.Module):
         """What every layer's attention needs, once per forward pass: the family's rotation or
         score bias, log-n, the positions and the padding."""
         family = self.family
-        cos = sin = None
+        cos = sin = k_cos = k_sin = None
         if family.acts_on == "qk":  # [N, L, r/2] each, once for all layers
-            cos, sin = self._per_row_length(
+            rotation = self._per_row_length(
                 lambda pos, n: family.rotary(self, pos, n),
                 positions.position_ids,
                 positions.row_lengths,
             )
-            cos, sin = cos[:, None], sin[:, None]  # [N, 1, L, r/2]
+            cos, sin, *keys = (t[:, None] for t in rotation)  # [N, 1, L, r/2] each
+            if keys:  # the keys rotate (or scale) differently from the queries
+                k_cos, k_sin = keys
         q_scale = None
         if self.scaling.logn:
             q_scale = logn_query_scale(positions.position_ids, self.train_length)[:, None, :, None]
@@ -455,6 +457,8 @@ class DecoderLM(nn.Module):
             past_len=positions.past_len,
             scale=1.0 / math.sqrt(self.model_cfg.head_dim),
             want_entropy=want_entropy,
+            k_cos=k_cos,
+            k_sin=k_sin,
         )
 
     @torch.no_grad()

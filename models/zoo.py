@@ -11,15 +11,16 @@ position i, key position j and the causal distance n = i - j >= 0:
 - ``sandwich`` (Chi et al. 2023): parameter-free, the inner product of sinusoidal embeddings of i
   and j (a sum of cosines of n) with ALiBi-like per-head compression.
 
-and one rotary variant (``acts_on == "qk"``):
+and two rotary variants (``acts_on == "qk"``):
 
 - ``p_rope`` (Barbero et al. 2025): RoPE keeping the highest-frequency fraction p of the rotary
   pairs and leaving the others unrotated (p = 0 is NoPE, p = 1 is RoPE); unlike NeoX partial
-  rotary (``rotary_fraction``), the kept frequencies are RoPE's own.
+  rotary (``rotary_fraction``), the kept frequencies are RoPE's own;
+- ``xpos`` (Sun et al. 2023): RoPE with a per-pair decay of the logit with distance.
 
 Position interpolation (``scaling=linear``) divides positions and distances by its factor for
 every family here. Formulas and their sources: ``../shared/REFERENCE-ZOO.md``; each is tested
-against an independent evaluation (tests/test_zoo.py).
+against an independent evaluation (tests/models/test_zoo.py, tests/models/test_xpos.py).
 """
 
 from __future__ import annotations
@@ -278,3 +279,42 @@ class PRope(Rope):
     def adjust_frequencies(self, cfg: PositionConfig, inv_freq: torch.Tensor) -> torch.Tensor:
         kept = int(cfg.frequency_fraction * inv_freq.numel())  # inv_freq falls with the index
         return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
+
+
+# --------------------------------------------------------------------------- xPos
+
+
+def xpos_scale(rotary_dim: int) -> torch.Tensor:
+    """xPos's per-pair decay base zeta_k = (2k / r + 0.4) / 1.4, k = 0..r/2-1, float32 [r/2]."""
+    k = torch.arange(0, rotary_dim, 2, dtype=torch.float32)
+    return (k / rotary_dim + 0.4) / 1.4
+
+
+@register_family
+class XPos(Rope):
+    """xPos (Sun et al. 2023): RoPE whose pair k of the query at position i is scaled by
+    zeta_k^(i / gamma) and of the key at position j by zeta_k^(-j / gamma), so that the q.k logit
+    carries zeta_k^((i - j) / gamma), a decay with distance (gamma = ``xpos_scale_base``).
+    Uncentred exponents as in the paper's formula (x-transformers and rotary-embedding-torch centre
+    them on the sequence, which changes no logit); position interpolation and the frequency
+    methods act on the rotation only."""
+
+    name = "xpos"
+    fields = ("base", "layout", "xpos_scale_base")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.rotary_fraction != 1.0:
+            raise ValueError(
+                f"xpos rotates every channel; position.rotary_fraction must stay 1.0, got "
+                f"{cfg.rotary_fraction}."
+            )
+        if cfg.xpos_scale_base <= 0:
+            raise ValueError(f"position.xpos_scale_base must be > 0, got {cfg.xpos_scale_base}.")
+        super().check(cfg, head_dim, d_model)
+
+    def rotary(self, model: Any, position_ids: torch.Tensor, seq_len: int):
+        cos, sin = model.rotary_table(seq_len)(position_ids)  # [N, L, r/2] each
+        zeta = xpos_scale(2 * cos.shape[-1]).to(cos.device)  # [r/2]
+        power = position_ids.to(torch.float32)[..., None] / model.position_cfg.xpos_scale_base
+        decay = zeta**power  # [N, L, r/2]: zeta^(i / gamma)
+        return cos * decay, sin * decay, cos / decay, sin / decay

@@ -74,22 +74,22 @@ def random_docs() -> Callable[..., list[Document]]:
 
 
 # --------------------------------------------------------------------------- transformers models
-# Built locally by tests/hf_fixtures.py (a tokenizer trained on stdlib text, random weights).
+# Built locally by tests/fixtures/hf.py (a tokenizer trained on stdlib text, random weights).
 
 
 @pytest.fixture(scope="session")
 def hf_bpe():
     """A byte-level BPE tokenizer (vocab 400) trained on stdlib text, as a transformers tokenizer."""
-    from hf_fixtures import train_bpe_tokenizer
+    from fixtures.hf import train_bpe_tokenizer
 
     return train_bpe_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def hf_model_dirs(tmp_path_factory, hf_bpe) -> dict:
-    """{architecture: directory} of tiny random-weight models (hf_fixtures.ARCHITECTURES) saved
+    """{architecture: directory} of tiny random-weight models (fixtures.hf.ARCHITECTURES) saved
     with ``hf_bpe``."""
-    from hf_fixtures import ARCHITECTURES, save_model
+    from fixtures.hf import ARCHITECTURES, save_model
 
     root = tmp_path_factory.mktemp("hf")
     return {arch: save_model(arch, root / arch, hf_bpe) for arch in ARCHITECTURES}
@@ -98,6 +98,6 @@ def hf_model_dirs(tmp_path_factory, hf_bpe) -> dict:
 @pytest.fixture(scope="session")
 def hf_text_docs() -> list[Document]:
     """Byte-token documents of stdlib text (valid UTF-8)."""
-    from hf_fixtures import stdlib_docs
+    from fixtures.hf import stdlib_docs
 
     return stdlib_docs()

@@ -22,7 +22,8 @@ from hydra import compose, initialize_config_module
 
 from bench.schema import JobConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+from fixtures import ROOT
+
 README = ROOT / "README.md"
 #: the README and the READMEs that hold what moved out of it (measurements, reference numbers)
 DOCS = [

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,7 +23,8 @@ from bench.findings import FAILS, HOLDS, NOT_DECIDED, check_findings, findings_t
 from bench.report.cli import main as report_main
 from bench.results import load_results
 
-ROOT = Path(__file__).resolve().parents[1]
+from fixtures import ROOT
+
 RESULTS = ROOT / "results" / "reference"
 REPORT = ROOT / "reports" / "reference"
 #: the reference's numbers, seed ranges and calibration history, next to its report

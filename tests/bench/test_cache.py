@@ -38,17 +38,17 @@ from bench.resume import ResumeFile
 from bench.schema import DataConfig, JobConfig, PositionSchema, ScalingSchema
 from bench.train import TrainStats, make_model
 
-REPO = Path(__file__).resolve().parents[1]
-
+from fixtures import ROOT
+from fixtures.jobs import (
+    CountingTrainer,
+    Killed,
+    make_cfg,
+    raw_cfg,
+    same_weights,
+    write_text_corpus,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def write_text_corpus(root: Path, n_files: int = 12) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(n_files):
-        (root / f"doc{i:02d}.txt").write_text(f"document {i}: " + "abc def ghi " * 40, "utf-8")
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -59,39 +59,6 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def corpus(corpus_dir: Path) -> Corpus:
     return load_corpus(DataConfig(name="text", paths=[str(corpus_dir)]))
-
-
-def raw_cfg(corpus_dir: Path | str = "docs", **train: object) -> dict:
-    """A job config as plain data (what Hydra composes)."""
-    return {
-        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},
-        "position": {"kind": "rope", "base": 10000},
-        "data": {"name": "text", "paths": [str(corpus_dir)]},
-        "train": {"length": 16, "steps": 3, "batch_size": 2, **train},
-        "seed": 0,
-    }
-
-
-def make_cfg(corpus_dir: Path | str = "docs", **train: object) -> JobConfig:
-    return JobConfig.from_hydra(raw_cfg(corpus_dir, **train))
-
-
-class CountingTrainer:
-    """A fast deterministic train_fn: the seeded untrained model; counts its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, job, corpus, **kwargs):
-        self.calls += 1
-        torch.manual_seed(job.seed)
-        model = make_model(job)
-        return model, {"steps": job.train.steps, "val_losses": {3: 1.5}}
-
-
-def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 # --------------------------------------------------------------------------- keys
@@ -142,7 +109,10 @@ def test_weights_fields_are_declared_on_the_schema() -> None:
 
     position = {"kind", "base", "layout", "rotary_fraction", "max_positions"}
     zoo = {"num_buckets", "max_distance", "frequency_fraction", "fire_width", "fire_c"}
-    zoo |= {"fire_threshold"}  # each only for the family that reads it (models/zoo.py)
+    zoo |= {
+        "fire_threshold",
+        "xpos_scale_base",
+    }  # each only for the family reading it (models/zoo.py)
     assert set(weight_fields(PositionSchema)) == position | zoo  # not out_of_range
     assert set(weights_dict(PositionSchema(kind="rope"))) == position
     assert set(weights_dict(PositionSchema(kind="t5"))) == position | {
@@ -429,11 +399,11 @@ WORKER = textwrap.dedent(
 def _start(tmp_path: Path, corpus_dir: Path, seed: int, mode: str = "normal") -> subprocess.Popen:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     args = [str(tmp_path / "cache"), str(corpus_dir), str(tmp_path / "markers"), str(seed), mode]
     return subprocess.Popen(
         [sys.executable, str(script), *args],
-        cwd=REPO,
+        cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -520,10 +490,6 @@ def test_incomplete_checkpoint_is_reported_by_load_model(tmp_path: Path) -> None
 
 
 # --------------------------------------------------------------------------- resumable training
-
-
-class Killed(BaseException):
-    """A simulated kill: nothing in lenbench catches a BaseException that is not an Exception."""
 
 
 def kill_after_save(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:

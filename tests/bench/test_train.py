@@ -23,6 +23,8 @@ from bench.schema import (
 )
 from bench.train import TrainingDiverged, make_model, train_model
 
+from fixtures import ROOT
+
 LENGTH = 32
 
 
@@ -414,7 +416,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(
     out.mkdir()
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
     command = [

@@ -7,7 +7,6 @@ import math
 import re
 import shutil
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,7 +25,9 @@ from bench.metrics.passkey import greedy_passkey_verdicts, passkey_context_row, 
 from bench.passkey import QUESTION, passkey_grid
 from models.transformer import ScalingConfig
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "eval"
+from fixtures import ROOT
+
+CONF = ROOT / "conf" / "eval"
 TRAIN = 32
 ROW_KEYS = {
     "metric",

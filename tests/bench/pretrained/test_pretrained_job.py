@@ -1,18 +1,19 @@
 """Pretrained transformers models as lenbench jobs: rows, statuses, the report and the config.
 
-Every model is built locally (``tests/hf_fixtures.py``): nothing is downloaded.
+Every model is built locally (``tests/fixtures/hf.py``): nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from hf_fixtures import one_sentence, small_eval
 
 from bench.corpora import stdlib_root
 from bench.pretrained.config import PretrainedConfig, model_id
+
+from fixtures import ROOT
+from fixtures.hf import one_sentence, small_eval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,7 +26,7 @@ def _job(model_path, tmp_path, scaling="none", **pretrained):
 
     from bench.schema import JobConfig
 
-    conf = Path(__file__).resolve().parents[1] / "conf" / "scaling"
+    conf = ROOT / "conf" / "scaling"
     files = [
         "textwrap.py",
         "shlex.py",

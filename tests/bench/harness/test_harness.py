@@ -42,7 +42,8 @@ from bench.tokenizer import ByteTokenizer
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, LMOutput, ModelConfig, ScalingConfig
 
-REPO = Path(__file__).resolve().parents[1]
+from fixtures import ROOT
+
 TOK = ByteTokenizer()
 QUESTION = "What is the pass key? The pass key is"
 
@@ -749,7 +750,7 @@ def test_cli_wrapper_runs_lenbench_model_offline(tmp_path, text_corpus):
         "HF_HOME": str(tmp_path / "hf_home"),
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
     args = [

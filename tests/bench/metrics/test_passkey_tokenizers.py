@@ -17,7 +17,8 @@ from torch import nn
 from bench.metrics.context import EvalContext
 from bench.metrics.passkey import generated_answer_matches, passkey_rows
 from bench.passkey import answer_matches, passkey_grid
-from tests.hf_fixtures import train_bpe_tokenizer, train_sentencepiece_tokenizer
+
+from fixtures.hf import train_bpe_tokenizer, train_sentencepiece_tokenizer
 
 LENGTH = 300
 DEPTHS = [0.0, 0.5, 1.0]

@@ -1,6 +1,6 @@
 """Pretrained transformers models through lenbench's loading, scaling methods and metrics.
 
-Every model is built locally (``tests/hf_fixtures.py``): nothing is downloaded. Parity: a lenbench
+Every model is built locally (``tests/fixtures/hf.py``): nothing is downloaded. Parity: a lenbench
 ``DecoderLM`` copied into an equivalent ``LlamaForCausalLM`` gives the same metric rows through
 both paths; a different rope layout breaks it (negative control).
 """
@@ -15,7 +15,6 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from hf_fixtures import byte_tokenizer, load_adapter, one_sentence, save_model, small_eval
 
 from bench.evaluate import evaluate_model
 from bench.job import NotApplicable
@@ -31,6 +30,8 @@ from bench.pretrained.config import (
 )
 from bench.pretrained.documents import retokenize
 from models.scaling_config import ScalingConfig
+
+from fixtures.hf import byte_tokenizer, load_adapter, one_sentence, save_model, small_eval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

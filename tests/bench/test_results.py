@@ -23,28 +23,7 @@ from bench.results import (
     write_results,
 )
 
-
-def row(**over: object) -> dict:
-    base: dict = {
-        "experiment": "exp",
-        "run_id": "run-rope-none-s0",
-        "model_id": "m1",
-        "position": "rope",
-        "position_params": {"base": 10000.0},
-        "scaling": "none",
-        "scaling_params": {},
-        "train_length": 64,
-        "eval_length": 128,
-        "metric": "nll",
-        "value": 2.5,
-        "n": 1024,
-        "seed": 0,
-        "corpus": "pycorpus",
-        "corpus_fingerprint": "fp1",
-        "code_version": "0.1.0",
-    }
-    base.update(over)
-    return base
+from fixtures.rows import row
 
 
 def sweep_rows() -> list[dict]:

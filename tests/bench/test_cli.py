@@ -22,7 +22,9 @@ from bench.cli import ERROR_PREFIX, main, sweep_errors, with_default_experiment
 from bench.job import NotApplicable, validate_job
 from bench.schema import JobConfig, ScalingSchema
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+from fixtures import ROOT
+
+CONF = ROOT / "conf"
 GROUPS = {
     "model": ["tiny", "small", "base"],
     "position": [
@@ -37,6 +39,7 @@ GROUPS = {
         "fire",
         "sandwich",
         "p_rope",
+        "xpos",
     ],
     "scaling": ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"],
     "data": ["pycorpus", "text", "hf"],
@@ -197,7 +200,7 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     # per seed (3): lm 11 (4 scalings, extend none); retrieval rope x 4 scalings + pi, yarn tunes
     "findings": (54, 426),
     "pretrained": (3, 0),  # on the tiny local Llama of tests/conftest.py (hf_model_dirs)
-    "zoo": (60, 6),  # 3 seeds x 11 families x (none, linear); linear skipped for alibi, nope
+    "zoo": (66, 6),  # 3 seeds x 12 families x (none, linear); linear skipped for alibi, nope
 }
 
 

@@ -25,6 +25,9 @@ from bench.train import train_model
 from models.scaling import default_inv_freq, rope_parameters
 from models.transformer import ScalingConfig
 
+from fixtures import ROOT
+from fixtures.jobs import Killed, same_weights
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 L = 32  # base training length; the fine-tunes run at 4x = 128
@@ -72,11 +75,6 @@ def pi(**fields: object) -> dict:
 
 def make_cfg(corpus_dir: Path | str = "docs", extend: dict | None = None, **train) -> JobConfig:
     return JobConfig.from_hydra(raw_cfg(corpus_dir, extend, **train))
-
-
-def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 # --------------------------------------------------------------------------- config and keys
@@ -267,10 +265,6 @@ def test_pi_finetune_at_4x_lowers_nll_at_4x_vs_pi_zero_shot(
     assert counter.calls[-1] == ("pi", 0) and len(counter.calls) == 3  # the parent was reused
 
 
-class Killed(BaseException):
-    """A simulated kill (a BaseException that no lenbench code catches)."""
-
-
 def kill_during(monkeypatch: pytest.MonkeyPatch, key: str, at_step: int) -> None:
     """Die right after the resumable state of update ``at_step`` of checkpoint ``key`` is written."""
     original = ResumeFile.save
@@ -379,9 +373,7 @@ def test_every_shipped_extend_option_fine_tunes_and_reloads(
     """conf/extend/<option>.yaml, 2 updates on an untrained 1-layer model, through the cache."""
     import yaml
 
-    extend = yaml.safe_load(
-        (Path(__file__).parents[1] / "conf/extend" / f"{option}.yaml").read_text()
-    )
+    extend = yaml.safe_load((ROOT / "conf/extend" / f"{option}.yaml").read_text())
     job = make_cfg(corpus_dir, extend={**extend, "steps": 2, "warmup_steps": 1}, steps=2)
     model, meta, trained = get_or_train(job, corpus, tmp_path, progress=False)
     loaded, meta2, again = get_or_train(job, corpus, tmp_path, progress=False)

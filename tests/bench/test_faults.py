@@ -18,7 +18,8 @@ from bench.cli import main
 from bench.corpora import Corpus, load_corpus
 from bench.results import load_results
 from bench.train import MIN_STEPS_FOR_PROGRESS, TrainingDiverged, check_progress, train_model
-from tests.test_cache import CountingTrainer, make_cfg, same_weights, write_text_corpus
+
+from fixtures.jobs import CountingTrainer, make_cfg, same_weights, write_text_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -166,7 +167,8 @@ def test_checkpoints_and_results_follow_the_umask(tmp_path, corpus, corpus_dir, 
     import os
 
     from bench.results import write_results
-    from tests.test_results import row
+
+    from fixtures.rows import row
 
     old = os.umask(umask)
     try:

@@ -17,6 +17,8 @@ from bench import report as report_mod
 from bench.report import generate_report, latest_experiment_dir, main
 from bench.results import canonical_json, load_results, normalize_results, write_results
 
+from fixtures import ROOT
+
 POSITIONS = ["rope", "sinusoidal", "learned", "alibi", "nope"]
 SCALINGS = {
     "none": {},
@@ -574,9 +576,7 @@ def test_report_does_not_import_torch() -> None:
     import subprocess
 
     code = "import sys, bench.report, bench.results; sys.exit('torch' in sys.modules)"
-    assert (
-        subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
-    )
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
 def test_python_m_bench_report_help() -> None:
@@ -584,7 +584,7 @@ def test_python_m_bench_report_help() -> None:
 
     run = subprocess.run(
         [sys.executable, "-m", "bench.report", "--help"],
-        cwd=Path(__file__).parents[1],
+        cwd=ROOT,
         capture_output=True,
         text=True,
     )

@@ -20,8 +20,8 @@ from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 from models.zoo import KERPLE_EPS, sandwich_table, t5_bucket
 
 BIAS_FAMILIES = ("t5", "kerple_log", "kerple_power", "fire", "sandwich")
-ZOO = (*BIAS_FAMILIES, "p_rope")
-RELATIVE = ("t5", "kerple_log", "kerple_power", "sandwich", "p_rope")
+ZOO = (*BIAS_FAMILIES, "p_rope", "xpos")
+RELATIVE = ("t5", "kerple_log", "kerple_power", "sandwich", "p_rope", "xpos")
 HEADS = 4
 
 
