@@ -8,7 +8,6 @@ negative control that must differ. Skips with the reason when flex attention doe
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from types import SimpleNamespace
 
@@ -35,6 +34,8 @@ from models.positions import (
     position_ids_from_attention_mask,
 )
 from models.transformer import ModelConfig
+
+from fixtures.attention import dense_reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -437,23 +438,6 @@ def test_flex_mode_reads_the_environment_spellings():
 
 
 # ------------------------------------------------------------------ the score hook, by hand
-
-
-def dense_reference(q, k, v, inputs):
-    """Attention written out entry by entry: logit(n, h, t, s) = q.k * scale + bias(h, i, j) with
-    i, j the query's and key's position ids, masked causally by index and for padding keys."""
-    n, h, length, _ = q.shape
-    s = k.shape[2]
-    k = k.repeat_interleave(h // k.shape[1], dim=1)
-    v = v.repeat_interleave(h // v.shape[1], dim=1)
-    logits = torch.full((n, h, length, s), float("-inf"))
-    for b, head, t, key in itertools.product(range(n), range(h), range(length), range(s)):
-        query = inputs.past_len + t
-        real = inputs.k_valid is None or bool(inputs.k_valid[b, key]) or key == query
-        if key <= query and real:
-            bias = inputs.score_bias(torch.tensor(head), inputs.q_pos[b, t], inputs.k_pos[b, key])
-            logits[b, head, t, key] = (q[b, head, t] @ k[b, head, key]) * inputs.scale + bias
-    return logits.softmax(-1) @ v
 
 
 @pytest.mark.parametrize(

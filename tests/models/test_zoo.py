@@ -19,6 +19,8 @@ from models.scaling import applicable_methods, default_inv_freq
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 from models.zoo import KERPLE_EPS, sandwich_table, t5_bucket
 
+from fixtures.attention import dense_reference
+
 BIAS_FAMILIES = ("t5", "kerple_log", "kerple_power", "fire", "sandwich")
 ZOO = (*BIAS_FAMILIES, "p_rope", "xpos")
 RELATIVE = ("t5", "kerple_log", "kerple_power", "sandwich", "p_rope", "xpos")
@@ -186,20 +188,6 @@ def _inputs(model: DecoderLM, q_pos, k_pos, k_valid, past_len) -> AttentionInput
     )
 
 
-def dense(q, k, v, inputs):
-    """Attention written out entry by entry (causal by index, padding keys hidden)."""
-    n, h, length, _ = q.shape
-    s = k.shape[2]
-    logits = torch.full((n, h, length, s), float("-inf"))
-    for b, head, t, key in itertools.product(range(n), range(h), range(length), range(s)):
-        query = inputs.past_len + t
-        real = inputs.k_valid is None or bool(inputs.k_valid[b, key]) or key == query
-        if key <= query and real:
-            bias = inputs.score_bias(torch.tensor(head), inputs.q_pos[b, t], inputs.k_pos[b, key])
-            logits[b, head, t, key] = (q[b, head, t] @ k[b, head, key]) * inputs.scale + bias
-    return logits.softmax(-1) @ v
-
-
 @pytest.mark.parametrize("kind", BIAS_FAMILIES)
 def test_tiled_and_flex_apply_the_bias_like_the_dense_reference(kind):
     model = zoo_model(kind)
@@ -213,7 +201,7 @@ def test_tiled_and_flex_apply_the_bias_like_the_dense_reference(kind):
     )
     inputs = _inputs(model, k_pos[:, past:], k_pos, valid, past)
     with torch.no_grad():
-        reference = dense(q, k, v, inputs)
+        reference = dense_reference(q, k, v, inputs)
         torch.testing.assert_close(_attend_tiled(q, k, v, inputs)[0], reference)
         torch.testing.assert_close(attend_flex(q, k, v, inputs, compiled=False), reference)
 
