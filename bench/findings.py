@@ -1,6 +1,7 @@
 """The field's known qualitative findings, checked against a results table.
 
-Each finding is one function ``(df) -> FindingResult`` in :data:`FINDINGS`: status ``holds`` /
+Each finding is one function ``(df) -> FindingResult`` in :data:`FINDINGS` (the zoo's are in
+:mod:`bench.findings_zoo`): status ``holds`` /
 ``does not hold`` / ``not decided`` (an interval straddles the threshold) / ``not measured``
 (its rows are absent: never ``holds``), the numbers and CIs it used, and its source. Thresholds
 are the named constants below, fixed in advance.
@@ -15,6 +16,7 @@ Passkey accuracies carry a Wilson interval of their trials (:func:`accuracy_esti
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -272,23 +274,41 @@ def seed_doc_bootstrap(
     multiple_b x L) under a two-level bootstrap: seeds with replacement, then each drawn seed's
     documents with replacement (one draw for both sides: the documents pair). None when the rows
     carry no per-document sums, or the two sides' documents differ."""
-    da, db = _doc_sums(a, multiple_a), _doc_sums(b, multiple_b)
-    seeds = sorted(set(da) & set(db))
-    if not seeds or any(len(da[s][0]) != len(db[s][0]) for s in seeds):
+    return seed_doc_bootstrap_terms([(a, multiple_a, b, multiple_b, 1.0)])
+
+
+#: One paired term of :func:`seed_doc_bootstrap_terms`: (rows a, multiple a, rows b, multiple b,
+#: sign): sign x (NLL of a at multiple a x L - NLL of b at multiple b x L).
+Term = tuple[pd.DataFrame, float, pd.DataFrame, float, float]
+
+
+def seed_doc_bootstrap_terms(terms: list[Term]) -> tuple[float, float] | None:
+    """:func:`seed_doc_bootstrap` of a signed sum of paired differences: one seed draw shared by
+    every term (seeds pair across terms), one document draw per term shared by its two sides
+    (its documents pair). None when any term lacks per-document sums or its sides' documents
+    differ."""
+    sides, seeds = [], None
+    for a, multiple_a, b, multiple_b, sign in terms:
+        da, db = _doc_sums(a, multiple_a), _doc_sums(b, multiple_b)
+        common = set(da) & set(db)
+        seeds = common if seeds is None else seeds & common
+        sides.append((da, db, sign))
+    seeds = sorted(seeds or ())
+    if not seeds or any(len(da[s][0]) != len(db[s][0]) for da, db, _ in sides for s in seeds):
         return None
-    sa = np.stack([da[s][0] for s in seeds])  # [S, D]
-    ca = np.stack([da[s][1] for s in seeds])
-    sb = np.stack([db[s][0] for s in seeds])
-    cb = np.stack([db[s][1] for s in seeds])
-    n_seeds, n_docs = sa.shape
     rng = np.random.default_rng(0)
+    n_seeds = len(seeds)
     pick = rng.integers(0, n_seeds, size=(BOOTSTRAP, n_seeds))  # [B, S]
-    docs = rng.integers(0, n_docs, size=(BOOTSTRAP, n_seeds, n_docs))  # [B, S, D]
     seed_of = pick[:, :, None]
-    nll_a = sa[seed_of, docs].sum(-1) / ca[seed_of, docs].sum(-1)  # [B, S]
-    nll_b = sb[seed_of, docs].sum(-1) / cb[seed_of, docs].sum(-1)
-    diff = (nll_a - nll_b).mean(axis=1)  # [B]
-    lo, hi = np.quantile(diff, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    total = np.zeros((BOOTSTRAP, n_seeds))
+    for da, db, sign in sides:
+        sa, ca = (np.stack([da[s][i] for s in seeds]) for i in (0, 1))  # [S, D]
+        sb, cb = (np.stack([db[s][i] for s in seeds]) for i in (0, 1))
+        docs = rng.integers(0, sa.shape[1], size=(BOOTSTRAP, n_seeds, sa.shape[1]))  # [B, S, D]
+        nll_a = sa[seed_of, docs].sum(-1) / ca[seed_of, docs].sum(-1)  # [B, S]
+        nll_b = sb[seed_of, docs].sum(-1) / cb[seed_of, docs].sum(-1)
+        total += sign * (nll_a - nll_b)
+    lo, hi = np.quantile(total.mean(axis=1), [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return float(lo), float(hi)
 
 
@@ -732,9 +752,12 @@ def _shift(df: pd.DataFrame, position: str) -> pd.DataFrame:
     return rows.assign(delta=pd.to_numeric(rows["axis_value"], errors="coerce")).query("delta > 0")
 
 
-def f6_shift_probe(df: pd.DataFrame) -> FindingResult:
+def shift_invariant_checks(df: pd.DataFrame, positions: tuple[str, ...]):
+    """(estimates, checks, missing): per series of each relative family, the largest |shift
+    ΔNLL| over every delta > 0, checked against :data:`SHIFT_ZERO_TOL` (a tolerance on a value,
+    not on an interval: relative encodings give 0 up to rounding)."""
     est, checks, missing = [], [], []
-    for pos in ("rope", "alibi", "nope"):
+    for pos in positions:
         series = by_series(_shift(df, pos))
         if not series:
             missing.append(pos)
@@ -745,7 +768,14 @@ def f6_shift_probe(df: pd.DataFrame) -> FindingResult:
             name = _named(f"{pos} max |dNLL|", key, labels)
             est.append(Estimate(name, worst, n_seeds=rows["seed"].nunique()))
             checks.append(worst <= SHIFT_ZERO_TOL)
-    for pos in ("sinusoidal", "learned"):
+    return est, checks, missing
+
+
+def shift_sensitive_checks(df: pd.DataFrame, positions: tuple[str, ...]):
+    """(estimates, checks, missing): per series of each position-dependent family, shift ΔNLL at
+    the largest delta, checked for CI > 0."""
+    est, checks, missing = [], [], []
+    for pos in positions:
         series = by_series(_shift(df, pos))
         if not series:
             missing.append(pos)
@@ -758,6 +788,15 @@ def f6_shift_probe(df: pd.DataFrame) -> FindingResult:
             e = _summarise(name, r["value"], r["se"])
             est.append(e)
             checks.append(decide(e, 0.0, "above"))
+    return est, checks, missing
+
+
+def f6_shift_probe(df: pd.DataFrame) -> FindingResult:
+    est, checks, missing = shift_invariant_checks(df, ("rope", "alibi", "nope"))
+    for part, out in zip(
+        shift_sensitive_checks(df, ("sinusoidal", "learned")), (est, checks, missing), strict=True
+    ):
+        out.extend(part)
     return FindingResult(
         "F6",
         f"shift probe: |dNLL| <= {SHIFT_ZERO_TOL} for RoPE, ALiBi, NoPE; CI > 0 at the largest "
@@ -777,12 +816,36 @@ FINDINGS: dict[str, Callable[[pd.DataFrame], FindingResult]] = {
     "F5": f5_rope_passkey_at_l,
     "F6": f6_shift_probe,
 }
+"""Registered findings by key, in report order (complete once :func:`findings` has run)."""
+
+#: Modules whose import registers more findings (loaded on first use, by name: they import this
+#: module's helpers).
+FINDING_MODULES = ("bench.findings_zoo",)
+
+
+def register_finding(key: str) -> Callable:
+    """Decorator: register ``fn(df) -> FindingResult`` under ``key`` (refused if taken)."""
+
+    def register(fn: Callable[[pd.DataFrame], FindingResult]):
+        if key in FINDINGS:
+            raise ValueError(f"finding {key!r} is already registered.")
+        FINDINGS[key] = fn
+        return fn
+
+    return register
+
+
+def findings() -> dict[str, Callable[[pd.DataFrame], FindingResult]]:
+    """Every registered finding (:data:`FINDINGS` after importing :data:`FINDING_MODULES`)."""
+    for name in FINDING_MODULES:
+        importlib.import_module(name)
+    return FINDINGS
 
 
 def check_findings(df: pd.DataFrame) -> list[FindingResult]:
     """Every registered finding on the results rows ``df``."""
     df = _with_series(df)
-    return [fn(df) for fn in FINDINGS.values()]
+    return [fn(df) for fn in findings().values()]
 
 
 def findings_table(results: list[FindingResult]) -> pd.DataFrame:

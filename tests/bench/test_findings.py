@@ -29,6 +29,7 @@ from bench.findings import (
     decide,
     wilson,
 )
+from bench.findings_zoo import BIAS_FAMILIES, RELATIVE_FAMILIES
 from bench.report import generate_report, main
 from bench.report.cli import NOTHING_CHECKED
 from bench.results import canonical_json, normalize_results, write_results
@@ -46,6 +47,8 @@ NLL = {
     ("rope", "ntk"): (2.0, 2.05, 2.3),
     ("rope", "yarn"): (2.0, 2.05, 2.25),
 }
+#: the zoo's bias families (Z2): flatter than sinusoidal and raw RoPE (``rows(zoo=True)``)
+NLL_ZOO = {(pos, "none"): (2.0, 2.01, 2.05) for pos in BIAS_FAMILIES}
 #: passkey accuracy at 1x, 2x, 4x L per (position, scaling), zero-shot
 PASSKEY = {("rope", "none"): (1.0, 0.0, 0.0)}
 #: recovery curves: fine-tune method -> (its scaling label, {updates: accuracy at 1x, 2x, 4x L})
@@ -58,6 +61,9 @@ CURVES = {
 TRIALS = 200
 #: shift-probe dNLL per position at delta = L and 4L
 SHIFT = {"rope": 1e-7, "alibi": 0.0, "nope": 0.0, "sinusoidal": 0.5, "learned": 0.4}
+SHIFT_ZOO = {**dict.fromkeys(RELATIVE_FAMILIES, 1e-7), "fire": 0.3}
+#: every registered finding, in report order
+KEYS = [*(f"F{i}" for i in range(1, 7)), "Z1", "Z2"]
 
 
 def _base(pos: str, scaling: str, seed: int, tuned: str | None = None, steps: int = 0) -> dict:
@@ -93,12 +99,14 @@ def _passkey_rows(base: dict, accs) -> list[dict]:
     ]  # fmt: skip
 
 
-def rows(seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None) -> list[dict]:
-    """Rows of the world in NLL / PASSKEY / CURVES / SHIFT (overridden per key by the arguments).
+def rows(seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None, zoo=False) -> list[dict]:
+    """Rows of the world in NLL / PASSKEY / CURVES / SHIFT (overridden per key by the arguments),
+    with the zoo's families (NLL_ZOO, SHIFT_ZOO) when ``zoo``.
 
     Seed s adds 0.01 * (s - 1) nats beyond L, so ratios vary across seeds."""
-    nll, passkey, shift = {**NLL, **(nll or {})}, {**PASSKEY, **(passkey or {})}, shift or {}
-    shift, curves = {**SHIFT, **shift}, {**CURVES, **(curves or {})}
+    nll = {**NLL, **(NLL_ZOO if zoo else {}), **(nll or {})}
+    shift = {**SHIFT, **(SHIFT_ZOO if zoo else {}), **(shift or {})}
+    passkey, curves = {**PASSKEY, **(passkey or {})}, {**CURVES, **(curves or {})}
     out = []
     for seed in seeds:
         for (pos, scal), values in nll.items():
@@ -146,47 +154,59 @@ def write(directory: Path, row_list: list[dict]) -> Path:
 
 
 def test_every_finding_holds_with_seeds() -> None:
-    results = check_findings(normalize_results(rows()))
-    assert {r.key: r.status for r in results} == {f"F{i}": HOLDS for i in range(1, 7)}
+    results = check_findings(normalize_results(rows(zoo=True)))
+    assert {r.key: r.status for r in results} == dict.fromkeys(KEYS, HOLDS)
     f1 = results[0].estimates[0]
     assert f1.n_seeds == 3 and f1.ci == SEED_CI
     assert f1.lo > 1 and f1.value == pytest.approx(2.718, rel=0.02)  # exp(1)
 
 
 def test_one_seed_uses_the_stored_ci() -> None:
-    results = check_findings(normalize_results(rows(seeds=(0,))))
+    results = check_findings(normalize_results(rows(seeds=(0,), zoo=True)))
     by_key = {r.key: r for r in results}
     assert by_key["F1"].status == HOLDS and by_key["F1"].estimates[0].ci == RUN_CI
     assert all(r.status == HOLDS for r in results), [(r.key, r.status, r.numbers) for r in results]
 
 
+#: a change of the world -> the findings it must make fail (every other one still holds)
 NEGATIVE = {
-    "F1 sinusoidal improves": ("F1", {"nll": {("sinusoidal", "none"): (2.0, 1.9, 1.8)}}),
-    "F2 alibi degrades": ("F2", {"nll": {("alibi", "none"): (2.0, 2.0, 2.0 + 0.05)}}),
-    "F3 raw rope improves": ("F3", {"nll": {("rope", "none"): (2.0, 1.9, 1.8)}}),
-    "F3 ntk worse than PI": ("F3", {"nll": {("rope", "ntk"): (2.0, 3.0, 3.5)}}),
+    "F1 sinusoidal improves": (
+        ("F1", "Z2"), {"nll": {("sinusoidal", "none"): (2.0, 1.9, 1.8)}}
+    ),
+    "F2 alibi degrades": (("F2",), {"nll": {("alibi", "none"): (2.0, 2.0, 2.0 + 0.05)}}),
+    "F3 raw rope improves": (("F3", "Z2"), {"nll": {("rope", "none"): (2.0, 1.9, 1.8)}}),
+    "F3 ntk worse than PI": (("F3",), {"nll": {("rope", "ntk"): (2.0, 3.0, 3.5)}}),
     "F4 yarn no faster than PI": (
-        "F4",
+        ("F4",),
         {"curves": {"yarn": ("yarn", {0: (0.5,) * 3, 50: (0.5,) * 3, 200: (1.0,) * 3})}},
     ),
     "F4 direct as fast as PI": (
-        "F4",
+        ("F4",),
         {"curves": {"direct": ("none", {0: (1.0, 0, 0), 50: (0.5,) * 3, 200: (1.0,) * 3})}},
     ),
-    "F4 PI never recovers": ("F4", {"curves": {"pi": ("pi", {0: (0.0,) * 3, 200: (0.5,) * 3})}}),
-    "F4 raw rope beyond L": ("F4", {"passkey": {("rope", "none"): (1.0, 0.5, 0.0)}}),
-    "F5 rope misses at L": ("F5", {"passkey": {("rope", "none"): (0.85, 0.0, 0.0)}}),
-    "F6 nope moves": ("F6", {"shift": {"nope": 0.05}}),
-    "F6 sinusoidal still": ("F6", {"shift": {"sinusoidal": 0.0}}),
-}
+    "F4 PI never recovers": (
+        ("F4",), {"curves": {"pi": ("pi", {0: (0.0,) * 3, 200: (0.5,) * 3})}}
+    ),
+    "F4 raw rope beyond L": (("F4",), {"passkey": {("rope", "none"): (1.0, 0.5, 0.0)}}),
+    "F5 rope misses at L": (("F5",), {"passkey": {("rope", "none"): (0.85, 0.0, 0.0)}}),
+    "F6 nope moves": (("F6",), {"shift": {"nope": 0.05}}),
+    "F6 sinusoidal still": (("F6", "Z1"), {"shift": {"sinusoidal": 0.0}}),
+    "Z1 t5 moves": (("Z1",), {"shift": {"t5": 0.05}}),
+    "Z1 cope moves": (("Z1",), {"shift": {"cope": 0.02}}),
+    "Z1 fire still": (("Z1",), {"shift": {"fire": 0.0}}),
+    "Z2 fire degrades like rope": (("Z2",), {"nll": {("fire", "none"): (2.0, 2.1, 2.6)}}),
+    "Z2 kerple_log degrades more than sinusoidal": (
+        ("Z2",), {"nll": {("kerple_log", "none"): (2.0, 2.6, 3.2)}}
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(NEGATIVE))
 def test_negative_control_does_not_hold(case: str) -> None:
-    key, change = NEGATIVE[case]
-    got = statuses(rows(**change))
-    assert got[key] == FAILS, got
-    assert all(s == HOLDS for k, s in got.items() if k != key), got
+    keys, change = NEGATIVE[case]
+    got = statuses(rows(**change, zoo=True))
+    assert all(got[key] == FAILS for key in keys), got
+    assert all(s == HOLDS for k, s in got.items() if k not in keys), got
 
 
 @pytest.mark.parametrize("offset, status", [(-0.06, HOLDS), (0.0, NOT_DECIDED), (0.06, FAILS)])
@@ -231,6 +251,8 @@ def test_decide_on_the_interval(claim: str, lo: float, hi: float, expected) -> N
 
 
 ABSENT = {
+    "Z1": {"shift": {"xpos": None}},
+    "Z2": {"nll": {("sandwich", "none"): (2.0, 2.01, None)}},
     "F1": {"nll": {("learned", "none"): (2.0, None, None)}},
     "F2": {"nll": {("alibi", "none"): (2.0, 1.98, None)}},
     "F3": {"nll": {("rope", "ntk"): (None, None, None)}},
@@ -242,7 +264,7 @@ ABSENT = {
 
 @pytest.mark.parametrize("key", list(ABSENT))
 def test_absent_rows_are_not_measured(key: str) -> None:
-    got = statuses(rows(**ABSENT[key]))
+    got = statuses(rows(**ABSENT[key], zoo=True))
     assert got[key] == NOT_MEASURED, got
 
 
@@ -284,13 +306,13 @@ def test_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_report_starts_with_findings(tmp_path: Path) -> None:
-    report = generate_report([write(tmp_path / "res", rows())], tmp_path / "out")
+    report = generate_report([write(tmp_path / "res", rows(zoo=True))], tmp_path / "out")
     text = report.read_text()
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[0] == "## Findings", sections
     assert "plots/findings.png" in text and (report.parent / "plots" / "findings.svg").is_file()
     table = pd.read_csv(report.parent / "tables" / "findings.csv")
-    assert list(table["finding"]) == [f"F{i}" for i in range(1, 7)]
+    assert list(table["finding"]) == KEYS
     assert set(table["status"]) == {HOLDS}
     assert table["source"].str.len().min() > 10
 
@@ -495,3 +517,31 @@ def test_report_to_an_unwritable_directory_is_one_sentence(tmp_path: Path, capsy
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "cannot write the report to" in err and str(blocker) in err
+
+
+# --------------------------------------------------------------------------- the zoo's Z2 ratio
+
+
+def test_ratio_of_ratios_is_the_hand_computed_value() -> None:
+    """kerple_log 2.0 -> 2.1 and rope 2.0 -> 2.6 nats (+0.01 (s - 1) each beyond L, which cancels):
+    exp(0.1) / exp(0.6); a seed t-interval of zero width, widened by documents that disagree."""
+    from bench.findings import select
+    from bench.findings_zoo import ratio_of_ratios
+
+    world = rows(nll={("kerple_log", "none"): (2.0, 2.05, 2.1)}, zoo=True)
+    df = normalize_results(world)
+    e = ratio_of_ratios("x", select(df, "kerple_log"), select(df, "rope"))
+    assert e.value == pytest.approx(math.exp(0.1 - 0.6)) and e.n_seeds == 3
+    assert e.lo == pytest.approx(e.value) and e.hi == pytest.approx(e.value) and e.ci == SEED_CI
+    # documents that agree at every length: the bootstrap adds no width
+    df = normalize_results(_with_docs(world, 0.0))
+    e = ratio_of_ratios("x", select(df, "kerple_log"), select(df, "rope"))
+    assert e.hi - e.lo == pytest.approx(0.0, abs=1e-9) and e.ci == SEED_DOC_CI
+    # the same document offsets in both families cancel in the paired difference; control:
+    # documents that move differently in the two families widen it around the same value
+    kerple = [r for r in world if r["position"] == "kerple_log"]
+    rest = [r for r in world if r["position"] != "kerple_log"]
+    df = normalize_results(_with_docs(kerple, 0.3, rng_seed=1) + _with_docs(rest, 0.3))
+    wide = ratio_of_ratios("x", select(df, "kerple_log"), select(df, "rope"))
+    assert wide.value == pytest.approx(math.exp(0.1 - 0.6))
+    assert wide.lo < wide.value < wide.hi and wide.hi - wide.lo > 0.01
