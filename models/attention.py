@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.positions import ScoreBias, rotate
+from models.positions import ContextualBias, ScoreBias, rotate
 
 __all__ = [
     "FLEX_ATTENTION",
@@ -96,6 +96,8 @@ class AttentionInputs:
     # the keys' rotation where it differs from the queries' (xPos scales them apart); None = cos/sin
     k_cos: torch.Tensor | None = None  # [N, 1, L, r/2] float32
     k_sin: torch.Tensor | None = None
+    # the family's logit term computed from each layer's logits row (CoPE); None = none
+    contextual_bias: ContextualBias | None = None
     # per forward pass: the flex block mask, shared by all layers (built on first use)
     flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -117,9 +119,11 @@ def logn_query_scale(position_ids: torch.Tensor, train_length: int) -> torch.Ten
 
 
 def _fused_plain(length: int, s: int, inputs: AttentionInputs) -> bool:
-    """Whether SDPA needs neither a mask nor a bias: no padding, no score bias, no entropy, and the
-    causal pattern is SDPA's own (full length) or absent (one query that sees every key)."""
+    """Whether SDPA needs neither a mask nor a bias: no padding, no score bias or contextual term,
+    no entropy, and the causal pattern is SDPA's own (full length) or absent (one query that sees
+    every key)."""
     plain = inputs.score_bias is None and inputs.k_valid is None and not inputs.want_entropy
+    plain = plain and inputs.contextual_bias is None
     return plain and (length == s or length == 1)
 
 
@@ -129,9 +133,10 @@ def _use_flex(q: torch.Tensor, inputs: AttentionInputs) -> bool:
     Only calls that need a mask or bias (padding, a score bias, a cache with several new queries) and no
     entropy (flex returns no probabilities), on CUDA unless :data:`FLEX_ATTENTION` is ``always``.
     Head dims below 16 stay tiled (the CUDA flex kernel does not support them), and so does CPU
-    attention that needs a gradient (flex has no CPU backward).
+    attention that needs a gradient (flex has no CPU backward) and a contextual term (it needs
+    each logits row whole; a score_mod sees one entry).
     """
-    if FLEX_ATTENTION == "off" or inputs.want_entropy:
+    if FLEX_ATTENTION == "off" or inputs.want_entropy or inputs.contextual_bias is not None:
         return False
     if _fused_plain(q.shape[2], inputs.k_pos.shape[1], inputs):
         return False
@@ -342,15 +347,16 @@ def attend_flex(
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, layer: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
 
     Plain causal attention goes straight to the fused kernel (no L x S matrix; flash/efficient
     kernels on CUDA). Padding, a score bias or a cache with several new queries need a mask or a bias: on
     CUDA they go through compiled flex attention (:func:`attend_flex`, see :data:`FLEX_ATTENTION`),
-    elsewhere and for an entropy request (which needs the probabilities) the mask is built in query
-    tiles so that memory stays O(tile x S) however long the sequence.
+    elsewhere and for an entropy request (which needs the probabilities) or a contextual term
+    (which needs whole logits rows; ``layer`` is the block it belongs to) the mask is built in
+    query tiles so that memory stays O(tile x S) however long the sequence.
     """
     n, h, length, _ = q.shape
     s = k.shape[2]
@@ -364,11 +370,11 @@ def attend(
         )
     if _use_flex(q, inputs):
         return attend_flex(q, k, v, inputs), None
-    return _attend_tiled(q, k, v, inputs)
+    return _attend_tiled(q, k, v, inputs, layer)
 
 
 def _attend_tiled(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, layer: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The explicit-mask path of :func:`attend`, in query tiles of O(tile x S) memory."""
     n, h, length, _ = q.shape
@@ -403,13 +409,14 @@ def _attend_tiled(
                 )
             )  # [N, H, T, S']
         q_tile = q[:, :, start:stop]
-        if inputs.want_entropy:
-            logits = (
-                torch.einsum("nhtd,nhsd->nhts", q_tile.float(), k_tile.float()) * inputs.scale
-                + bias
-            )
-            probs = logits.softmax(dim=-1)
-            entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+        if inputs.want_entropy or inputs.contextual_bias is not None:
+            q32 = q_tile.float()
+            logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float()) * inputs.scale + bias
+            if inputs.contextual_bias is not None:
+                logits = logits + inputs.contextual_bias(layer, q32, logits, inputs.scale)
+            probs = logits.softmax(dim=-1)  # [N, H, T, S']
+            if inputs.want_entropy:
+                entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
             outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
         else:
             outputs.append(
@@ -422,9 +429,10 @@ def _attend_tiled(
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, kv_heads: int, head_dim: int):
+    def __init__(self, d_model: int, n_heads: int, kv_heads: int, head_dim: int, layer: int = 0):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
+        self.layer = layer  # the block index: a contextual term may have parameters per layer
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
@@ -469,6 +477,6 @@ class Attention(nn.Module):
                 past_len=inputs.past_len + query_from,
                 flex_cache={},  # another query range: another block mask
             )
-        out, entropy = attend(q, k, v, inputs)
+        out, entropy = attend(q, k, v, inputs, self.layer)
         out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
         return self.o_proj(out), (k, v), entropy

@@ -6,6 +6,9 @@ A family says where it acts, and the transformer asks it only there (``Family.ac
 - ``"qk"``: rotates every layer's queries and keys after projection, never the values (``rope``);
 - ``"scores"``: adds a bias b_h(i, j) of query position i and key position j to the attention
   logits (``alibi``), through one score hook that every attention kernel applies (:class:`ScoreBias`);
+- ``"contextual"``: adds a term computed from each layer's own logits row, positions counted by
+  the content (``cope``), through a second hook that the explicit attention path applies
+  (:class:`ContextualBias`; no fused kernel can, so such a family always takes that path);
 - ``"none"``: adds nothing; the causal mask is the only order signal (``nope``).
 
 Adding a family is one subclass of :class:`Family` decorated with :func:`register_family` (its
@@ -29,7 +32,7 @@ import torch
 
 ROPE_LAYOUTS = ("interleaved", "half")
 OUT_OF_RANGE_POLICIES = ("error", "clamp", "interpolate")
-ACTS_ON = ("input", "qk", "scores", "none")
+ACTS_ON = ("input", "qk", "scores", "contextual", "none")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,27 @@ class ScoreBias:
         return self.fn(head, q_pos, k_pos, *self.args)
 
 
+@dataclass(frozen=True)
+class ContextualBias:
+    """An additive attention-logit term that reads the logits themselves (CoPE's positions are
+    counts of gates sigma(q . k) over the row).
+
+    ``fn(layer, q, logits, scale, *args) -> [N, H, T, S] float32``: ``layer`` the block index,
+    ``q`` [N, H, T, d] float32 the queries as the logits use them (rotated, log-n scaled),
+    ``logits`` [N, H, T, S] float32 the scaled logits q . k x scale with -inf where masked
+    (causal, padding), ``scale`` the attention scale. Applied in query tiles, so every row is
+    complete; the result is added to ``logits`` before the softmax.
+    """
+
+    fn: Callable[..., torch.Tensor]
+    args: tuple[Any, ...] = ()
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, logits: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return self.fn(layer, q, logits, scale, *self.args)
+
+
 @dataclass
 class PositionConfig:
     """The position family and every family's fields (a family reads only its ``fields``)."""
@@ -71,6 +95,7 @@ class PositionConfig:
     fire_c: float = field(default=0.1, metadata={"weights": "if_read"})  # fire: init of c
     fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_thr; 0: L
     xpos_scale_base: float = field(default=512.0, metadata={"weights": "if_read"})  # xpos: gamma
+    cope_npos_max: int = field(default=64, metadata={"weights": "if_read"})  # cope: positions
     # learned only; read only past the table's end, so not in the checkpoint key (bench.checks.WEIGHTS)
     out_of_range: str = field(default="error", metadata={"weights": False})
 
@@ -158,6 +183,11 @@ class Family:
     def score_bias(self, model: Any, length: int) -> ScoreBias | None:
         """``"scores"`` families: the additive logit bias (:class:`ScoreBias`) for this forward,
         whose position ids are all below ``length``."""
+        return None
+
+    def contextual_bias(self, model: Any) -> ContextualBias | None:
+        """``"contextual"`` families: the logit term computed from each layer's logits row
+        (:class:`ContextualBias`) for this forward."""
         return None
 
     def adjust_frequencies(self, cfg: PositionConfig, inv_freq: torch.Tensor) -> torch.Tensor:

@@ -192,10 +192,10 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.attn_norm = _norm(cfg)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, layer)
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -218,7 +218,7 @@ class DecoderLM(nn.Module):
         self.family = position_cfg.family
         self.tok_emb = nn.Embedding(model_cfg.vocab_size, model_cfg.d_model)
         self.family.init(self)  # the family's own parameters and buffers
-        self.blocks = nn.ModuleList(Block(model_cfg) for _ in range(model_cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(model_cfg, i) for i in range(model_cfg.n_layers))
         self.final_norm = _norm(model_cfg)
         self.lm_head = nn.Linear(model_cfg.d_model, model_cfg.vocab_size, bias=False)
         if model_cfg.tie_embeddings:
@@ -459,6 +459,9 @@ class DecoderLM(nn.Module):
             want_entropy=want_entropy,
             k_cos=k_cos,
             k_sin=k_sin,
+            contextual_bias=(
+                family.contextual_bias(self) if family.acts_on == "contextual" else None
+            ),
         )
 
     @torch.no_grad()

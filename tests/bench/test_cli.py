@@ -40,6 +40,7 @@ GROUPS = {
         "sandwich",
         "p_rope",
         "xpos",
+        "cope",
     ],
     "scaling": ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"],
     "data": ["pycorpus", "text", "hf"],
@@ -200,7 +201,7 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     # per seed (3): lm 11 (4 scalings, extend none); retrieval rope x 4 scalings + pi, yarn tunes
     "findings": (54, 426),
     "pretrained": (3, 0),  # on the tiny local Llama of tests/conftest.py (hf_model_dirs)
-    "zoo": (66, 6),  # 3 seeds x 12 families x (none, linear); linear skipped for alibi, nope
+    "zoo": (72, 6),  # 3 seeds x 13 families x (none, linear); linear skipped for alibi, nope
 }
 
 
@@ -314,7 +315,7 @@ def test_no_argument_lenbench_is_the_quickstart_sweep(in_tmp, capsys):
 BAD_OVERRIDES = [
     (
         ["position=foo"],
-        "position 'foo' is unknown; allowed: alibi, fire, kerple_log, kerple_power, learned, nope,",
+        "position 'foo' is unknown; allowed: alibi, cope, fire, kerple_log, kerple_power, learned,",
     ),
     (["model.d_model=60"], "RoPE needs an even rotary dimension, but head_dim 15"),
     # a key only some cells use keeps its full path (issue: "rotary_fraction 2.0 must be ...")

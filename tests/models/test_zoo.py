@@ -22,8 +22,8 @@ from models.zoo import KERPLE_EPS, sandwich_table, t5_bucket
 from fixtures.attention import dense_reference
 
 BIAS_FAMILIES = ("t5", "kerple_log", "kerple_power", "fire", "sandwich")
-ZOO = (*BIAS_FAMILIES, "p_rope", "xpos")
-RELATIVE = ("t5", "kerple_log", "kerple_power", "sandwich", "p_rope", "xpos")
+ZOO = (*BIAS_FAMILIES, "p_rope", "xpos", "cope")
+RELATIVE = ("t5", "kerple_log", "kerple_power", "sandwich", "p_rope", "xpos", "cope")
 HEADS = 4
 
 
@@ -37,7 +37,7 @@ def zoo_model(
         return model
     with torch.no_grad():  # random, not initial, parameters: the oracles must hold anywhere
         for name, param in model.named_parameters():
-            if name.startswith(("t5_", "kerple_", "fire_")):
+            if name.startswith(("t5_", "kerple_", "fire_", "cope_")):
                 param.copy_(torch.rand_like(param) * 1.5 + 0.05)
     return model
 
