@@ -46,6 +46,7 @@ __all__ = [
     "applicable_methods",
     "default_inv_freq",
     "logn_factor",
+    "ntk_base",
     "register_scaling",
     "rope_parameters",
     "scaling_method",
@@ -313,9 +314,15 @@ def _ntk(geometry: RopeGeometry, *, alpha: float) -> tuple[torch.Tensor, float]:
     The exponent is chosen so the highest frequency (theta_0 = 1) is unchanged and the
     lowest one is divided by exactly alpha: extrapolate high frequencies, interpolate low.
     """
-    a = _positive("ntk", "alpha", alpha)
-    base = geometry.base * a ** _ntk_exponent("ntk", geometry.rotary_dim)
+    base = ntk_base(geometry.base, alpha, geometry.rotary_dim)
     return default_inv_freq(geometry.rotary_dim, base), 1.0
+
+
+def ntk_base(base: float, alpha: float, rotary_dim: int) -> float:
+    """Static NTK-aware base b * alpha^(r/(r-2)): with it, RoPE's default frequencies are
+    :func:`_ntk`'s (what a pretrained model's default rope type gets for ``ntk``)."""
+    a = _positive("ntk", "alpha", alpha)
+    return base * a ** _ntk_exponent("ntk", rotary_dim)
 
 
 @register_scaling(

@@ -5,7 +5,10 @@ output_hidden_states, output_attn_entropy) -> LMOutput``, ``scaled(scaling, eval
 ``position_range_error``, ``generate_greedy`` and ``model_cfg.n_layers``. Scaling methods that
 transformers implements (linear, dynamic, yarn, llama3, longrope) are applied through the model's
 own rope parameters: a rotary module is rebuilt from a copy of the config with lenbench's
-parameters and swapped in, and the original comes back on exit. Attention entropy runs through a
+parameters and swapped in, and the original comes back on exit; static NTK-aware (``ntk``) is
+the default rope type with the NTK base (:func:`models.scaling.ntk_base`). Log-n scales each
+query by its position's factor in a registered attention function wrapped around the model's
+own. Attention entropy runs through a
 registered attention function that computes it in query tiles (memory linear in length) on models
 that use transformers' attention interface, and through ``output_attentions`` on the others.
 """
@@ -25,8 +28,8 @@ from torch import nn
 from bench.checks import NotApplicable, check_method
 from bench.pretrained.config import position_family, rope_geometry
 from bench.runtime import forward_takes
-from models.attention import ATTENTION_TILE_ELEMENTS
-from models.scaling import rope_parameters
+from models.attention import ATTENTION_TILE_ELEMENTS, logn_query_scale
+from models.scaling import ntk_base, rope_parameters
 from models.scaling_config import ScalingConfig, resolve_params
 from models.transformer import LMOutput
 
@@ -40,31 +43,22 @@ __all__ = [
 
 #: lenbench scaling methods that transformers implements as a rope type of the same name.
 TRANSFORMERS_METHODS = ("linear", "dynamic", "yarn", "llama3", "longrope")
-_MISSING = {
-    "ntk": "transformers has no static NTK-aware rope type (use dynamic or yarn)",
-    "logn": "transformers models have no log-n attention scaling hook",
-}
+#: ... and those applied through transformers' default rope type with another base.
+BASE_METHODS = ("ntk",)
 ENTROPY_ATTENTION = "lenbench_entropy"
+#: prefix of the registered log-n attention functions, one per wrapped implementation
+LOGN_ATTENTION = "lenbench_logn"
 
 
 def pretrained_methods(family: str) -> tuple[str, ...]:
     """Scaling methods a pretrained model of ``family`` accepts ("default" = as shipped)."""
-    return ("default", *TRANSFORMERS_METHODS) if family == "rope" else ("default",)
+    return ("default", *TRANSFORMERS_METHODS, *BASE_METHODS) if family == "rope" else ("default",)
 
 
 def check_pretrained_scaling(family: str, scaling: ScalingConfig | None) -> None:
     """Raise :class:`NotApplicable` (one line) when ``scaling`` cannot run on a ``family`` model."""
     if scaling is None:
         return
-    if scaling.logn:
-        raise NotApplicable(
-            f"scaling {scaling.name} is not applicable to a pretrained model: {_MISSING['logn']}"
-        )
-    if scaling.method in _MISSING and family == "rope":
-        raise NotApplicable(
-            f"scaling {scaling.name} (method {scaling.method}) is not applicable to a pretrained "
-            f"model: {_MISSING[scaling.method]}"
-        )
     check_method(
         "scaling",
         scaling.name,
@@ -98,7 +92,14 @@ def rope_for(
         rotary_fraction=geometry["rotary_fraction"],
         **params,
     )
-    rope = {"rope_type": scaling.method, "rope_theta": geometry["base"], **params}
+    if scaling.method == "ntk":
+        rotary_dim = 2 * pairs
+        rope = {
+            "rope_type": "default",
+            "rope_theta": ntk_base(geometry["base"], **params, rotary_dim=rotary_dim),
+        }
+    else:
+        rope = {"rope_type": scaling.method, "rope_theta": geometry["base"], **params}
     if geometry["rotary_fraction"] != 1.0:
         rope["partial_rotary_factor"] = geometry["rotary_fraction"]
     if scaling.method in ("yarn", "llama3", "longrope"):
@@ -165,6 +166,44 @@ def _register_entropy_attention() -> None:
     if ENTROPY_ATTENTION not in AttentionInterface._global_mapping:
         AttentionInterface.register(ENTROPY_ATTENTION, _entropy_attention)
         ALL_MASK_ATTENTION_FUNCTIONS.register(ENTROPY_ATTENTION, sdpa_mask)
+
+
+def _logn_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Log-n (``models.attention.logn_query_scale``): query [N, H, L, d] times max(1, ln(p + 1) /
+    ln L) at its position id p, then the implementation this one wraps (``config._lenbench_logn``
+    = (L, its name), set by :meth:`PretrainedLM._attention_implementation`)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    train_length, inner = module.config._lenbench_logn
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise ValueError(
+            f"log-n needs each query's position id, which {type(module).__name__} does not pass "
+            "to its attention function."
+        )
+    factor = logn_query_scale(position_ids.expand(query.shape[0], -1), train_length)
+    query = (query.float() * factor[:, None, :, None].to(query.device)).to(query.dtype)
+    if inner == ENTROPY_ATTENTION:
+        fn = _entropy_attention
+    elif inner == "eager":  # the model's own eager attention, from its modeling module
+        fn = vars(sys.modules[type(module).__module__])["eager_attention_forward"]
+    else:
+        fn = ALL_ATTENTION_FUNCTIONS[inner]
+    return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def _register_logn_attention(inner: str) -> str:
+    """The name of the log-n attention function wrapping ``inner``, registered with ``inner``'s
+    mask function (the wrapped implementation reads the mask it expects)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    name = f"{LOGN_ATTENTION}_{inner}"
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, _logn_attention)
+        mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(inner, sdpa_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask)
+    return name
 
 
 def _uses_attention_interface(model: nn.Module) -> bool:
@@ -237,12 +276,35 @@ class PretrainedLM(nn.Module):
         """``with model.scaled(scaling, eval_length):`` the scaling applied, the shipped rope after.
 
         Method ``default`` is the model as shipped (its own rope parameters, scaled or not); any
-        other replaces them. Raises NotApplicable (see :func:`check_pretrained_scaling`).
+        other replaces them. ``logn`` scales the queries (models that dispatch attention through
+        transformers' AttentionInterface). Raises NotApplicable (see
+        :func:`check_pretrained_scaling`).
         """
         check_pretrained_scaling(self.family, scaling)
-        if scaling is None or scaling.method == "default":
+        if scaling is None:
             yield self
             return
+        if scaling.logn and not _uses_attention_interface(self.hf):
+            raise NotApplicable(
+                f"scaling {scaling.name} is not applicable to {type(self.hf).__name__}: log-n "
+                "needs a model that dispatches attention through transformers' AttentionInterface."
+            )
+        previous = self.scaling
+        try:
+            if scaling.method == "default":
+                self.scaling = scaling
+                yield self
+            else:
+                with self._swapped_rope(scaling, eval_length) as params:
+                    self.scaling = replace(scaling, params=params)
+                    yield self
+        finally:
+            self.scaling = previous
+
+    @contextlib.contextmanager
+    def _swapped_rope(self, scaling: ScalingConfig, eval_length: int | None) -> Iterator[dict]:
+        """Every rotary module rebuilt with ``scaling``'s rope parameters (yields lenbench's
+        resolved parameters); the shipped modules come back on exit."""
         rope, params = rope_for(self.hf.config, self.train_length, scaling, eval_length)
         if any(isinstance(v, dict) for v in (self.hf.config.rope_parameters or {}).values()):
             raise ValueError("models with per-layer rope parameters are not supported for scaling.")
@@ -251,7 +313,6 @@ class PretrainedLM(nn.Module):
         if scaling.method == "dynamic":  # transformers' dynamic reads the original length here
             config.max_position_embeddings = self.train_length
         swapped = []
-        previous = self.scaling
         try:
             for parent, attr, old in self._rotary_modules():
                 new = type(old)(config).to(old.inv_freq.device)
@@ -259,12 +320,32 @@ class PretrainedLM(nn.Module):
                 swapped.append((parent, attr, old))
             if not swapped:
                 raise ValueError(f"no rotary embedding module found in {type(self.hf).__name__}.")
-            self.scaling = replace(scaling, params=params)
-            yield self
+            yield params
         finally:
             for parent, attr, old in swapped:
                 setattr(parent, attr, old)
-            self.scaling = previous
+
+    @contextlib.contextmanager
+    def _attention_implementation(self, entropy: bool) -> Iterator[None]:
+        """The attention function of one forward pass: the model's own, the entropy one, or the
+        log-n wrapper around either when the active scaling has ``logn``."""
+        config = self.hf.config
+        before = config._attn_implementation
+        inner = before
+        if entropy:
+            _register_entropy_attention()
+            inner = ENTROPY_ATTENTION
+        logn = self.scaling is not None and self.scaling.logn
+        try:
+            if logn:
+                config._lenbench_logn = (self.train_length, inner)
+                config._attn_implementation = _register_logn_attention(inner)
+            else:
+                config._attn_implementation = inner
+            yield
+        finally:
+            config._attn_implementation = before
+            config.__dict__.pop("_lenbench_logn", None)
 
     def _reset_dynamic(self) -> None:
         """Make dynamic rope stateless: frequencies follow this forward pass's length only."""
@@ -309,7 +390,8 @@ class PretrainedLM(nn.Module):
             kwargs["position_ids"] = position_ids.to(input_ids.device).long().expand(n, length)
         self._reset_dynamic()
         if not output_attn_entropy:
-            out = self.hf(input_ids, **kwargs)
+            with self._attention_implementation(entropy=False):
+                out = self.hf(input_ids, **kwargs)
             entropy = None
         elif _uses_attention_interface(self.hf):
             out, entropy = self._entropy_forward(input_ids, kwargs)
@@ -321,14 +403,8 @@ class PretrainedLM(nn.Module):
         return LMOutput(logits.float(), None, hidden, entropy)
 
     def _entropy_forward(self, input_ids: torch.Tensor, kwargs: dict):
-        _register_entropy_attention()
-        config = self.hf.config
-        before = config._attn_implementation
-        config._attn_implementation = ENTROPY_ATTENTION
-        try:
+        with self._attention_implementation(entropy=True):
             out = self.hf(input_ids, **kwargs)
-        finally:
-            config._attn_implementation = before
         entropy = []
         for module in self.hf.modules():
             value = module.__dict__.pop("_lenbench_entropy", None)
@@ -342,12 +418,13 @@ class PretrainedLM(nn.Module):
         self._reset_dynamic()
         # transformers >= 5.24 names the KV cache ``cache``; older model code ``past_key_values``
         name = "cache" if forward_takes(type(self.hf), "cache") else "past_key_values"
-        out = self.hf(input_ids, use_cache=True)
         generated = []
-        for _ in range(int(max_new_tokens)):
-            next_token = out.logits[:, -1].argmax(dim=-1, keepdim=True)  # [N, 1]
-            generated.append(next_token)
-            if len(generated) == max_new_tokens:
-                break
-            out = self.hf(next_token, use_cache=True, **{name: getattr(out, name)})
+        with self._attention_implementation(entropy=False):
+            out = self.hf(input_ids, use_cache=True)
+            for _ in range(int(max_new_tokens)):
+                next_token = out.logits[:, -1].argmax(dim=-1, keepdim=True)  # [N, 1]
+                generated.append(next_token)
+                if len(generated) == max_new_tokens:
+                    break
+                out = self.hf(next_token, use_cache=True, **{name: getattr(out, name)})
         return torch.cat(generated, dim=1)

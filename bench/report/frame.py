@@ -20,7 +20,11 @@ from models.scaling_config import ORACLE_SUFFIX
 
 # Display order only (the report reads rows and never imports torch, so it cannot ask the
 # registries in models/): names not listed here sort after these, by name, and are shown all the same.
-POSITION_ORDER = ["rope", "sinusoidal", "learned", "alibi", "nope"]
+POSITION_ORDER = [
+    "rope", "sinusoidal", "learned", "alibi", "nope",
+    # the zoo (models/zoo.py): bias families, rotary variants, contextual
+    "t5", "kerple_log", "kerple_power", "fire", "sandwich", "p_rope", "xpos", "cope",
+]  # fmt: skip
 SCALING_ORDER = ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"]
 SERIES_KEYS = [
     "experiment",

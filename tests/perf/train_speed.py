@@ -16,6 +16,8 @@ results/perf/train_speed_<config>.json (measured figures: tests/perf/README.md):
     python tests/perf/train_speed.py --width 128
     python tests/perf/train_speed.py --layers 2 --width 64 --heads 2 --positions rope,alibi --compile
     python tests/perf/train_speed.py --width 256 --precisions fp32,bf16 --steps 8
+    python tests/perf/train_speed.py --seq 64 --batch 32 --precisions fp32 \
+        --positions rope,alibi,t5,kerple_log,kerple_power,fire,sandwich,p_rope,xpos,cope
     python tests/perf/train_speed.py --layers 2 --width 128 --seq 64 --batch 32 --kernel-share
 
 ``--kernel-share`` also profiles Llama's step and prints the share of its time in GEMMs and in
@@ -42,13 +44,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models.positions import PositionConfig
+from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
 #: Output directory, relative to the working directory (like lenbench's paths.results).
 RESULTS = Path("results") / "perf"
 VOCAB = 259
-FAMILIES = ("rope", "sinusoidal", "learned", "alibi", "nope")
+#: every registered position family (the zoo's included)
+FAMILIES = tuple(families())
 
 
 def build_ours(args: argparse.Namespace, kind: str = "rope") -> DecoderLM:

@@ -23,18 +23,19 @@ from bench.findings import (
     ppl_ratios,
     select,
 )
-from bench.report.figures import save_figure
-from bench.report.frame import POSITION_ORDER
+from bench.report.figures import family_order, save_figure
 from bench.report.markdown import ReportDir, figure_md, markdown_table
 
 
 def _ratio_figure(rep: ReportDir, df: pd.DataFrame) -> bool:
     """Plot ppl(4L)/ppl(L) with its CI per position and series (raw); False (nothing written) if
     none."""
-    estimates = [e for pos in POSITION_ORDER for _, e in ppl_ratios(select(df, pos), pos)]
+    positions = family_order(df["position"]) if "position" in df.columns else []
+    estimates = [e for pos in positions for _, e in ppl_ratios(select(df, pos), pos)]
     if not estimates:
         return False
-    fig = Figure(figsize=(5.5, 3.2), layout="constrained")
+    # wider with more families (the zoo has 13), so that every label stays readable
+    fig = Figure(figsize=(max(5.5, 0.6 * len(estimates) + 1.5), 3.2), layout="constrained")
     ax = fig.add_subplot()
     for i, e in enumerate(estimates):
         if not math.isnan(e.lo):

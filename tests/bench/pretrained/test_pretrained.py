@@ -56,6 +56,12 @@ SCALINGS = {
         method="longrope",
         params={"short_factor": 1.0, "long_factor": "ramp", "factor": "auto"},
     ),
+    # not rope types of transformers: the default type with the NTK base, and a query wrapper
+    "ntk": ScalingConfig(name="ntk", method="ntk", params={"alpha": "auto"}),
+    "logn": ScalingConfig(name="logn", logn=True),
+    "yarn+logn": ScalingConfig(
+        name="yarn+logn", method="yarn", params={"factor": "auto"}, logn=True
+    ),
 }
 
 
@@ -179,8 +185,7 @@ def test_scalings_that_do_not_apply_are_reported(hf_model_dirs):
     yarn = ScalingConfig(name="yarn", method="yarn", params={"factor": 2.0})
     linear = ScalingConfig(name="linear", method="linear", params={"factor": 2.0})
     for family, scaling, reason in [
-        ("rope", ntk, "no static NTK"),
-        ("rope", logn, "log-n"),
+        ("learned", ntk, "does not apply to position learned"),
         ("learned", yarn, "does not apply to position learned"),
         ("learned", linear, "does not apply to position learned"),
         ("alibi", yarn, "does not apply to position alibi"),
@@ -188,10 +193,45 @@ def test_scalings_that_do_not_apply_are_reported(hf_model_dirs):
         with pytest.raises(NotApplicable, match=reason) as info:
             check_pretrained_scaling(family, scaling)
         assert "\n" not in str(info.value)
-    check_pretrained_scaling("rope", yarn)  # negative control: applies
+    for scaling in (yarn, ntk, logn):  # negative control: these apply to rope
+        check_pretrained_scaling("rope", scaling)
     lm = load_adapter(hf_model_dirs["gpt2"])
     with pytest.raises(NotApplicable), lm.scaled(yarn, 128):
         pass
+    # log-n needs transformers' attention interface, which BLOOM's own attention code bypasses
+    bloom = load_adapter(hf_model_dirs["bloom"])
+    with pytest.raises(NotApplicable, match="AttentionInterface") as info, bloom.scaled(logn, 128):
+        pass
+    assert "\n" not in str(info.value)
+
+
+def test_ntk_is_the_default_rope_with_the_ntk_base_and_logn_leaves_the_trained_range(hf_model_dirs):
+    """ntk: the swapped rotary module's frequencies are models.scaling's ntk frequencies
+    (control: alpha 1 gives the shipped ones). logn: queries up to the training length keep
+    their logits exactly (factor 1), later ones change; both restored on exit."""
+    from models.scaling import rope_parameters
+
+    lm = load_adapter(hf_model_dirs["llama"], train_length=16)
+    tokens = torch.randint(0, 300, (2, 48))
+    with torch.no_grad():
+        raw = lm(tokens).logits
+        with lm.scaled(ScalingConfig(name="ntk", method="ntk", params={"alpha": 3.0}), 48):
+            ((_, _, rotary),) = lm._rotary_modules()
+            expected, _ = rope_parameters(
+                "ntk", head_dim=rotary.inv_freq.numel() * 2, base=10000.0, original_length=16,
+                seq_len=48, alpha=3.0,
+            )  # fmt: skip
+            torch.testing.assert_close(rotary.inv_freq.float(), expected, rtol=1e-6, atol=0)
+        with lm.scaled(ScalingConfig(name="ntk", method="ntk", params={"alpha": 1.0}), 48):
+            torch.testing.assert_close(lm(tokens).logits, raw, atol=1e-5, rtol=1e-5)
+        with lm.scaled(ScalingConfig(name="logn", logn=True), 48):
+            logn = lm(tokens).logits
+            with_entropy = lm(tokens, output_attn_entropy=True)
+        torch.testing.assert_close(lm(tokens).logits, raw)  # restored
+    torch.testing.assert_close(logn[:, :16], raw[:, :16], atol=1e-5, rtol=1e-5)
+    assert (logn[:, 16:] - raw[:, 16:]).abs().max() > 1e-3
+    torch.testing.assert_close(with_entropy.logits, logn, atol=1e-5, rtol=1e-5)
+    assert len(with_entropy.attn_entropy) == lm.model_cfg.n_layers
 
 
 def test_dynamic_rope_is_stateless_across_lengths(hf_model_dirs):

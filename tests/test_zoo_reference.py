@@ -1,0 +1,114 @@
+"""The zoo's committed reference (results/zoo, reports/zoo): ``lenbench +experiment=zoo``.
+
+As tests/test_reference.py does for the findings experiment: the Findings computed from the
+committed rows equal the committed table (statuses and numbers), reports/zoo/README.md states
+each status and its per-family perplexity ratios are the ones the rows give (to the digits
+printed; a changed digit fails), and regenerating the report reproduces every committed table.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.findings import NOT_MEASURED, check_findings, findings_table
+from bench.report.cli import main as report_main
+from bench.results import load_results
+
+from fixtures import ROOT
+
+RESULTS = ROOT / "results" / "zoo"
+REPORT = ROOT / "reports" / "zoo"
+NUMBERS = REPORT / "README.md"
+#: every family of +experiment=zoo
+FAMILIES = (
+    "sinusoidal", "learned", "rope", "alibi", "nope", "t5", "kerple_log", "kerple_power",
+    "fire", "sandwich", "p_rope", "xpos", "cope",
+)  # fmt: skip
+NUMBER = r"-?\d+\.\d+"
+
+pytestmark = pytest.mark.skipif(
+    not any(RESULTS.glob("*.parquet")), reason="no committed zoo reference results"
+)
+
+
+@functools.cache
+def _rows():
+    from bench import findings as F
+
+    return F, F._with_series(load_results(RESULTS))
+
+
+def _agrees(printed: str, value: float) -> bool:
+    decimals = len(printed.split(".")[1])
+    return abs(float(printed) - value) <= 0.5 * 10**-decimals + 1e-9
+
+
+def _table(text: str, header_start: str) -> dict[str, list[str]]:
+    lines = text[text.index(header_start) :].splitlines()
+    out = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        out[cells[0]] = cells[1:]
+    return out
+
+
+def test_the_committed_zoo_findings_are_what_the_rows_give():
+    _, df = _rows()
+    computed = findings_table(check_findings(df))
+    committed = pd.read_csv(REPORT / "tables" / "findings.csv")
+    for column in ("finding", "status", "numbers"):
+        assert list(computed[column]) == list(committed[column]), column
+    status = dict(zip(committed["finding"], committed["status"], strict=True))
+    # every family ran: the zoo's findings are measured
+    assert status["Z1"] != NOT_MEASURED and status["Z2"] != NOT_MEASURED, status
+    assert set(df["position"]) == set(FAMILIES)
+    text = NUMBERS.read_text(encoding="utf-8")
+    for key in ("Z1", "Z2", "F1", "F2", "F6"):
+        assert f"| {key} | {status[key]} |" in text, key
+
+
+def test_per_family_ratios_in_the_readme_are_the_rows():
+    """"| family | 2L | 4L | 8L | 4L per seed |": each "value [lo, hi]" is the findings' ppl
+    ratio of the raw series, each per-seed value exp(NLL(4L) - NLL(L)) of that seed; negative
+    control: a changed digit does not agree."""
+    F, df = _rows()
+    table = _table(NUMBERS.read_text(encoding="utf-8"), "| family | 2L | 4L | 8L |")
+    assert set(table) == set(FAMILIES)
+    pattern = re.compile(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]")
+    checked = 0
+    for family, cells in table.items():
+        ((_, rows),) = F.by_series(F._window_nll(F.select(df, family)))
+        for k, cell in zip((2, 4, 8), cells[:3], strict=True):
+            e = F.ppl_ratio(rows, family, k)
+            ((value, lo, hi),) = pattern.findall(cell)
+            for printed, v in ((value, e.value), (lo, e.lo), (hi, e.hi)):
+                assert _agrees(printed, v), (family, k, printed, v)
+                checked += 1
+        m = F._per_seed(rows, 4).merge(F._per_seed(rows, 1), on="seed")
+        per_seed = np.exp(m["value_x"] - m["value_y"])
+        for printed, v in zip(cells[3].split(" / "), per_seed, strict=True):
+            assert _agrees(printed, v), (family, printed, v)
+            changed = printed[:-1] + str((int(printed[-1]) + 3) % 10)
+            assert not _agrees(changed, v)
+            checked += 1
+    assert checked == len(FAMILIES) * (9 + 3)
+
+
+def test_regenerating_the_zoo_report_reproduces_every_committed_table(tmp_path, monkeypatch):
+    out = tmp_path / "report"
+    monkeypatch.chdir(ROOT)
+    assert report_main(["results/zoo", "--out", str(out)]) == 0
+    committed = sorted(p.name for p in (REPORT / "tables").glob("*.csv"))
+    assert committed == sorted(p.name for p in (out / "tables").glob("*.csv"))
+    for name in committed:
+        a = pd.read_csv(REPORT / "tables" / name)
+        b = pd.read_csv(out / "tables" / name)
+        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9, obj=name)
+    assert (out / "report.md").read_text() == (REPORT / "report.md").read_text()
