@@ -327,6 +327,12 @@ def difference_estimate(
     diff, se = nll_difference(a, b, multiple_a, multiple_b)
     e = _summarise(name, diff, se)
     boot = seed_doc_bootstrap(a, b, multiple_a, multiple_b) if len(diff) else None
+    return widened(e, boot, transform)
+
+
+def widened(e: Estimate, boot: tuple[float, float] | None, transform=None) -> Estimate:
+    """``e`` (a seed interval of NLL differences) widened to the bootstrap interval ``boot``
+    where that is wider, then ``transform`` (e.g. exp) applied to value and ends."""
     if boot is not None and not math.isnan(e.value):
         lo, hi = boot if math.isnan(e.lo) else (min(e.lo, boot[0]), max(e.hi, boot[1]))
         e.lo, e.hi, e.ci = lo, hi, (SEED_DOC_CI if e.n_seeds > 1 else DOC_CI)

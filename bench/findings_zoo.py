@@ -21,9 +21,7 @@ import numpy as np
 import pandas as pd
 
 from bench.findings import (
-    DOC_CI,
     FAR,
-    SEED_DOC_CI,
     SHIFT_ZERO_TOL,
     Estimate,
     FindingResult,
@@ -40,6 +38,7 @@ from bench.findings import (
     select,
     shift_invariant_checks,
     shift_sensitive_checks,
+    widened,
 )
 from bench.series import series_labels
 
@@ -103,11 +102,7 @@ def ratio_of_ratios(
         return Estimate(name, math.nan)
     e = _summarise(name, m["value_b"] - m["value_o"], np.hypot(m["se_b"], m["se_o"]))
     boot = seed_doc_bootstrap_terms([(b, multiple, o, multiple, 1.0), (b, 1, o, 1, -1.0)])
-    if boot is not None and not math.isnan(e.value):
-        lo, hi = boot if math.isnan(e.lo) else (min(e.lo, boot[0]), max(e.hi, boot[1]))
-        e.lo, e.hi, e.ci = lo, hi, (SEED_DOC_CI if e.n_seeds > 1 else DOC_CI)
-    e.value, e.lo, e.hi = (math.exp(x) if not math.isnan(x) else x for x in (e.value, e.lo, e.hi))
-    return e
+    return widened(e, boot, math.exp)
 
 
 def _series_of(df: pd.DataFrame, position: str) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:

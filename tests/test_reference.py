@@ -24,6 +24,7 @@ from bench.report.cli import main as report_main
 from bench.results import load_results
 
 from fixtures import ROOT
+from fixtures.markdown import agrees, markdown_table
 
 RESULTS = ROOT / "results" / "reference"
 REPORT = ROOT / "reports" / "reference"
@@ -113,24 +114,6 @@ def _numbers_text() -> str:
     return _checked_part(NUMBERS.read_text(encoding="utf-8"))
 
 
-def _table(section: str, header_start: str) -> dict[str, list[str]]:
-    """The Markdown table whose header row starts with ``header_start``: first cell -> cells."""
-    lines = section[section.index(header_start) :].splitlines()
-    out = {}
-    for line in lines[2:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        out[cells[0]] = cells[1:]
-    return out
-
-
-def _agrees(printed: str, value: float) -> bool:
-    """``printed`` is ``value`` rounded to the digits printed (half a unit of the last digit)."""
-    decimals = len(printed.split(".")[1])
-    return abs(float(printed) - value) <= 0.5 * 10**-decimals + 1e-9
-
-
 @functools.cache
 def _rows():
     """bench.findings and the committed rows with their series (loaded once per session)."""
@@ -152,7 +135,7 @@ def _accuracies(F, rows, seed: int) -> list[float]:
 
 def check_zero_shot_passkey(section: str) -> int:
     F, df = _rows()
-    table = _table(section, "| model | seed ")
+    table = markdown_table(section, "| model | seed ")
     seeds = _seed_columns(section, "| model | seed ")
     models = {
         "raw RoPE": F.select(df, "rope"),
@@ -165,7 +148,7 @@ def check_zero_shot_passkey(section: str) -> int:
         rows = F._passkey(next(v for k, v in models.items() if label.startswith(k)))
         for seed, cell in zip(seeds, cells, strict=True):
             for p, v in zip(cell.split(" / "), _accuracies(F, rows, seed), strict=True):
-                assert _agrees(p, v), (label, seed, p, v)
+                assert agrees(p, v), (label, seed, p, v)
                 checked += 1
     assert checked == len(models) * len(seeds) * 3
     return checked
@@ -175,7 +158,7 @@ def check_recovery(section: str) -> int:
     """Cells: median (smallest-largest) over seeds of the worst accuracy over L, 2L, 4L."""
     F, df = _rows()
     header = "| fine-tune at 4L, updates |"
-    table = _table(section, header)
+    table = markdown_table(section, header)
     steps = _seed_columns(section, header)  # the update counts head the columns
     methods = {"PI": "pi", "YaRN": "yarn", "direct": "direct"}
     seeds = sorted(df["seed"].unique())
@@ -188,7 +171,7 @@ def check_recovery(section: str) -> int:
             med, rng = cell.split(" (")
             lo, hi = rng.rstrip(")").split("-")
             for p, v in ((med, np.median(worst)), (lo, min(worst)), (hi, max(worst))):
-                assert _agrees(p, v), (label, k, p, v)
+                assert agrees(p, v), (label, k, p, v)
                 checked += 1
     assert checked == 3 * len(steps) * 3
     return checked
@@ -198,14 +181,14 @@ def check_robustness(section: str) -> int:
     F, df = _rows()
     header = section[section.index("| per seed (") :].splitlines()[0]
     seeds = [int(x) for x in header.split("(")[1].split(")")[0].split(" / ")]
-    ratios = _table(section, header.split(" | sinusoidal")[0])
+    ratios = markdown_table(section, header.split(" | sinusoidal")[0])
     header = ["sinusoidal", "learned", "rope", "alibi"]
     checked = 0
     for pos, cell in zip(header, ratios["perplexity at 4L / at L"], strict=True):
         ((_, g),) = F.by_series(F._window_nll(F.select(df, pos)))
         m = F._per_seed(g, 4).merge(F._per_seed(g, 1), on="seed")
         for p, v in zip(cell.split(" / "), np.exp(m["value_x"] - m["value_y"]), strict=True):
-            assert _agrees(p, v), (pos, p, v)
+            assert agrees(p, v), (pos, p, v)
             checked += 1
     for pos, cell in zip(header, ratios["shift ΔNLL at Δ = 4L (nats)"], strict=True):
         if not cell:
@@ -213,16 +196,16 @@ def check_robustness(section: str) -> int:
         r = F._shift(df, pos)
         top = r[r["delta"] == r["delta"].max()].groupby("seed")["value"].mean()
         for p, v in zip(cell.split(" / "), top, strict=True):
-            assert _agrees(p, v), (pos, p, v)
+            assert agrees(p, v), (pos, p, v)
             checked += 1
-    diffs = _table(section, f"| per seed ({' / '.join(map(str, seeds))}), NLL at 4L (nats) |")[
-        "RoPE, zero-shot"
-    ]
+    diffs = markdown_table(
+        section, f"| per seed ({' / '.join(map(str, seeds))}), NLL at 4L (nats) |"
+    )["RoPE, zero-shot"]
     for method, cell in zip(("ntk", "yarn"), diffs, strict=True):
         a, b = F._window_nll(F.select(df, "rope", method)), F._window_nll(F.select(df, "rope"))
         d, _ = F.nll_difference(a, b, 4, 4)
         for p, v in zip(cell.split(" / "), d, strict=True):
-            assert _agrees(p, v), (method, p, v)
+            assert agrees(p, v), (method, p, v)
             checked += 1
     assert checked == 4 * 3 + 2 * 3 + 2 * 3
     return checked
@@ -237,7 +220,7 @@ def check_findings_intervals(section: str) -> int:
     """Every "value [lo, hi]" in the Findings table is one the findings computed from the rows
     give (to the digits printed), under the status the rows give."""
     computed = _computed_findings()
-    table = _table(section, "| finding | status |")
+    table = markdown_table(section, "| finding | status |")
     pattern = re.compile(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]")
     checked = 0
     for key, (status, numbers) in table.items():
@@ -245,7 +228,7 @@ def check_findings_intervals(section: str) -> int:
         estimates = [(e.value, e.lo, e.hi) for e in computed[key].estimates]
         for triple in pattern.findall(numbers):
             assert any(
-                all(_agrees(p, v) for p, v in zip(triple, e, strict=True)) for e in estimates
+                all(agrees(p, v) for p, v in zip(triple, e, strict=True)) for e in estimates
             ), (key, triple, estimates)
             checked += 1
     assert len(table) == len(computed)  # every finding has its row

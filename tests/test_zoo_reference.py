@@ -20,6 +20,7 @@ from bench.report.cli import main as report_main
 from bench.results import load_results
 
 from fixtures import ROOT
+from fixtures.markdown import agrees, markdown_table
 
 RESULTS = ROOT / "results" / "zoo"
 REPORT = ROOT / "reports" / "zoo"
@@ -43,22 +44,6 @@ def _rows():
     return F, F._with_series(load_results(RESULTS))
 
 
-def _agrees(printed: str, value: float) -> bool:
-    decimals = len(printed.split(".")[1])
-    return abs(float(printed) - value) <= 0.5 * 10**-decimals + 1e-9
-
-
-def _table(text: str, header_start: str) -> dict[str, list[str]]:
-    lines = text[text.index(header_start) :].splitlines()
-    out = {}
-    for line in lines[2:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        out[cells[0]] = cells[1:]
-    return out
-
-
 def test_the_committed_zoo_findings_are_what_the_rows_give():
     _, df = _rows()
     computed = findings_table(check_findings(df))
@@ -75,11 +60,11 @@ def test_the_committed_zoo_findings_are_what_the_rows_give():
 
 
 def test_per_family_ratios_in_the_readme_are_the_rows():
-    """"| family | 2L | 4L | 8L | 4L per seed |": each "value [lo, hi]" is the findings' ppl
+    """ "| family | 2L | 4L | 8L | 4L per seed |": each "value [lo, hi]" is the findings' ppl
     ratio of the raw series, each per-seed value exp(NLL(4L) - NLL(L)) of that seed; negative
     control: a changed digit does not agree."""
     F, df = _rows()
-    table = _table(NUMBERS.read_text(encoding="utf-8"), "| family | 2L | 4L | 8L |")
+    table = markdown_table(NUMBERS.read_text(encoding="utf-8"), "| family | 2L | 4L | 8L |")
     assert set(table) == set(FAMILIES)
     pattern = re.compile(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]")
     checked = 0
@@ -89,14 +74,14 @@ def test_per_family_ratios_in_the_readme_are_the_rows():
             e = F.ppl_ratio(rows, family, k)
             ((value, lo, hi),) = pattern.findall(cell)
             for printed, v in ((value, e.value), (lo, e.lo), (hi, e.hi)):
-                assert _agrees(printed, v), (family, k, printed, v)
+                assert agrees(printed, v), (family, k, printed, v)
                 checked += 1
         m = F._per_seed(rows, 4).merge(F._per_seed(rows, 1), on="seed")
         per_seed = np.exp(m["value_x"] - m["value_y"])
         for printed, v in zip(cells[3].split(" / "), per_seed, strict=True):
-            assert _agrees(printed, v), (family, printed, v)
+            assert agrees(printed, v), (family, printed, v)
             changed = printed[:-1] + str((int(printed[-1]) + 3) % 10)
-            assert not _agrees(changed, v)
+            assert not agrees(changed, v)
             checked += 1
     assert checked == len(FAMILIES) * (9 + 3)
 
