@@ -43,6 +43,9 @@ __all__ = [
 
 # Entries of a masked attention logit tile held at once when the mask must be materialised.
 ATTENTION_TILE_ELEMENTS = 1 << 24
+# A contextual term (CoPE) keeps about this many tile-sized float32 tensors alive (logits, gates,
+# counts, interpolation weights, gathered terms): its tiles are this much smaller.
+CONTEXTUAL_TEMPORARIES = 8
 
 _FLEX_MODES = {
     "auto": "auto",
@@ -382,7 +385,10 @@ def _attend_tiled(
     if h != k.shape[1]:
         k = k.repeat_interleave(h // k.shape[1], dim=1)
         v = v.repeat_interleave(h // v.shape[1], dim=1)
-    tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s))
+    tile = ATTENTION_TILE_ELEMENTS // (n * h * s)
+    if inputs.contextual_bias is not None:  # CoPE holds about 8 tile-sized temporaries at once
+        tile //= CONTEXTUAL_TEMPORARIES
+    tile = max(1, tile)
     key_index = torch.arange(s, device=q.device)
     outputs, entropies = [], []
     for start in range(0, length, tile):

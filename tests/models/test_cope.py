@@ -89,7 +89,9 @@ def _inputs(contextual) -> AttentionInputs:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("tile_elements", [1 << 24, N * H * T * 2])
+@pytest.mark.parametrize(
+    "tile_elements", [1 << 24, N * H * T * 2 * attention.CONTEXTUAL_TEMPORARIES]
+)
 def test_tiled_attention_equals_the_entry_by_entry_formula(monkeypatch, tile_elements):
     """The whole contextual path (gates, counts, interpolation, softmax) in one query tile and in
     tiles of 2 queries; control: without the CoPE term the output differs."""
