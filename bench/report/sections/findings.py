@@ -57,9 +57,13 @@ def _ratio_figure(rep: ReportDir, df: pd.DataFrame) -> bool:
     else:
         ax.set_ylabel(f"perplexity at {FAR}L / at L")
     ax.legend(fontsize=7, loc="best", frameon=False)
+    many = len(estimates) > 8  # the zoo: slanted labels, or neighbours overlap
     ax.set_xticks(
         range(len(estimates)),
         [f"{e.name}\n({e.n_seeds} seed{'s' * (e.n_seeds != 1)})" for e in estimates],
+        rotation=30 if many else 0,
+        ha="right" if many else "center",
+        fontsize=8 if many else None,
     )
     ax.set_xlim(-0.5, len(estimates) - 0.5)
     ax.set_title(f"Raw extrapolation to {FAR}x the training length")
