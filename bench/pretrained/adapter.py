@@ -55,10 +55,18 @@ def pretrained_methods(family: str) -> tuple[str, ...]:
     return ("default", *TRANSFORMERS_METHODS, *BASE_METHODS) if family == "rope" else ("default",)
 
 
-def check_pretrained_scaling(family: str, scaling: ScalingConfig | None) -> None:
-    """Raise :class:`NotApplicable` (one line) when ``scaling`` cannot run on a ``family`` model."""
+def check_pretrained_scaling(
+    family: str, scaling: ScalingConfig | None, model_class: type | None = None
+) -> None:
+    """Raise :class:`NotApplicable` (one line) when ``scaling`` cannot run on a ``family`` model
+    (of ``model_class``, where known: log-n needs transformers' attention interface)."""
     if scaling is None:
         return
+    if scaling.logn and model_class is not None and not _uses_attention_interface(model_class):
+        raise NotApplicable(
+            f"scaling {scaling.name} is not applicable to {model_class.__name__}: log-n needs a "
+            "model that dispatches attention through transformers' AttentionInterface."
+        )
     check_method(
         "scaling",
         scaling.name,
@@ -206,9 +214,11 @@ def _register_logn_attention(inner: str) -> str:
     return name
 
 
-def _uses_attention_interface(model: nn.Module) -> bool:
-    """Whether the model's code dispatches attention through transformers' AttentionInterface."""
-    module = sys.modules.get(type(model).__module__) or inspect.getmodule(type(model))
+def _uses_attention_interface(model: nn.Module | type) -> bool:
+    """Whether the model's (or model class's) code dispatches attention through transformers'
+    AttentionInterface."""
+    cls = model if isinstance(model, type) else type(model)
+    module = sys.modules.get(cls.__module__) or inspect.getmodule(cls)
     return module is not None and "ALL_ATTENTION_FUNCTIONS" in vars(module)
 
 
@@ -280,15 +290,10 @@ class PretrainedLM(nn.Module):
         transformers' AttentionInterface). Raises NotApplicable (see
         :func:`check_pretrained_scaling`).
         """
-        check_pretrained_scaling(self.family, scaling)
+        check_pretrained_scaling(self.family, scaling, type(self.hf))
         if scaling is None:
             yield self
             return
-        if scaling.logn and not _uses_attention_interface(self.hf):
-            raise NotApplicable(
-                f"scaling {scaling.name} is not applicable to {type(self.hf).__name__}: log-n "
-                "needs a model that dispatches attention through transformers' AttentionInterface."
-            )
         previous = self.scaling
         try:
             if scaling.method == "default":

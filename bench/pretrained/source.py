@@ -56,7 +56,17 @@ class PretrainedSource:
         return load_config(self.cfg)
 
     def check_scaling(self, scaling: ScalingConfig) -> None:
-        check_pretrained_scaling(position_family(self.config), scaling)
+        check_pretrained_scaling(position_family(self.config), scaling, self._model_class())
+
+    def _model_class(self) -> type | None:
+        """The causal-LM class transformers builds for the config (no weights); None when the
+        auto mapping does not know it (remote code): checks that need it then wait for the model."""
+        from transformers import AutoModelForCausalLM
+
+        try:
+            return AutoModelForCausalLM._model_mapping[type(self.config)]
+        except (KeyError, ValueError):
+            return None
 
     def plan(self) -> tuple[ResolvedEval, ScalingConfig]:
         job, config = self.job, self.config

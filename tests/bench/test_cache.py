@@ -112,6 +112,7 @@ def test_weights_fields_are_declared_on_the_schema() -> None:
     zoo |= {
         "fire_threshold",
         "xpos_scale_base",
+        "cope_npos_max",
     }  # each only for the family reading it (models/zoo.py)
     assert set(weight_fields(PositionSchema)) == position | zoo  # not out_of_range
     assert set(weights_dict(PositionSchema(kind="rope"))) == position

@@ -90,8 +90,8 @@ def test_job_statuses_for_bad_input_and_inapplicable_scaling(hf_model_dirs, tmp_
     from bench.job import run_job
 
     for arch, scaling, status, words in [
-        ("llama", "ntk", "not_applicable", "no static NTK"),
-        ("llama", "logn", "not_applicable", "log-n"),
+        ("bloom", "logn", "not_applicable", "AttentionInterface"),  # its own attention code
+        ("gpt2", "ntk", "not_applicable", "does not apply to position learned"),
         ("gpt2", "yarn", "not_applicable", "does not apply to position learned"),
         ("bloom", "linear", "not_applicable", "does not apply to position alibi"),
     ]:
