@@ -75,6 +75,17 @@ def no_training(monkeypatch):
 
 
 @pytest.fixture
+def quiet_training(monkeypatch):
+    """Training through the checkpoint cache as usual, without progress bars."""
+    original = cache_module.get_or_train
+    monkeypatch.setattr(
+        cache_module,
+        "get_or_train",
+        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
+    )
+
+
+@pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -505,19 +516,13 @@ def test_static_factor_is_one_per_run_recorded_as_a_number_and_oracle_is_labelle
     assert make_run_id("m", dynamic) == make_run_id("m", dynamic_oracle)
 
 
-def test_result_rows_carry_the_run_factor_and_the_oracle_label(in_tmp, monkeypatch, capsys):
+def test_result_rows_carry_the_run_factor_and_the_oracle_label(in_tmp, quiet_training, capsys):
     """End to end (smoke, rope, linear at 1x and 2x): scaling_params hold factor 2, and an oracle
     run of the same model is its own series, labelled so in the rows and in the report."""
     import pandas as pd
 
     from bench.report import generate_report
 
-    original = cache_module.get_or_train
-    monkeypatch.setattr(
-        cache_module,
-        "get_or_train",
-        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
-    )
     common = [
         "+experiment=smoke",
         "hydra.mode=RUN",
@@ -560,14 +565,8 @@ def write_user_scaling(directory: Path) -> Path:
     return directory
 
 
-def test_user_config_dir_adds_a_scaling_method_end_to_end(in_tmp, monkeypatch, capsys):
+def test_user_config_dir_adds_a_scaling_method_end_to_end(in_tmp, quiet_training, capsys):
     user = write_user_scaling(in_tmp / "my_conf")
-    original = cache_module.get_or_train
-    monkeypatch.setattr(
-        cache_module,
-        "get_or_train",
-        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
-    )
     common = [
         "+experiment=smoke",
         "hydra.mode=RUN",
