@@ -26,12 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.positions import ContextualBias, ScoreBias, rotate
+from models.positions import ContextualBias, ScoreBias, rope_cos_sin, rotate
+from models.scaling import PairPositions
 
 __all__ = [
     "FLEX_ATTENTION",
     "Attention",
     "AttentionInputs",
+    "PairInputs",
     "attend",
     "attend_flex",
     "flex_attention_unavailable",
@@ -39,6 +41,7 @@ __all__ = [
     "flex_mask_mod",
     "flex_score_mod",
     "logn_query_scale",
+    "pair_inputs",
 ]
 
 # Entries of a masked attention logit tile held at once when the mask must be materialised.
@@ -46,6 +49,8 @@ ATTENTION_TILE_ELEMENTS = 1 << 24
 # A contextual term (CoPE) keeps about this many tile-sized float32 tensors alive (logits, gates,
 # counts, interpolation weights, gathered terms): its tiles are this much smaller.
 CONTEXTUAL_TEMPORARIES = 8
+# A training-free pair method (Self-Extend, ReRoPE) holds two logit tiles (near and far) at once.
+PAIR_TEMPORARIES = 2
 
 _FLEX_MODES = {
     "auto": "auto",
@@ -82,6 +87,61 @@ FLEX_BLOCK_SIZE = 128
 
 
 @dataclass
+class PairInputs:
+    """A training-free method's per-pair positions (``models.scaling.PairPositions``) for one
+    forward pass, shared by all layers: a pair with q_pos - k_pos < ``window`` is scored as usual,
+    a farther one with the query at ``q_far`` and the key at ``k_far`` (RoPE: the rotation from
+    each token's own position to its far one; a score bias: its function at the far positions);
+    with ``sinks`` set, far pairs whose key is not a sink are masked."""
+
+    window: int
+    sinks: int | None
+    q_far: torch.Tensor  # [N, L] far position of each query (int64 where whole, else float32)
+    k_far: torch.Tensor  # [N, S] far position of each key
+    q_cos: torch.Tensor | None = None  # [N, 1, L, r/2] float32: rotation by q_far - q_pos
+    q_sin: torch.Tensor | None = None
+    k_cos: torch.Tensor | None = None  # [N, 1, S, r/2] float32: rotation by k_far - k_pos
+    k_sin: torch.Tensor | None = None
+
+    def queries_from(self, start: int) -> PairInputs:
+        """The same pairs for the queries ``start``.. only (the keys unchanged)."""
+        rotated = self.q_cos is not None
+        return replace(
+            self,
+            q_far=self.q_far[:, start:],
+            q_cos=self.q_cos[:, :, start:] if rotated else None,
+            q_sin=self.q_sin[:, :, start:] if rotated else None,
+        )
+
+
+def _whole_or_float(positions: torch.Tensor) -> torch.Tensor:
+    """float64 positions as int64 where every one is whole (a score bias may bucket integers)."""
+    if bool((positions == positions.round()).all()):
+        return positions.long()
+    return positions.float()
+
+
+def pair_inputs(
+    spec: PairPositions,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    inv_freq: torch.Tensor | None = None,
+) -> PairInputs:
+    """:class:`PairInputs` of ``spec`` for queries at q_pos [N, L] and keys at k_pos [N, S];
+    ``inv_freq`` [r/2] (RoPE's, as the model rotates) adds the rotations from own to far positions."""
+    q_far = spec.far_query(q_pos.to(torch.float64))  # [N, L]
+    k_far = spec.far_key(k_pos.to(torch.float64))  # [N, S]
+    pairs = PairInputs(spec.window, spec.sinks, _whole_or_float(q_far), _whole_or_float(k_far))
+    if inv_freq is None:
+        return pairs
+    q_cos, q_sin = rope_cos_sin(q_far - q_pos, inv_freq.to(q_pos.device))  # [N, L, r/2]
+    k_cos, k_sin = rope_cos_sin(k_far - k_pos, inv_freq.to(q_pos.device))  # [N, S, r/2]
+    return replace(
+        pairs, q_cos=q_cos[:, None], q_sin=q_sin[:, None], k_cos=k_cos[:, None], k_sin=k_sin[:, None]
+    )
+
+
+@dataclass
 class AttentionInputs:
     """What every layer's attention needs, computed once per forward pass."""
 
@@ -101,6 +161,8 @@ class AttentionInputs:
     k_sin: torch.Tensor | None = None
     # the family's logit term computed from each layer's logits row (CoPE); None = none
     contextual_bias: ContextualBias | None = None
+    # a training-free method's per-pair positions (Self-Extend, ReRoPE, StreamingLLM); None = none
+    pairs: PairInputs | None = None
     # per forward pass: the flex block mask, shared by all layers (built on first use)
     flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -126,7 +188,7 @@ def _fused_plain(length: int, s: int, inputs: AttentionInputs) -> bool:
     no entropy, and the causal pattern is SDPA's own (full length) or absent (one query that sees
     every key)."""
     plain = inputs.score_bias is None and inputs.k_valid is None and not inputs.want_entropy
-    plain = plain and inputs.contextual_bias is None
+    plain = plain and inputs.contextual_bias is None and inputs.pairs is None
     return plain and (length == s or length == 1)
 
 
@@ -140,6 +202,8 @@ def _use_flex(q: torch.Tensor, inputs: AttentionInputs) -> bool:
     each logits row whole; a score_mod sees one entry).
     """
     if FLEX_ATTENTION == "off" or inputs.want_entropy or inputs.contextual_bias is not None:
+        return False
+    if inputs.pairs is not None:  # two position sets per pair: the tiled path
         return False
     if _fused_plain(q.shape[2], inputs.k_pos.shape[1], inputs):
         return False
@@ -350,7 +414,12 @@ def attend_flex(
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, layer: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: AttentionInputs,
+    layer: int = 0,
+    far: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
 
@@ -359,7 +428,8 @@ def attend(
     CUDA they go through compiled flex attention (:func:`attend_flex`, see :data:`FLEX_ATTENTION`),
     elsewhere and for an entropy request (which needs the probabilities) or a contextual term
     (which needs whole logits rows; ``layer`` is the block it belongs to) the mask is built in
-    query tiles so that memory stays O(tile x S) however long the sequence.
+    query tiles so that memory stays O(tile x S) however long the sequence. So is a training-free
+    method's (``inputs.pairs``): ``far`` = (queries, keys) rotated to their far positions.
     """
     n, h, length, _ = q.shape
     s = k.shape[2]
@@ -373,22 +443,33 @@ def attend(
         )
     if _use_flex(q, inputs):
         return attend_flex(q, k, v, inputs), None
-    return _attend_tiled(q, k, v, inputs, layer)
+    return _attend_tiled(q, k, v, inputs, layer, far)
 
 
 def _attend_tiled(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs, layer: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: AttentionInputs,
+    layer: int = 0,
+    far: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The explicit-mask path of :func:`attend`, in query tiles of O(tile x S) memory."""
     n, h, length, _ = q.shape
     s = k.shape[2]
+    q_far, k_far = far if far is not None else (None, None)
     if h != k.shape[1]:
         k = k.repeat_interleave(h // k.shape[1], dim=1)
         v = v.repeat_interleave(h // v.shape[1], dim=1)
+        if k_far is not None:
+            k_far = k_far.repeat_interleave(h // k_far.shape[1], dim=1)
     tile = ATTENTION_TILE_ELEMENTS // (n * h * s)
     if inputs.contextual_bias is not None:  # CoPE holds about 8 tile-sized temporaries at once
         tile //= CONTEXTUAL_TEMPORARIES
+    if far is not None:
+        tile //= PAIR_TEMPORARIES
     tile = max(1, tile)
+    pairs = inputs.pairs
     key_index = torch.arange(s, device=q.device)
     outputs, entropies = [], []
     for start in range(0, length, tile):
@@ -403,21 +484,39 @@ def _attend_tiled(
             # a padding query still sees itself, so its (ignored) row never becomes all -inf
             is_self = k_index[None, :] == query_index[:, None]
             allowed = allowed & (inputs.k_valid[:, None, None, :visible] | is_self)
+        near = None
+        if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
+            distance = inputs.q_pos[:, None, start:stop, None] - inputs.k_pos[:, None, None, :visible]
+            near = distance < pairs.window  # [N, 1, T, S']
+            if pairs.sinks is not None:
+                allowed = allowed & (near | (inputs.k_pos[:, None, None, :visible] < pairs.sinks))
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
         bias = bias.masked_fill(~allowed, float("-inf"))
         if inputs.score_bias is not None:
-            bias = (
-                bias
-                + inputs.score_bias(
-                    torch.arange(h, device=q.device)[None, :, None, None],  # [1, H, 1, 1]
-                    inputs.q_pos[:, None, start:stop, None],  # [N, 1, T, 1]
-                    inputs.k_pos[:, None, None, :visible],  # [N, 1, 1, S']
-                )
+            heads = torch.arange(h, device=q.device)[None, :, None, None]  # [1, H, 1, 1]
+            family_bias = inputs.score_bias(
+                heads,
+                inputs.q_pos[:, None, start:stop, None],  # [N, 1, T, 1]
+                inputs.k_pos[:, None, None, :visible],  # [N, 1, 1, S']
             )  # [N, H, T, S']
+            if pairs is not None:  # far pairs: the bias at their far positions
+                far_bias = inputs.score_bias(
+                    heads,
+                    pairs.q_far[:, None, start:stop, None],
+                    pairs.k_far[:, None, None, :visible],
+                )
+                family_bias = torch.where(near, family_bias, far_bias)
+            bias = bias + family_bias
         q_tile = q[:, :, start:stop]
-        if inputs.want_entropy or inputs.contextual_bias is not None:
+        if inputs.want_entropy or inputs.contextual_bias is not None or q_far is not None:
             q32 = q_tile.float()
-            logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float()) * inputs.scale + bias
+            logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float())
+            if q_far is not None:  # far pairs: queries and keys rotated to their far positions
+                far_logits = torch.einsum(
+                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far[:, :, :visible].float()
+                )
+                logits = torch.where(near, logits, far_logits)
+            logits = logits * inputs.scale + bias
             if inputs.contextual_bias is not None:
                 logits = logits + inputs.contextual_bias(layer, q32, logits, inputs.scale)
             probs = logits.softmax(dim=-1)  # [N, H, T, S']
@@ -474,6 +573,12 @@ class Attention(nn.Module):
         if cached is not None:
             k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
             v = torch.cat((cached[1], v), dim=2)
+        pairs, far = inputs.pairs, None
+        if pairs is not None and pairs.q_cos is not None:
+            # a training-free method's far pairs: rotated on from their own positions (the cache
+            # keeps keys at their own), so every key is moved again at each step
+            q_far = rotate(q, pairs.q_cos[:, :, query_from:], pairs.q_sin[:, :, query_from:], inputs.layout)
+            far = q_far, rotate(k, pairs.k_cos, pairs.k_sin, inputs.layout)  # [N, G, S, d]
         if query_from:
             if inputs.want_entropy:
                 raise ValueError("attention entropy needs every query: query_from must be 0.")
@@ -482,7 +587,8 @@ class Attention(nn.Module):
                 q_pos=inputs.q_pos[:, query_from:],
                 past_len=inputs.past_len + query_from,
                 flex_cache={},  # another query range: another block mask
+                pairs=pairs.queries_from(query_from) if pairs is not None else None,
             )
-        out, entropy = attend(q, k, v, inputs, self.layer)
+        out, entropy = attend(q, k, v, inputs, self.layer, far)
         out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
         return self.o_proj(out), (k, v), entropy

@@ -261,7 +261,7 @@ class Rope(_FrequencyFamily):
 
     name, acts_on = "rope", "qk"
     fields = ("base", "layout", "rotary_fraction")
-    capabilities = ("positions", "frequencies", "rotary")
+    capabilities = ("positions", "frequencies", "rotary", "pairs")
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.layout not in ROPE_LAYOUTS:
@@ -364,6 +364,7 @@ class Alibi(Family):
     """ALiBi (Press et al. 2022): a per-head penalty linear in the query-key distance."""
 
     name, acts_on = "alibi", "scores"
+    capabilities = ("pairs",)  # a training-free method may score a pair at other positions
 
     def init(self, model: Any) -> None:
         model.register_buffer("slopes", alibi_slopes(model.model_cfg.n_heads), persistent=False)
@@ -377,6 +378,7 @@ class NoPE(Family):
     """No position signal (Kazemnejad et al. 2023): only the causal mask orders tokens."""
 
     name, acts_on = "nope", "none"
+    capabilities = ("pairs",)  # nothing to re-position: a windowed method only masks
 
 
 # --------------------------------------------------------------------------- RoPE

@@ -27,6 +27,7 @@ Why the numerics look the way they do:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ import torch
 
 __all__ = [
     "CAPABILITIES",
+    "PairPositions",
     "EVERY_FAMILY",
     "SCALING_METHODS",
     "RopeGeometry",
@@ -47,6 +49,7 @@ __all__ = [
     "default_inv_freq",
     "logn_factor",
     "ntk_base",
+    "pair_positions",
     "register_scaling",
     "rope_parameters",
     "scaling_method",
@@ -76,8 +79,11 @@ EVERY_FAMILY = "*"
 #: What a scaling method can act on; each position family lists the ones it has
 #: (``models.positions.Family.capabilities``): ``positions`` (position ids or distances, which
 #: position interpolation divides), ``frequencies`` (a sinusoid's inverse frequencies, which NTK
-#: rescales) and ``rotary`` (per-rotary-pair frequencies: YaRN, Llama-3, LongRoPE).
-CAPABILITIES = ("positions", "frequencies", "rotary")
+#: rescales), ``rotary`` (per-rotary-pair frequencies: YaRN, Llama-3, LongRoPE) and ``pairs``
+#: (the position signal of a query-key pair is a function of the two positions alone, so a
+#: training-free method may score a pair at other positions: RoPE by a rotation, a score bias by
+#: its function; NoPE trivially. Not xPos, whose keys also scale, nor CoPE or absolute ones).
+CAPABILITIES = ("positions", "frequencies", "rotary", "pairs")
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,10 @@ class ScalingMethod:
     have, :data:`CAPABILITIES`, or :data:`EVERY_FAMILY`), whether its frequencies
     depend on the current sequence length (``length_dependent``: the model then builds one table
     per length), which parameters accept ``"auto"`` (set from the target length), and which take
-    one value per rotary pair (``list_params``).
+    one value per rotary pair (``list_params``), and whether it is a training-free method that
+    scores each query-key pair at its own positions (``pair_method``: its function returns a
+    :class:`PairPositions`, the frequencies stay the default ones) with the rule that sets its
+    "auto" parameters (``auto_rule``; default: target / training length).
     """
 
     name: str
@@ -98,6 +107,8 @@ class ScalingMethod:
     length_dependent: bool = False
     auto_keys: tuple[str, ...] = ()
     list_params: tuple[str, ...] = ()
+    pair_method: bool = False
+    auto_rule: Callable[[dict, int, int], dict] | None = None
 
     def __call__(self, geometry: RopeGeometry, **params: Any) -> tuple[torch.Tensor, float]:
         return self.fn(geometry, **params)
@@ -125,12 +136,17 @@ def register_scaling(
     length_dependent: bool = False,
     auto_keys: Sequence[str] = (),
     list_params: Sequence[str] = (),
+    pair_method: bool = False,
+    auto_rule: Callable[[dict, int, int], dict] | None = None,
 ) -> Callable[[ScalingFn], ScalingFn]:
-    """Register ``fn(geometry: RopeGeometry, *, <params>) -> (inv_freq, attention_factor)``.
+    """Register ``fn(geometry: RopeGeometry, *, <params>) -> (inv_freq, attention_factor)``, or
+    with ``pair_method`` ``fn(train_length: int, *, <params>) -> PairPositions``.
 
     Adding a method is one decorated function: its keyword-only parameters define which
     names :func:`rope_parameters` accepts, so unknown names are rejected automatically; the
-    keyword arguments here are the method's facts (:class:`ScalingMethod`).
+    keyword arguments here are the method's facts (:class:`ScalingMethod`). ``auto_rule(params,
+    target_length, train_length) -> params`` resolves the "auto" values of ``auto_keys`` (default:
+    each becomes max(1, target / train_length)).
     """
 
     def decorator(fn: ScalingFn) -> ScalingFn:
@@ -167,6 +183,8 @@ def register_scaling(
             bool(length_dependent),
             tuple(auto_keys),
             tuple(list_params),
+            bool(pair_method),
+            auto_rule,
         )
         return fn
 
@@ -494,6 +512,210 @@ def _longrope(
     return default_inv_freq(geometry.rotary_dim, geometry.base) / ext, attn
 
 
+# ----------------------------------------------------------------------------- training-free
+
+
+@dataclass(frozen=True)
+class PairPositions:
+    """Where a training-free method scores each query-key pair (Self-Extend, ReRoPE, StreamingLLM).
+
+    A pair of query position i and key position j with i - j < ``window`` is scored at its own
+    positions; a farther pair as if the query stood at ``far_query(i)`` and the key at
+    ``far_key(j)`` (float64 tensors in, float64 out; for RoPE the logit depends only on their
+    difference, the relative position the method assigns). With ``sinks`` set, a farther pair
+    attends only when j < sinks (StreamingLLM's attention sinks) and is masked otherwise.
+    """
+
+    window: int
+    far_query: Callable[[torch.Tensor], torch.Tensor]
+    far_key: Callable[[torch.Tensor], torch.Tensor]
+    sinks: int | None = None
+
+    def relative(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The relative position each pair is scored at, float64, broadcast of q_pos - k_pos
+        (the dense reference of tests and docs; masked pairs included)."""
+        q64, k64 = q_pos.to(torch.float64), k_pos.to(torch.float64)
+        far = self.far_query(q64) - self.far_key(k64)
+        return torch.where(q64 - k64 < self.window, q64 - k64, far)
+
+    def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Whether each (causal) pair may attend: always, except far pairs past the sinks."""
+        near = q_pos - k_pos < self.window
+        if self.sinks is None:
+            return torch.ones_like(near)
+        return near | (k_pos < self.sinks)
+
+
+def _window(method: str, window: Any) -> int:
+    if isinstance(window, bool) or not isinstance(window, Integral) or window < 1:
+        raise ValueError(f"{method}: window must be a positive integer (tokens), got {window!r}.")
+    return int(window)
+
+
+def _quarter_window(params: dict, train_length: int) -> dict:
+    """``window: auto`` -> a quarter of the training length (at least 1)."""
+    if params.get("window") == "auto":
+        params["window"] = max(1, train_length // 4)
+    return params
+
+
+def _group_floor(positions: torch.Tensor, group: int, shift: int = 0) -> torch.Tensor:
+    return torch.div(positions, group, rounding_mode="floor") + shift
+
+
+def _affine(positions: torch.Tensor, slope: float, shift: float) -> torch.Tensor:
+    return positions * slope + shift
+
+
+def _capped(positions: torch.Tensor, cap: int) -> torch.Tensor:
+    return positions.clamp(max=cap)
+
+
+def _self_extend_auto(params: dict, target: int, train_length: int) -> dict:
+    """window auto: a quarter of L; group_size auto: the smallest integer G for which the farthest
+    pair of a ``target``-token input, floor((T - 1) / G) + W - floor(W / G), stays below L."""
+    params = _quarter_window(params, train_length)
+    if params.get("group_size") == "auto":
+        window = _window("self_extend", params.get("window"))
+        if window >= train_length:
+            raise ValueError(
+                f"self_extend: window {window} must be below the training length {train_length} "
+                "for group_size auto (grouped positions must fit in the trained range)."
+            )
+        group = 1
+        while (target - 1) // group + window - window // group > train_length - 1:
+            group += 1
+        params["group_size"] = group
+    return params
+
+
+@register_scaling(
+    "self_extend",
+    applies_to=("rotary", "pairs"),
+    auto_keys=("group_size", "window"),
+    pair_method=True,
+    auto_rule=_self_extend_auto,
+)
+def _self_extend(train_length: int, *, group_size: int, window: int) -> PairPositions:
+    """Self-Extend (Jin et al. 2024; LongLM ``self_extend_patch``): pairs closer than the
+    neighbour ``window`` W keep their positions; farther ones are scored at grouped positions,
+    the query at floor(i / G) + W - floor(W / G) and the key at floor(j / G), G = ``group_size``."""
+    if isinstance(group_size, bool) or not isinstance(group_size, Integral) or group_size < 1:
+        raise ValueError(f"self_extend: group_size must be a positive integer, got {group_size!r}.")
+    w, g = _window("self_extend", window), int(group_size)
+    return PairPositions(
+        w,
+        functools.partial(_group_floor, group=g, shift=w - w // g),
+        functools.partial(_group_floor, group=g),
+    )
+
+
+@register_scaling(
+    "rerope", applies_to=("rotary", "pairs"), auto_keys=("window",), pair_method=True,
+    auto_rule=lambda params, target, train_length: _quarter_window(params, train_length),
+)
+def _rerope(train_length: int, *, window: int) -> PairPositions:
+    """ReRoPE (Su 2023; bojone/rerope): relative positions clipped at ``window`` W, i.e. a far
+    pair is scored with the query at W and the key at 0. bojone's patch also applies log-n
+    (here ``scaling.logn=true``)."""
+    w = _window("rerope", window)
+    return PairPositions(w, functools.partial(_affine, slope=0.0, shift=float(w)),
+                         functools.partial(_affine, slope=0.0, shift=0.0))
+
+
+def _leaky_auto(params: dict, target: int, train_length: int) -> dict:
+    """window auto: a quarter of L; slope auto: the largest slope 1/k <= 1 for which the farthest
+    pair of a ``target``-token input, W + (T - 1 - W) / k, stays within L - 1."""
+    params = _quarter_window(params, train_length)
+    if params.get("slope") == "auto":
+        window = _window("leaky_rerope", params.get("window"))
+        if window >= train_length:
+            raise ValueError(
+                f"leaky_rerope: window {window} must be below the training length {train_length} "
+                "for slope auto."
+            )
+        far = target - 1 - window
+        params["slope"] = 1.0 if far <= 0 else min(1.0, (train_length - 1 - window) / far)
+    return params
+
+
+@register_scaling(
+    "leaky_rerope",
+    applies_to=("rotary", "pairs"),
+    auto_keys=("window", "slope"),
+    pair_method=True,
+    auto_rule=_leaky_auto,
+)
+def _leaky_rerope(train_length: int, *, window: int, slope: float) -> PairPositions:
+    """Leaky ReRoPE (Su 2023; bojone/rerope ``leaky_rerope_patch``): relative positions past the
+    window W grow with ``slope`` 1/k, W + (i - j - W) / k: the query at i / k + W (1 - 1 / k), the
+    key at j / k. Slope 0 is ReRoPE, slope 1 the raw model."""
+    w = _window("leaky_rerope", window)
+    a = _number("leaky_rerope", "slope", slope)
+    if not 0 <= a <= 1:
+        raise ValueError(f"leaky_rerope: slope must be in [0, 1], got {slope!r}.")
+    return PairPositions(w, functools.partial(_affine, slope=a, shift=w * (1 - a)),
+                         functools.partial(_affine, slope=a, shift=0.0))
+
+
+def _streaming_auto(params: dict, target: int, train_length: int) -> dict:
+    """window auto: the training length less the sinks (the whole cache fits the trained range)."""
+    if params.get("window") == "auto":
+        sinks = params.get("sink_tokens", 4)
+        if isinstance(sinks, Integral) and not isinstance(sinks, bool):
+            params["window"] = max(1, train_length - int(sinks))
+    return params
+
+
+@register_scaling(
+    "streaming",
+    applies_to=("pairs",),
+    auto_keys=("window",),
+    pair_method=True,
+    auto_rule=_streaming_auto,
+)
+def _streaming(train_length: int, *, window: int, sink_tokens: int = 4) -> PairPositions:
+    """StreamingLLM (Xiao et al. 2024; mit-han-lab/streaming-llm): each query sees the first
+    ``sink_tokens`` tokens (attention sinks) and the ``window`` most recent ones, itself included,
+    at their positions in that cache: keys keep their distances, the query stands at most at
+    sinks + window - 1. The repo's ``recent_size`` is window - 1 (its new token joins the cache);
+    ``sink_tokens`` 0 is plain window attention. Keys outside are masked, not evicted: the same
+    logits as the repo's eviction, without its bounded memory."""
+    w = _window("streaming", window)
+    if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, Integral) or sink_tokens < 0:
+        raise ValueError(f"streaming: sink_tokens must be an integer >= 0, got {sink_tokens!r}.")
+    s = int(sink_tokens)
+    return PairPositions(w, functools.partial(_capped, cap=s + w - 1), _identity, sinks=s)
+
+
+def _identity(positions: torch.Tensor) -> torch.Tensor:
+    return positions
+
+
+def pair_positions(name: str, *, train_length: int, **params: Any) -> PairPositions | None:
+    """The :class:`PairPositions` of training-free method ``name`` with ``params`` (resolved,
+    no "auto" left), checked (one sentence per bad value); None for a method that changes
+    frequencies instead."""
+    method = scaling_method(name)
+    if not method.pair_method:
+        return None
+    allowed, required = _method_params(method.fn)
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ValueError(
+            f"{name}: unknown parameter(s) {unknown}; allowed parameters: {sorted(allowed)}."
+        )
+    missing = sorted(required - set(params))
+    if missing:
+        raise ValueError(
+            f"{name}: missing required parameter(s) {missing}; allowed parameters: {sorted(allowed)}."
+        )
+    for key, value in params.items():
+        if value == "auto":
+            raise ValueError(f"{name}: {key} 'auto' needs a target length to resolve against.")
+    return method.fn(_positive_int("train_length", train_length), **params)
+
+
 # ----------------------------------------------------------------------------- public API
 
 
@@ -550,6 +772,10 @@ def rope_parameters(
         raise ValueError(f"base must be > 1, got {base!r}.")
 
     geometry = RopeGeometry(rotary_dim, b, original_length, seq_len)
+    if SCALING_METHODS[name].pair_method:  # validated; the frequencies stay the default ones
+        fn(original_length, **params)
+        fn = _default
+        params = {}
     inv_freq, attention_factor = fn(geometry, **params)
     if inv_freq.shape != (rotary_dim // 2,):
         raise RuntimeError(

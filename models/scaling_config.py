@@ -114,16 +114,22 @@ def _check_target(scaling: ScalingConfig) -> None:
 
 
 def _auto_factors(scaling: ScalingConfig, length: int | None, train_length: int) -> dict:
-    """``scaling.params`` with every "auto" factor set for ``length``: max(1, length / train_length)."""
+    """``scaling.params`` with every "auto" value set for ``length``: max(1, length / train_length),
+    or by the method's ``auto_rule``."""
     _check_target(scaling)
     params = dict(scaling.params)
-    for key in _auto_keys(scaling.method):
-        if params.get(key) == AUTO:
-            if length is None:
-                raise ValueError(
-                    f"scaling {key} 'auto' needs an eval length (or a target_length) to resolve against."
-                )
-            params[key] = max(1.0, length / train_length)
+    keys = [key for key in _auto_keys(scaling.method) if params.get(key) == AUTO]
+    if not keys:
+        return params
+    if length is None:
+        raise ValueError(
+            f"scaling {keys[0]} 'auto' needs an eval length (or a target_length) to resolve against."
+        )
+    rule = _registered(scaling.method).auto_rule
+    if rule is not None:  # the method's own rule (training-free windows and group sizes)
+        return rule(params, int(length), int(train_length))
+    for key in keys:
+        params[key] = max(1.0, length / train_length)
     return params
 
 

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import Attention, AttentionInputs, logn_query_scale
+from models.attention import Attention, AttentionInputs, logn_query_scale, pair_inputs
 from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
-from models.scaling import applicable_methods, rope_parameters, scaling_method
+from models.scaling import applicable_methods, pair_positions, rope_parameters, scaling_method
 from models.scaling_config import ScalingConfig, resolve_params
 
 __all__ = [
@@ -146,6 +146,7 @@ def resolve_scaling(
     resolved = replace(scaling, params=params)
     # validates the parameters now, not mid-eval
     scaling_frequencies(resolved, model_cfg, position_cfg, train_length, train_length)
+    pair_positions(resolved.method, train_length=train_length, **resolved.params)
     return resolved
 
 
@@ -441,6 +442,13 @@ class DecoderLM(nn.Module):
         if self.scaling.logn:
             q_scale = logn_query_scale(positions.position_ids, self.train_length)[:, None, :, None]
         k_valid = positions.k_valid
+        pairs = None
+        spec = pair_positions(
+            self.scaling.method, train_length=self.train_length, **self.scaling.params
+        )
+        if spec is not None:  # a training-free method: RoPE moves far pairs by a rotation
+            inv_freq = self.frequencies(self.train_length)[0] if family.acts_on == "qk" else None
+            pairs = pair_inputs(spec, positions.position_ids, positions.k_pos, inv_freq)
         return AttentionInputs(
             cos=cos,
             sin=sin,
@@ -462,6 +470,7 @@ class DecoderLM(nn.Module):
             contextual_bias=(
                 family.contextual_bias(self) if family.acts_on == "contextual" else None
             ),
+            pairs=pairs,
         )
 
     @torch.no_grad()

@@ -72,7 +72,8 @@ def _per_head(values: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
 
 class _BiasFamily(Family):
     acts_on = "scores"
-    capabilities = ("positions",)  # position interpolation divides the distance
+    # position interpolation divides the distance; a training-free method re-positions a pair
+    capabilities = ("positions", "pairs")
 
 
 # --------------------------------------------------------------------------- T5
@@ -308,6 +309,8 @@ class XPos(Rope):
 
     name = "xpos"
     fields = ("base", "layout", "xpos_scale_base")
+    # no "pairs": a pair's decay follows its key's own position, which a rotation cannot move
+    capabilities = ("positions", "frequencies", "rotary")
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.rotary_fraction != 1.0:

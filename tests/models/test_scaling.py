@@ -590,7 +590,8 @@ def test_registry_names_and_extension() -> None:
 def test_applicable_methods_per_family() -> None:
     assert applicable_methods("rope") == tuple(SCALING_METHODS)
     assert applicable_methods("learned") == ("default", "linear")
-    assert applicable_methods("alibi") == applicable_methods("nope") == ("default",)
+    # a family without frequencies takes windows only (a training-free method that masks)
+    assert applicable_methods("alibi") == applicable_methods("nope") == ("default", "streaming")
     assert set(applicable_methods("sinusoidal")) == {"default", "linear", "ntk", "dynamic"}
     assert all(
         set(applicable_methods(k)) <= set(SCALING_METHODS) for k in ("sinusoidal", "learned")

@@ -54,6 +54,8 @@ def test_xpos_fields_and_scalings():
         "layout": "half",
         "xpos_scale_base": 512.0,
     }
-    assert applicable_methods("xpos") == applicable_methods("rope")
+    # every frequency method; no training-free pair method (a key's decay follows its own position)
+    pair_methods = {"self_extend", "rerope", "leaky_rerope", "streaming"}
+    assert set(applicable_methods("xpos")) == set(applicable_methods("rope")) - pair_methods
     with pytest.raises(ValueError, match="xpos_scale_base must be > 0"):
         xpos_model(scale_base=0.0)

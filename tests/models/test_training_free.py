@@ -1,0 +1,287 @@
+"""Training-free extension (Self-Extend, ReRoPE, Leaky ReRoPE, StreamingLLM) against a dense reference.
+
+The oracle re-runs a model's own weights with attention written out per query-key pair in float64:
+the relative position each method assigns to a pair comes from the method's published rule,
+written out again here (not from ``models.scaling.PairPositions``), and RoPE is the complex
+number exp(i theta p_ij) per pair, never a rotation of q or k. StreamingLLM's reference is its
+repo's procedure instead: per query, the cache of sinks + recent tokens with positions counted in
+that cache. Each comparison has a negative control (another group size, window or sink count).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from models.positions import PositionConfig, alibi_slopes
+from models.scaling import default_inv_freq, pair_positions, scaling_method
+from models.scaling_config import ScalingConfig, run_scaling
+from models.transformer import DecoderLM, ModelConfig
+
+TRAIN = 32
+
+
+def _model(kind="rope", layout="half", kv_heads=2, seed=0) -> DecoderLM:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=40, n_layers=2, d_model=32, n_heads=4, n_kv_heads=kv_heads)
+    model = DecoderLM(cfg, PositionConfig(kind=kind, layout=layout), TRAIN).eval()
+    for param in model.parameters():  # larger weights: position differences show in the logits
+        param.data.mul_(4.0)
+    return model
+
+
+# ----------------------------------------------------------------------------- the methods' rules
+
+
+def self_extend_relative(i: int, j: int, group: int, window: int) -> float:
+    """LongLM: neighbours keep i - j; others (i // G + W - W // G) - j // G."""
+    if i - j < window:
+        return i - j
+    return (i // group + window - window // group) - j // group
+
+
+def leaky_rerope_relative(i: int, j: int, window: int, slope: float) -> float:
+    """bojone/rerope: i - j inside the window, W + (i - j - W) / k beyond (slope 1/k; 0: ReRoPE)."""
+    return i - j if i - j < window else window + (i - j - window) * slope
+
+
+def streaming_cache(i: int, sinks: int, window: int) -> list[int]:
+    """StreamingLLM's StartRecentKVCache for the token at i: the first ``sinks`` tokens and the
+    ``window`` most recent ones (i included), in cache order."""
+    recent = list(range(max(0, i - window + 1), i + 1))
+    return sorted(set(range(min(sinks, i + 1))) | set(recent))
+
+
+def reference_logits(model: DecoderLM, ids: torch.Tensor, relative, visible) -> torch.Tensor:
+    """The model's logits with attention per pair in float64: logit(i, j) = Re(sum_c q_c conj(k_c)
+    exp(i theta_c relative(i, j))) / sqrt(d) (+ ALiBi's -m_h relative(i, j)), pairs with
+    visible(i, j) False or j > i masked."""
+    m = copy.deepcopy(model).double()
+    n, length = ids.shape
+    cfg = m.model_cfg
+    h, g, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    rel = torch.tensor(
+        [[float(relative(i, j)) if j <= i else 0.0 for j in range(length)] for i in range(length)],
+        dtype=torch.float64,
+    )  # [L, L]
+    seen = torch.tensor([[j <= i and visible(i, j) for j in range(length)] for i in range(length)])
+    x = m.tok_emb(ids)  # [N, L, D]
+    for block in m.blocks:
+        a = block.attn
+        hidden = block.attn_norm(x)
+        q = a.q_proj(hidden).view(n, length, h, d)
+        k, v = a.kv_proj(hidden).view(n, length, 2, g, d).unbind(2)
+        k, v = k.repeat_interleave(h // g, dim=2), v.repeat_interleave(h // g, dim=2)
+        if m.position_cfg.kind == "rope":
+            if m.position_cfg.layout == "half":
+                qc = torch.complex(q[..., : d // 2], q[..., d // 2 :])
+                kc = torch.complex(k[..., : d // 2], k[..., d // 2 :])
+            else:
+                qc = torch.complex(q[..., 0::2], q[..., 1::2])
+                kc = torch.complex(k[..., 0::2], k[..., 1::2])
+            phase = torch.exp(1j * rel[..., None] * default_inv_freq(d, m.position_cfg.base))
+            logits = torch.einsum("nihc,njhc,ijc->nhij", qc, kc.conj(), phase).real
+        else:
+            logits = torch.einsum("nihc,njhc->nhij", q, k)
+        logits = logits / d**0.5
+        if m.position_cfg.kind == "alibi":
+            logits = logits - alibi_slopes(h).double()[:, None, None] * rel
+        probs = logits.masked_fill(~seen, float("-inf")).softmax(-1)  # [N, H, L, L]
+        out = torch.einsum("nhij,njhd->nihd", probs, v).reshape(n, length, -1)
+        x = x + a.o_proj(out)
+        x = x + block.mlp(block.mlp_norm(x))
+    return m.lm_head(m.final_norm(x)).float()
+
+
+def _logits(model, ids, scaling, **kwargs):
+    with model.scaled(scaling, ids.shape[1]):
+        return model(ids, **kwargs).logits
+
+
+def _decoded(model, ids, scaling, prefill: int):
+    """Prefill ``prefill`` tokens, then one token at a time with the KV cache: every logit."""
+    with model.scaled(scaling, ids.shape[1]):
+        out = model(ids[:, :prefill], use_cache=True)
+        logits, past = [out.logits], out.past
+        for t in range(prefill, ids.shape[1]):
+            out = model(ids[:, t : t + 1], past=past, use_cache=True)
+            logits.append(out.logits)
+            past = out.past
+    return torch.cat(logits, dim=1)
+
+
+IDS = torch.randint(0, 40, (2, 72), generator=torch.Generator().manual_seed(1))
+ALWAYS = lambda i, j: True  # noqa: E731
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize(("group", "window"), [(3, 8), (5, 12)])
+def test_self_extend_equals_the_dense_reference(layout, group, window):
+    model = _model(layout=layout)
+    scaling = ScalingConfig("self_extend", "self_extend", {"group_size": group, "window": window})
+    ours = _logits(model, IDS, scaling)
+    expected = reference_logits(
+        model, IDS, lambda i, j: self_extend_relative(i, j, group, window), ALWAYS
+    )
+    assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
+    decoded = _decoded(model, IDS, scaling, prefill=20)
+    assert torch.allclose(decoded, expected, atol=2e-3, rtol=1e-3)
+    for wrong in ((group + 1, window), (group, window + 1)):  # negative controls
+        other = reference_logits(model, IDS, lambda i, j: self_extend_relative(i, j, *wrong), ALWAYS)
+        assert not torch.allclose(ours, other, atol=1e-2)
+
+
+@pytest.mark.parametrize(("method", "window", "slope"), [("rerope", 10, 0.0), ("leaky_rerope", 10, 0.25)])
+def test_rerope_equals_the_dense_reference(method, window, slope):
+    model = _model()
+    params = {"window": window} if method == "rerope" else {"window": window, "slope": slope}
+    scaling = ScalingConfig(method, method, params)
+    ours = _logits(model, IDS, scaling)
+    expected = reference_logits(
+        model, IDS, lambda i, j: leaky_rerope_relative(i, j, window, slope), ALWAYS
+    )
+    assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(_decoded(model, IDS, scaling, prefill=9), expected, atol=2e-3, rtol=1e-3)
+    other = reference_logits(
+        model, IDS, lambda i, j: leaky_rerope_relative(i, j, window + 1, slope), ALWAYS
+    )
+    assert not torch.allclose(ours, other, atol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "nope"])
+@pytest.mark.parametrize(("sinks", "window"), [(4, 16), (0, 16), (2, 7)])
+def test_streaming_equals_the_repo_procedure(kind, sinks, window):
+    """Per query, the sinks + recent-window cache with positions counted in the cache."""
+    model = _model(kind=kind)
+    scaling = ScalingConfig(
+        "streaming", "streaming", {"sink_tokens": sinks, "window": window}
+    )
+
+    def cache_relative(i, j):
+        cache = streaming_cache(i, sinks, window)
+        return cache.index(i) - cache.index(j) if j in cache else 0.0
+
+    def in_cache(i, j):
+        return j in streaming_cache(i, sinks, window)
+
+    ours = _logits(model, IDS, scaling)
+    expected = reference_logits(model, IDS, cache_relative, in_cache)
+    assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(_decoded(model, IDS, scaling, prefill=5), expected, atol=2e-3, rtol=1e-3)
+    other_sinks = sinks + 1
+    other = reference_logits(
+        model, IDS, cache_relative, lambda i, j: j in streaming_cache(i, other_sinks, window)
+    )
+    assert not torch.allclose(ours, other, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        ScalingConfig("se", "self_extend", {"group_size": 4, "window": 72}),
+        ScalingConfig("re", "rerope", {"window": 72}),
+        ScalingConfig("lr", "leaky_rerope", {"window": 72, "slope": 0.1}),
+        ScalingConfig("lr1", "leaky_rerope", {"window": 4, "slope": 1.0}),
+        ScalingConfig("se1", "self_extend", {"group_size": 1, "window": 4}),
+        ScalingConfig("st", "streaming", {"sink_tokens": 4, "window": 72}),
+    ],
+    ids=lambda s: s.name,
+)
+def test_exact_where_every_pair_keeps_its_positions(scaling):
+    """A window as long as the input (or group 1, slope 1) is the raw model, to float32 rounding."""
+    model = _model()
+    raw = model(IDS).logits
+    assert torch.allclose(_logits(model, IDS, scaling), raw, atol=1e-5)
+    shorter = ScalingConfig("re", "rerope", {"window": 40})  # negative control
+    assert not torch.allclose(_logits(model, IDS, shorter), raw, atol=1e-3)
+
+
+def test_left_padding_and_entropy():
+    model = _model()
+    scaling = ScalingConfig("se", "self_extend", {"group_size": 3, "window": 8})
+    plain = _logits(model, IDS[:1, 6:], scaling)
+    padded = torch.cat((torch.zeros(1, 6, dtype=torch.long), IDS[:1, 6:]), dim=1)
+    mask = torch.ones_like(padded)
+    mask[:, :6] = 0
+    out = _logits(model, padded, scaling, attention_mask=mask)
+    assert torch.allclose(out[:, 6:], plain, atol=1e-5)
+    with model.scaled(scaling, IDS.shape[1]):
+        traced = model(IDS, output_attn_entropy=True)
+    assert torch.allclose(traced.logits, _logits(model, IDS, scaling), atol=1e-5)
+    assert all(e.shape == (2, 4, 72) and bool(e.isfinite().all()) for e in traced.attn_entropy)
+
+
+def test_auto_parameters_fit_the_trained_range():
+    """Auto group size / slope: the farthest pair of the target length lands inside L, and one
+    step further would not (so the rule picks the least compression that fits)."""
+    target = 8 * TRAIN
+    for name, params in (
+        ("self_extend", {"group_size": "auto", "window": "auto"}),
+        ("leaky_rerope", {"window": "auto", "slope": "auto"}),
+        ("rerope", {"window": "auto"}),
+        ("streaming", {"window": "auto"}),
+    ):
+        run = run_scaling(ScalingConfig(name, name, params), train_length=TRAIN, lengths=[target])
+        spec = pair_positions(name, train_length=TRAIN, **run.params)
+        farthest = float(spec.relative(torch.tensor(target - 1), torch.tensor(0)))
+        assert farthest <= TRAIN - 1 + 1e-9, (name, run.params, farthest)
+        if name == "self_extend":
+            g, w = run.params["group_size"], run.params["window"]
+            assert w == TRAIN // 4 and self_extend_relative(target - 1, 0, g - 1, w) > TRAIN - 1
+        if name == "leaky_rerope":
+            looser = run.params["slope"] * 1.01
+            assert leaky_rerope_relative(target - 1, 0, run.params["window"], looser) > TRAIN - 1
+        if name == "streaming":
+            assert run.params["window"] == TRAIN - 4
+
+
+def test_applicability_and_bad_values():
+    from models.scaling import applicable_methods
+
+    assert {"self_extend", "rerope", "leaky_rerope", "streaming"} <= set(applicable_methods("rope"))
+    assert {"self_extend", "rerope", "leaky_rerope", "streaming"} <= set(applicable_methods("p_rope"))
+    for kind in ("alibi", "nope", "t5", "fire"):
+        methods = applicable_methods(kind)
+        assert "streaming" in methods and "self_extend" not in methods and "rerope" not in methods
+    for kind in ("xpos", "cope", "sinusoidal", "learned"):
+        assert not set(applicable_methods(kind)) & {"self_extend", "rerope", "streaming"}
+    assert scaling_method("self_extend").pair_method and not scaling_method("yarn").pair_method
+    model = _model()
+    for params, words in (
+        ({"group_size": 0, "window": 8}, "group_size must be a positive integer, got 0"),
+        ({"group_size": 2, "window": 1.5}, "window must be a positive integer (tokens), got 1.5"),
+        ({"group_size": 2, "window": 8, "extra": 1}, "unknown parameter(s) ['extra']"),
+    ):
+        with pytest.raises(ValueError, match=None) as error:
+            model.set_scaling(ScalingConfig("se", "self_extend", params))
+        assert words in str(error.value)
+    with pytest.raises(ValueError, match=r"slope must be in \[0, 1\], got 2"):
+        model.set_scaling(ScalingConfig("lr", "leaky_rerope", {"window": 4, "slope": 2}))
+    with pytest.raises(ValueError, match="sink_tokens must be an integer >= 0, got -1"):
+        model.set_scaling(ScalingConfig("st", "streaming", {"window": 4, "sink_tokens": -1}))
+    alibi = _model(kind="alibi")
+    with pytest.raises(ValueError, match="does not apply to position family 'alibi'"):
+        alibi.set_scaling(ScalingConfig("se", "self_extend", {"group_size": 2, "window": 4}))
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "nope", "t5", "kerple_log", "fire", "sandwich"])
+def test_streaming_last_token_equals_the_raw_model_on_its_evicted_cache(kind):
+    """One layer: the last token under StreamingLLM equals the raw model reading only the tokens
+    its cache keeps (sinks, then the recent window), at positions 0.. in that cache; a cache
+    without the sinks (the negative control) differs."""
+    torch.manual_seed(3)
+    cfg = ModelConfig(vocab_size=40, n_layers=1, d_model=32, n_heads=4)
+    model = DecoderLM(cfg, PositionConfig(kind=kind), TRAIN).eval()
+    for param in model.parameters():
+        param.data.mul_(4.0)
+    sinks, window, length = 3, 9, 40
+    ids = IDS[:, :length]
+    scaling = ScalingConfig("streaming", "streaming", {"sink_tokens": sinks, "window": window})
+    last = _logits(model, ids, scaling)[:, -1]
+    kept = streaming_cache(length - 1, sinks, window)
+    assert len(kept) == sinks + window
+    assert torch.allclose(last, model(ids[:, kept]).logits[:, -1], atol=1e-4)
+    recent = model(ids[:, kept[sinks:]]).logits[:, -1]
+    assert not torch.allclose(last, recent, atol=1e-3)
