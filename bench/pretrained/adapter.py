@@ -28,8 +28,9 @@ from torch import nn
 from bench.checks import NotApplicable, check_method
 from bench.pretrained.config import position_family, rope_geometry
 from bench.runtime import forward_takes
-from models.attention import ATTENTION_TILE_ELEMENTS, logn_query_scale
-from models.scaling import ntk_base, rope_parameters
+from models.attention import ATTENTION_TILE_ELEMENTS, PAIR_TEMPORARIES, logn_query_scale, pair_inputs
+from models.positions import rotate
+from models.scaling import SCALING_METHODS, ntk_base, pair_positions, rope_parameters
 from models.scaling_config import ScalingConfig, resolve_params
 from models.transformer import LMOutput
 
@@ -45,14 +46,20 @@ __all__ = [
 TRANSFORMERS_METHODS = ("linear", "dynamic", "yarn", "llama3", "longrope")
 #: ... and those applied through transformers' default rope type with another base.
 BASE_METHODS = ("ntk",)
+#: training-free methods (``models.scaling``'s pair methods), applied in a registered attention
+#: function on the shipped rope
+PAIR_METHODS = tuple(name for name, m in SCALING_METHODS.items() if m.pair_method)
 ENTROPY_ATTENTION = "lenbench_entropy"
+PAIR_ATTENTION = "lenbench_pairs"
 #: prefix of the registered log-n attention functions, one per wrapped implementation
 LOGN_ATTENTION = "lenbench_logn"
 
 
 def pretrained_methods(family: str) -> tuple[str, ...]:
     """Scaling methods a pretrained model of ``family`` accepts ("default" = as shipped)."""
-    return ("default", *TRANSFORMERS_METHODS, *BASE_METHODS) if family == "rope" else ("default",)
+    if family != "rope":
+        return ("default",)
+    return ("default", *TRANSFORMERS_METHODS, *BASE_METHODS, *PAIR_METHODS)
 
 
 def check_pretrained_scaling(
@@ -67,6 +74,13 @@ def check_pretrained_scaling(
             f"scaling {scaling.name} is not applicable to {model_class.__name__}: log-n needs a "
             "model that dispatches attention through transformers' AttentionInterface."
         )
+    if scaling.method in PAIR_METHODS and model_class is not None:
+        if not _uses_attention_interface(model_class) or not _rotates_half(model_class):
+            raise NotApplicable(
+                f"scaling {scaling.name} is not applicable to {model_class.__name__}: a "
+                "training-free method needs a model that dispatches attention through "
+                "transformers' AttentionInterface and rotates with rotate_half (Llama-style)."
+            )
     check_method(
         "scaling",
         scaling.name,
@@ -176,6 +190,82 @@ def _register_entropy_attention() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS.register(ENTROPY_ATTENTION, sdpa_mask)
 
 
+def _pair_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """A training-free method (``models.scaling.PairPositions``) on q [N, H, L, d] and k, v
+    [N, G, S, d] as the model rotated them at their own positions: far pairs are rotated on to
+    their far positions (the model's own inverse frequencies, rotate_half), near and far logits
+    merged per pair, in query tiles (memory linear in length); log-n and attention entropy
+    (stored on ``module``) as the active scaling asks. ``config._lenbench_pairs`` = (pairs, inverse
+    frequencies, training length, log-n, entropy), set by :meth:`PretrainedLM._attention_implementation`.
+    Keys are at consecutive positions ending at the last query's (a prefill's keys are its queries)."""
+    if getattr(module, "sinks", None) is not None:
+        raise ValueError("training-free methods do not support learned attention sinks.")
+    spec, inv_freq, train_length, logn, want_entropy = module.config._lenbench_pairs
+    n, h, length, d = query.shape
+    s = key.shape[2]
+    q_pos = kwargs.get("position_ids")
+    if q_pos is None:
+        raise ValueError(
+            f"a training-free method needs each query's position id, which "
+            f"{type(module).__name__} does not pass to its attention function."
+        )
+    q_pos = q_pos.to(query.device).expand(n, length)  # [N, L]
+    if s == length:
+        k_pos = q_pos
+    else:  # a cache: consecutive positions up to the last query's
+        k_pos = q_pos[:, -1:] - torch.arange(s - 1, -1, -1, device=query.device)  # [N, S]
+    if logn:
+        factor = logn_query_scale(q_pos, train_length)[:, None, :, None]
+        query = (query.float() * factor).to(query.dtype)
+    pairs = pair_inputs(spec, q_pos, k_pos, inv_freq.to(query.device))
+    q_far = rotate(query, pairs.q_cos, pairs.q_sin, "half")
+    k_far = rotate(key, pairs.k_cos, pairs.k_sin, "half")
+    if key.shape[1] != h:
+        repeat = h // key.shape[1]
+        key, k_far, value = (t.repeat_interleave(repeat, dim=1) for t in (key, k_far, value))
+    scale = d**-0.5 if scaling is None else float(scaling)
+    softcap = kwargs.get("softcap")
+    tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s) // PAIR_TEMPORARIES)
+    key_index = torch.arange(s, device=query.device)
+    outputs, entropies = [], []
+    for start in range(0, length, tile):
+        stop = min(start + tile, length)
+        distance = q_pos[:, None, start:stop, None] - k_pos[:, None, None, :]  # [N, 1, T, S]
+        near = distance < pairs.window
+        logits = torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), key.float())
+        far = torch.einsum("nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far.float())
+        logits = torch.where(near, logits, far) * scale
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        if attention_mask is None:  # plain causal; the queries are the last L of S positions
+            query_index = s - length + torch.arange(start, stop, device=query.device)
+            logits = logits.masked_fill(key_index[None, :] > query_index[:, None], float("-inf"))
+        else:
+            mask = attention_mask[:, :, start:stop, :s]
+            if mask.dtype == torch.bool:
+                logits = logits.masked_fill(~mask, float("-inf"))
+            else:
+                logits = logits + mask.float()
+        if pairs.sinks is not None:  # StreamingLLM: far keys other than the sinks are out
+            logits = logits.masked_fill(~(near | (k_pos[:, None, None, :] < pairs.sinks)), float("-inf"))
+        probs = logits.softmax(dim=-1)  # [N, H, T, S]
+        if want_entropy:
+            entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+        outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, value.float()).to(query.dtype))
+    if want_entropy:
+        module._lenbench_entropy = torch.cat(entropies, dim=2)
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _register_pair_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if PAIR_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(PAIR_ATTENTION, _pair_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(PAIR_ATTENTION, sdpa_mask)
+
+
 def _logn_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Log-n (``models.attention.logn_query_scale``): query [N, H, L, d] times max(1, ln(p + 1) /
     ln L) at its position id p, then the implementation this one wraps (``config._lenbench_logn``
@@ -212,6 +302,14 @@ def _register_logn_attention(inner: str) -> str:
         mask = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(inner, sdpa_mask)
         ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask)
     return name
+
+
+def _rotates_half(model: nn.Module | type) -> bool:
+    """Whether the model's modeling module rotates with ``rotate_half`` (Llama, GPT-NeoX, Qwen):
+    the layout a training-free method's extra rotation must share."""
+    cls = model if isinstance(model, type) else type(model)
+    module = sys.modules.get(cls.__module__) or inspect.getmodule(cls)
+    return module is not None and "rotate_half" in vars(module)
 
 
 def _uses_attention_interface(model: nn.Module | type) -> bool:
@@ -299,6 +397,14 @@ class PretrainedLM(nn.Module):
             if scaling.method == "default":
                 self.scaling = scaling
                 yield self
+            elif scaling.method in PAIR_METHODS:  # the shipped rope; pairs moved in attention
+                pairs = int(self._inv_freq().numel())
+                params = resolve_params(
+                    scaling, train_length=self.train_length, eval_length=eval_length, rotary_pairs=pairs
+                )
+                pair_positions(scaling.method, train_length=self.train_length, **params)
+                self.scaling = replace(scaling, params=params)
+                yield self
             else:
                 with self._swapped_rope(scaling, eval_length) as params:
                     self.scaling = replace(scaling, params=params)
@@ -330,12 +436,35 @@ class PretrainedLM(nn.Module):
             for parent, attr, old in swapped:
                 setattr(parent, attr, old)
 
+    def _inv_freq(self) -> torch.Tensor:
+        """The rotary module's current inverse frequencies [r/2] (one module for all layers)."""
+        modules = self._rotary_modules()
+        if not modules:
+            raise ValueError(f"no rotary embedding module found in {type(self.hf).__name__}.")
+        return modules[0][2].inv_freq
+
     @contextlib.contextmanager
     def _attention_implementation(self, entropy: bool) -> Iterator[None]:
         """The attention function of one forward pass: the model's own, the entropy one, or the
-        log-n wrapper around either when the active scaling has ``logn``."""
+        log-n wrapper around either when the active scaling has ``logn``; a training-free method's
+        own (which does log-n and entropy itself)."""
         config = self.hf.config
         before = config._attn_implementation
+        if self.scaling is not None and self.scaling.method in PAIR_METHODS:
+            spec = pair_positions(
+                self.scaling.method, train_length=self.train_length, **self.scaling.params
+            )
+            _register_pair_attention()
+            config._lenbench_pairs = (
+                spec, self._inv_freq().float(), self.train_length, self.scaling.logn, entropy
+            )
+            config._attn_implementation = PAIR_ATTENTION
+            try:
+                yield
+            finally:
+                config._attn_implementation = before
+                config.__dict__.pop("_lenbench_pairs", None)
+            return
         inner = before
         if entropy:
             _register_entropy_attention()

@@ -62,6 +62,17 @@ SCALINGS = {
     "yarn+logn": ScalingConfig(
         name="yarn+logn", method="yarn", params={"factor": "auto"}, logn=True
     ),
+    # training-free: pairs re-positioned in a registered attention function (the shipped rope)
+    "self_extend": ScalingConfig(
+        name="self_extend", method="self_extend", params={"group_size": "auto", "window": "auto"}
+    ),
+    "rerope+logn": ScalingConfig(name="rerope+logn", method="rerope", params={"window": 8}, logn=True),
+    "leaky_rerope": ScalingConfig(
+        name="leaky_rerope", method="leaky_rerope", params={"window": "auto", "slope": "auto"}
+    ),
+    "streaming": ScalingConfig(
+        name="streaming", method="streaming", params={"sink_tokens": 4, "window": 12}
+    ),
 }
 
 
@@ -232,6 +243,71 @@ def test_ntk_is_the_default_rope_with_the_ntk_base_and_logn_leaves_the_trained_r
     assert (logn[:, 16:] - raw[:, 16:]).abs().max() > 1e-3
     torch.testing.assert_close(with_entropy.logits, logn, atol=1e-5, rtol=1e-5)
     assert len(with_entropy.attn_entropy) == lm.model_cfg.n_layers
+
+
+@pytest.mark.parametrize("method", ["self_extend", "rerope", "leaky_rerope", "streaming"])
+def test_training_free_methods_run_in_attention_and_only_where_they_can(method, hf_model_dirs):
+    """On a Llama: a window as long as the input keeps the shipped logits (the method's attention
+    function is exact), a shorter one changes them past the window, the model's own attention
+    comes back on exit. GPT-2 (learned positions) and BLOOM (ALiBi in its own attention code)
+    refuse the method in one sentence."""
+    params = {
+        "self_extend": {"group_size": 3, "window": 8},
+        "rerope": {"window": 8},
+        "leaky_rerope": {"window": 8, "slope": 0.5},
+        "streaming": {"sink_tokens": 2, "window": 8},
+    }[method]
+    lm = load_adapter(hf_model_dirs["llama"], train_length=16)
+    tokens = torch.randint(0, 300, (2, 40))
+    before = lm.hf.config._attn_implementation
+    with torch.no_grad():
+        raw = lm(tokens).logits
+        with lm.scaled(ScalingConfig(method, method, {**params, "window": 40})):
+            torch.testing.assert_close(lm(tokens).logits, raw, atol=1e-5, rtol=1e-5)
+        with lm.scaled(ScalingConfig(method, method, params)):
+            moved = lm(tokens).logits
+            entropy = lm(tokens, output_attn_entropy=True)
+    torch.testing.assert_close(moved[:, :8], raw[:, :8], atol=1e-5, rtol=1e-5)
+    assert (moved[:, 8:] - raw[:, 8:]).abs().max() > 1e-3
+    torch.testing.assert_close(entropy.logits, moved, atol=1e-5, rtol=1e-5)
+    assert len(entropy.attn_entropy) == lm.model_cfg.n_layers
+    assert lm.hf.config._attn_implementation == before
+    for arch in ("gpt2", "bloom"):
+        other = load_adapter(hf_model_dirs[arch])
+        with pytest.raises(NotApplicable) as info, other.scaled(ScalingConfig(method, method, params)):
+            pass
+        one_sentence(str(info.value))
+
+
+@pytest.mark.parametrize("arch", ["llama_yarn", "neox"])
+def test_rerope_far_pairs_follow_the_shipped_rotation(arch, hf_model_dirs):
+    """Shipped YaRN (scaled cos/sin) and GPT-NeoX's partial rotary: ReRoPE's logits depend on
+    i - j only, so shifting every position leaves them (the far pairs' extra rotation uses the
+    model's own frequencies and layout); raw RoPE's far pairs stay shift-invariant too, but the
+    ReRoPE logits differ from raw ones (control)."""
+    lm = load_adapter(hf_model_dirs[arch], train_length=16)
+    tokens = torch.randint(0, 300, (1, 40))
+    positions = torch.arange(40)[None]
+    rerope = ScalingConfig("rerope", "rerope", {"window": 6})
+    with torch.no_grad(), lm.scaled(rerope):
+        here = lm(tokens, position_ids=positions).logits
+        shifted = lm(tokens, position_ids=positions + 7).logits
+    torch.testing.assert_close(here, shifted, atol=2e-4, rtol=2e-4)
+    with torch.no_grad():
+        raw = lm(tokens, position_ids=positions).logits
+    assert (here[:, 6:] - raw[:, 6:]).abs().max() > 1e-3
+    # the extra rotation in the interleaved layout (wrong for these models) breaks the invariance
+    import bench.pretrained.adapter as adapter
+
+    real_rotate = adapter.rotate
+    adapter.rotate = lambda x, cos, sin, layout: real_rotate(x, cos, sin, "interleaved")
+    try:
+        with torch.no_grad(), lm.scaled(rerope):
+            wrong = lm(tokens, position_ids=positions).logits
+            wrong_shifted = lm(tokens, position_ids=positions + 7).logits
+    finally:
+        adapter.rotate = real_rotate
+    assert (wrong - wrong_shifted).abs().max() > 1e-3
 
 
 def test_dynamic_rope_is_stateless_across_lengths(hf_model_dirs):
@@ -444,14 +520,18 @@ def test_parity_decoderlm_and_llama_give_the_same_rows(scaling, hf_text_docs):
         assert abs(row["value"] - other["value"]) <= tol, (key, row["value"], other["value"])
 
 
-def test_parity_greedy_generations_are_identical(hf_text_docs):
+@pytest.mark.parametrize("scaling", ["none", "self_extend", "streaming"])
+def test_parity_greedy_generations_are_identical(scaling, hf_text_docs):
     """The passkey verdicts of both paths come from the same continuations (a stronger check than
-    their accuracy, which a random model keeps at 0)."""
+    their accuracy, which a random model keeps at 0), decoded with each path's KV cache."""
     ours, lm = _parity_pair("half")
     example = fit_passkey_example(4 * TRAIN, 0.5, 4242, lm.tokenizer, template="short")
     prompt = torch.tensor([example.prompt_ids])
-    with torch.no_grad():
+    with torch.no_grad(), ours.scaled(SCALINGS[scaling], 4 * TRAIN), lm.scaled(SCALINGS[scaling], 4 * TRAIN):
         assert torch.equal(ours.generate_greedy(prompt, 8), lm.generate_greedy(prompt, 8))
+        # and the logits themselves, prefill and the cached steps alike
+        steps = torch.cat((prompt, ours.generate_greedy(prompt, 8)[:, :-1]), dim=1)
+        torch.testing.assert_close(ours(steps).logits, lm(steps).logits, atol=1e-4, rtol=1e-4)
 
 
 def test_parity_negative_control_other_rope_layout_breaks_it(hf_text_docs):
