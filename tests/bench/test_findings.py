@@ -46,11 +46,17 @@ NLL = {
     ("rope", "linear"): (2.1, 2.8, 3.2),
     ("rope", "ntk"): (2.0, 2.05, 2.3),
     ("rope", "yarn"): (2.0, 2.05, 2.25),
+    # training-free (T1, T3): within 10% at 4L, and flat
+    ("rope", "self_extend"): (2.0, 2.02, 2.05),
+    ("rope", "rerope"): (2.0, 2.03, 2.06),
+    ("rope", "streaming"): (2.0, 1.98, 1.97),
 }
 #: the zoo's bias families (Z2): flatter than sinusoidal and raw RoPE (``rows(zoo=True)``)
 NLL_ZOO = {(pos, "none"): (2.0, 2.01, 2.05) for pos in BIAS_FAMILIES}
 #: passkey accuracy at 1x, 2x, 4x L per (position, scaling), zero-shot
-PASSKEY = {("rope", "none"): (1.0, 0.0, 0.0)}
+PASSKEY = {("rope", "none"): (1.0, 0.0, 0.0), ("rope", "self_extend"): (1.0, 0.95, 0.9)}
+#: passkey accuracy at 4L per depth (T3): StreamingLLM finds only needles inside its window
+DEPTHS = {("rope", "streaming"): {0.0: 0.0, 0.25: 0.0, 0.5: 0.0, 0.75: 0.4, 1.0: 1.0}}
 #: recovery curves: fine-tune method -> (its scaling label, {updates: accuracy at 1x, 2x, 4x L})
 CURVES = {
     "direct": ("none", {0: (1.0, 0.0, 0.0), 50: (0.9, 0.3, 0.1), 200: (0.95, 0.6, 0.4)}),
@@ -63,7 +69,7 @@ TRIALS = 200
 SHIFT = {"rope": 1e-7, "alibi": 0.0, "nope": 0.0, "sinusoidal": 0.5, "learned": 0.4}
 SHIFT_ZOO = {**dict.fromkeys(RELATIVE_FAMILIES, 1e-7), "fire": 0.3}
 #: every registered finding, in report order
-KEYS = [*(f"F{i}" for i in range(1, 7)), "Z1", "Z2"]
+KEYS = [*(f"F{i}" for i in range(1, 7)), "Z1", "Z2", "T1", "T2", "T3"]
 
 
 def _base(pos: str, scaling: str, seed: int, tuned: str | None = None, steps: int = 0) -> dict:
@@ -99,16 +105,25 @@ def _passkey_rows(base: dict, accs) -> list[dict]:
     ]  # fmt: skip
 
 
-def rows(seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None, zoo=False) -> list[dict]:
-    """Rows of the world in NLL / PASSKEY / CURVES / SHIFT (overridden per key by the arguments),
-    with the zoo's families (NLL_ZOO, SHIFT_ZOO) when ``zoo``.
+def rows(
+    seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None, zoo=False, depths=None
+) -> list[dict]:
+    """Rows of the world in NLL / PASSKEY / DEPTHS / CURVES / SHIFT (overridden per key by the
+    arguments), with the zoo's families (NLL_ZOO, SHIFT_ZOO) when ``zoo``.
 
     Seed s adds 0.01 * (s - 1) nats beyond L, so ratios vary across seeds."""
     nll = {**NLL, **(NLL_ZOO if zoo else {}), **(nll or {})}
     shift = {**SHIFT, **(SHIFT_ZOO if zoo else {}), **(shift or {})}
     passkey, curves = {**PASSKEY, **(passkey or {})}, {**CURVES, **(curves or {})}
+    depths = {**DEPTHS, **(depths or {})}
     out = []
     for seed in seeds:
+        for (pos, scal), per_depth in depths.items():
+            out += [
+                {**_base(pos, scal, seed), "eval_length": 4 * L, "metric": "passkey_acc",
+                 "value": acc, "n": TRIALS, "axis": "depth", "axis_value": depth}
+                for depth, acc in (per_depth or {}).items()
+            ]  # fmt: skip
         for (pos, scal), values in nll.items():
             for k, v in zip((1, 2, 4), values, strict=True):
                 if v is None:
@@ -174,7 +189,9 @@ NEGATIVE = {
         ("F1", "Z2"), {"nll": {("sinusoidal", "none"): (2.0, 1.9, 1.8)}}
     ),
     "F2 alibi degrades": (("F2",), {"nll": {("alibi", "none"): (2.0, 2.0, 2.0 + 0.05)}}),
-    "F3 raw rope improves": (("F3", "Z2"), {"nll": {("rope", "none"): (2.0, 1.9, 1.8)}}),
+    "F3 raw rope improves": (
+        ("F3", "Z2", "T1"), {"nll": {("rope", "none"): (2.0, 1.9, 1.8)}}
+    ),
     "F3 ntk worse than PI": (("F3",), {"nll": {("rope", "ntk"): (2.0, 3.0, 3.5)}}),
     "F4 yarn no faster than PI": (
         ("F4",),
@@ -187,7 +204,7 @@ NEGATIVE = {
     "F4 PI never recovers": (
         ("F4",), {"curves": {"pi": ("pi", {0: (0.0,) * 3, 200: (0.5,) * 3})}}
     ),
-    "F4 raw rope beyond L": (("F4",), {"passkey": {("rope", "none"): (1.0, 0.5, 0.0)}}),
+    "F4 raw rope beyond L": (("F4", "T2"), {"passkey": {("rope", "none"): (1.0, 0.5, 0.0)}}),
     "F5 rope misses at L": (("F5",), {"passkey": {("rope", "none"): (0.85, 0.0, 0.0)}}),
     "F6 nope moves": (("F6",), {"shift": {"nope": 0.05}}),
     "F6 sinusoidal still": (("F6", "Z1"), {"shift": {"sinusoidal": 0.0}}),
@@ -197,6 +214,13 @@ NEGATIVE = {
     "Z2 fire degrades like rope": (("Z2",), {"nll": {("fire", "none"): (2.0, 2.1, 2.6)}}),
     "Z2 kerple_log degrades more than sinusoidal": (
         ("Z2",), {"nll": {("kerple_log", "none"): (2.0, 2.6, 3.2)}}
+    ),
+    "T1 rerope degrades": (("T1",), {"nll": {("rope", "rerope"): (2.0, 2.2, 2.4)}}),
+    "T1 self_extend degrades": (("T1",), {"nll": {("rope", "self_extend"): (2.0, 2.1, 2.3)}}),
+    "T2 self_extend forgets": (("T2",), {"passkey": {("rope", "self_extend"): (1.0, 0.5, 0.2)}}),
+    "T3 streaming degrades": (("T3",), {"nll": {("rope", "streaming"): (2.0, 2.1, 2.2)}}),
+    "T3 streaming retrieves": (
+        ("T3",), {"depths": {("rope", "streaming"): dict.fromkeys((0.0, 0.25, 0.5), 1.0)}}
     ),
 }  # fmt: skip
 
@@ -259,6 +283,9 @@ ABSENT = {
     "F4": {"curves": {"pi": ("pi", None)}},
     "F5": {"passkey": {("rope", "none"): (None, 0.0, 0.0)}},
     "F6": {"shift": {"learned": None}},
+    "T1": {"nll": {("rope", "rerope"): (2.0, None, None)}},
+    "T2": {"passkey": {("rope", "self_extend"): (1.0, None, None)}},
+    "T3": {"depths": {("rope", "streaming"): None}},
 }
 
 
@@ -266,6 +293,13 @@ ABSENT = {
 def test_absent_rows_are_not_measured(key: str) -> None:
     got = statuses(rows(**ABSENT[key], zoo=True))
     assert got[key] == NOT_MEASURED, got
+
+
+def test_t1_needs_raw_rope_to_degrade_past_the_margin() -> None:
+    """T1's contrast: a raw RoPE that stays within the margin (6% at 4L) fails T1 even though
+    Self-Extend and ReRoPE are flat."""
+    got = statuses(rows(nll={("rope", "none"): (2.0, 2.02, 2.06)}))
+    assert got["T1"] == FAILS, got
 
 
 def test_one_seed_without_ci_is_not_measured() -> None:

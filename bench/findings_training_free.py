@@ -1,0 +1,160 @@
+"""Training-free context extension's findings (issue #26), registered beside F1-F6 and Z1-Z2.
+
+T1-T3 restate the papers' claims as checks on a results table, with thresholds fixed before the
+reference run (``+experiment=training_free``; reports/training_free/README.md):
+
+- **T1** (Self-Extend: Jin et al. 2024; ReRoPE: Su 2023): on the LM arm each keeps perplexity at
+  4L within :data:`FLAT_MARGIN` of its perplexity at L (the upper end of the ratio's interval),
+  while raw RoPE degrades past that margin (the lower end above it).
+- **T2** (Self-Extend's passkey results): on the retrieval arm Self-Extend retrieves the passkey
+  at 2L and at 4L (accuracy >= ``RETRIEVAL_MIN_ACC`` on its interval), where raw RoPE does not
+  (<= ``NEAR_ZERO_ACC`` at 2L..4L, F4's check).
+- **T3** (StreamingLLM: Xiao et al. 2024): perplexity stays flat on long inputs (ratio 4L/L <=
+  ``ALIBI_MAX_RATIO``, F2's bar for "flat"), but a needle outside the window is lost: passkey
+  accuracy at 4L over the depths <= :data:`OUTSIDE_WINDOW_DEPTH` <= ``NEAR_ZERO_ACC``. At 4L the
+  short template's filler is >= 71% of the input, so such a needle stands >= 0.5 x 0.71 x 4L =
+  1.4L tokens before the question, outside any window of at most L tokens (auto: L - 4).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from bench.findings import (
+    ALIBI_MAX_RATIO,
+    FAR,
+    NEAR_ZERO_ACC,
+    RETRIEVAL_MIN_ACC,
+    Estimate,
+    FindingResult,
+    _all,
+    _at,
+    _check_raw_rope_beyond,
+    _col,
+    _named,
+    _passkey_labels,
+    _passkey_series,
+    _status,
+    accuracy_estimate,
+    decide,
+    ppl_ratios,
+    register_finding,
+    select,
+)
+
+#: T1: perplexity at 4L at most this multiple of perplexity at L (upper end of the interval).
+#: Our margin, fixed before the run: looser than F2's 2% for ALiBi, since the grouped or clipped
+#: far positions are not ones the model trained on, and far below raw RoPE's degradation.
+FLAT_MARGIN = 1.10
+#: T1: the training-free methods whose perplexity claim it checks.
+T1_METHODS = ("self_extend", "rerope")
+#: T3: passkey depths whose needle lies outside StreamingLLM's window at 4L (module doc).
+OUTSIDE_WINDOW_DEPTH = 0.5
+
+
+def _ratio_checks(df, method, threshold, claim, est, checks, missing) -> None:
+    """ppl(4L)/ppl(L) of rope under ``method`` per series, each decided against ``threshold``."""
+    found = ppl_ratios(select(df, "rope", method), f"rope {method} ppl({FAR}L)/ppl(L)")
+    if not found:
+        missing.append(f"rope {method} nll at L and {FAR}L")
+        checks.append(None)
+    for _, e in found:
+        est.append(e)
+        checks.append(decide(e, threshold, claim))
+
+
+@register_finding("T1")
+def t1_training_free_perplexity(df: pd.DataFrame) -> FindingResult:
+    est, checks, missing = [], [], []
+    for method in T1_METHODS:
+        _ratio_checks(df, method, FLAT_MARGIN, "at_most", est, checks, missing)
+    _ratio_checks(df, "none", FLAT_MARGIN, "above", est, checks, missing)
+    return FindingResult(
+        "T1",
+        f"Self-Extend and ReRoPE keep perplexity at {FAR}L within {FLAT_MARGIN:g}x of that at L "
+        f"(ratio CI <= {FLAT_MARGIN:g}) where raw RoPE degrades (CI > {FLAT_MARGIN:g})",
+        _status(checks),
+        "Jin et al. 2024, LLM Maybe LongLM (Self-Extend), PG19 perplexity of Llama-2 beyond its "
+        "window; Su 2023, ReRoPE (kexue.fm 9708, bojone/rerope), Llama-2 loss at 16k",
+        est,
+        missing,
+    )
+
+
+def _accuracy_checks(df, method, lengths, threshold, claim, est, checks, missing) -> None:
+    """Passkey accuracy of rope under ``method`` at each multiple of L in ``lengths``."""
+    series = _passkey_series(select(df, "rope", method))
+    labels = _passkey_labels([k for k, _ in series])
+    found = False
+    for key, rows in series:
+        for k in lengths:
+            e = accuracy_estimate(_at(rows, k), _named(f"rope {method} acc at {k}L", key, labels))
+            if math.isnan(e.value):
+                missing.append(_named(f"rope {method} passkey at {k}L", key, labels))
+                checks.append(None)
+                continue
+            found = True
+            est.append(e)
+            checks.append(decide(e, threshold, claim))
+    if not found and not series:
+        missing.append(f"rope {method} passkey beyond L")
+        checks.append(None)
+
+
+@register_finding("T2")
+def t2_self_extend_retrieval(df: pd.DataFrame) -> FindingResult:
+    est, checks, missing = [], [], []
+    _accuracy_checks(df, "self_extend", (2, FAR), RETRIEVAL_MIN_ACC, "at_least", est, checks, missing)
+    raw_checks: list = []
+    est += _check_raw_rope_beyond(df, raw_checks, missing)
+    checks.append(_all(raw_checks))
+    return FindingResult(
+        "T2",
+        f"Self-Extend retrieves the passkey at 2L and {FAR}L (accuracy >= {RETRIEVAL_MIN_ACC} on "
+        f"its interval) where raw RoPE does not (<= {NEAR_ZERO_ACC} at 2L..{FAR}L)",
+        _status(checks),
+        "Jin et al. 2024, LLM Maybe LongLM (Self-Extend), passkey retrieval beyond the window",
+        est,
+        missing,
+    )
+
+
+def _outside_window(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per-depth passkey rows at 4L whose depth is at most :data:`OUTSIDE_WINDOW_DEPTH`."""
+    p = rows[(rows["metric"] == "passkey_acc") & (_col(rows, "axis") == "depth")]
+    depth = pd.to_numeric(_col(p, "axis_value"), errors="coerce")
+    return _at(p[depth <= OUTSIDE_WINDOW_DEPTH], FAR)
+
+
+@register_finding("T3")
+def t3_streaming_flat_but_forgetful(df: pd.DataFrame) -> FindingResult:
+    est, checks, missing = [], [], []
+    _ratio_checks(df, "streaming", ALIBI_MAX_RATIO, "at_most", est, checks, missing)
+    streaming = select(df, "rope", "streaming")
+    outside = _outside_window(streaming)
+    e = accuracy_estimate(
+        outside, f"rope streaming acc at {FAR}L, depths <= {OUTSIDE_WINDOW_DEPTH:g}"
+    )
+    if math.isnan(e.value):
+        missing.append(f"rope streaming passkey per depth at {FAR}L")
+        checks.append(None)
+    else:
+        est.append(e)
+        checks.append(decide(e, NEAR_ZERO_ACC, "at_most"))
+    return FindingResult(
+        "T3",
+        f"StreamingLLM keeps perplexity flat at {FAR}L (ratio CI <= {ALIBI_MAX_RATIO:g}) but "
+        f"cannot retrieve a needle outside its window (accuracy at {FAR}L over depths <= "
+        f"{OUTSIDE_WINDOW_DEPTH:g}: CI <= {NEAR_ZERO_ACC})",
+        _status(checks),
+        "Xiao et al. 2024, Efficient Streaming Language Models with Attention Sinks, perplexity "
+        "on long texts and the limits of the window (their Section 5, FAQ of mit-han-lab/"
+        "streaming-llm)",
+        est,
+        missing,
+    )
+
+
+__all__ = ["FLAT_MARGIN", "OUTSIDE_WINDOW_DEPTH", "T1_METHODS", "Estimate"]
