@@ -7,7 +7,10 @@ The kernel (:func:`attend`): SDPA for plain causal attention; on CUDA, compiled 
 a score bias, padding and cache chunks (bias and mask applied inside the kernel, nothing L x S in memory);
 elsewhere an explicit mask in query tiles. See :data:`FLEX_ATTENTION`. A position family that
 acts on the scores hands in one :class:`models.positions.ScoreBias`, which every
-kernel applies the same way; nothing here knows which family it came from.
+kernel applies the same way; nothing here knows which family it came from. A training-free
+method's per-pair positions (:class:`PairInputs`: Self-Extend, ReRoPE, StreamingLLM) score each
+pair closer than the window as usual and a farther one at the method's positions, in the tiled
+path (two logit tiles merged by distance).
 
 Shapes: N batch, L new tokens, S keys (cached + new), H query heads, G key/value heads, d head dim,
 D model width, T query tile.

@@ -9,6 +9,9 @@ training length) plays transformers' ``original_max_position_embeddings`` (and, 
 ``dynamic``, its ``max_position_embeddings``).  :func:`applicable_methods` says which methods
 mean something for which position family; the eval-time setting that names a method and its
 parameters, and the rule that fixes its factor for a run, are in :mod:`models.scaling_config`.
+The training-free methods (Self-Extend, ReRoPE, Leaky ReRoPE, StreamingLLM) are registered here
+too (``pair_method``): instead of frequencies each returns a :class:`PairPositions`, the
+positions at which a query-key pair beyond its window is scored, which the attention applies.
 
 Why the numerics look the way they do:
 

@@ -8,7 +8,8 @@ own rope parameters: a rotary module is rebuilt from a copy of the config with l
 parameters and swapped in, and the original comes back on exit; static NTK-aware (``ntk``) is
 the default rope type with the NTK base (:func:`models.scaling.ntk_base`). Log-n scales each
 query by its position's factor in a registered attention function wrapped around the model's
-own. Attention entropy runs through a
+own; a training-free method (Self-Extend, ReRoPE, StreamingLLM) runs in its own registered
+attention function, which rotates far pairs on from the shipped rope. Attention entropy runs through a
 registered attention function that computes it in query tiles (memory linear in length) on models
 that use transformers' attention interface, and through ``output_attentions`` on the others.
 """
