@@ -42,7 +42,20 @@ GROUPS = {
         "xpos",
         "cope",
     ],
-    "scaling": ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"],
+    "scaling": [
+        "none",
+        "linear",
+        "ntk",
+        "dynamic",
+        "yarn",
+        "llama3",
+        "longrope",
+        "logn",
+        "self_extend",
+        "rerope",
+        "leaky_rerope",
+        "streaming",
+    ],
     "data": ["pycorpus", "text", "hf"],
     "train": ["quick", "standard"],
     "eval": ["standard", "quick"],
@@ -56,6 +69,7 @@ GROUPS = {
         "findings",
         "pretrained",
         "zoo",
+        "training_free",
     ],
     "arm": ["all", "lm", "retrieval"],
     "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct"],
@@ -213,6 +227,8 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     "findings": (54, 426),
     "pretrained": (3, 0),  # on the tiny local Llama of tests/conftest.py (hf_model_dirs)
     "zoo": (72, 6),  # 3 seeds x 13 families x (none, linear); linear skipped for alibi, nope
+    # per seed (3): lm rope x 8 scalings; retrieval rope x 8 scalings + the yarn tune (scaling none)
+    "training_free": (51, 45),
 }
 
 
