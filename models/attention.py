@@ -95,10 +95,10 @@ class PairInputs:
     forward pass, shared by all layers: a pair with q_pos - k_pos < ``window`` is scored as usual,
     a farther one with the query at ``q_far`` and the key at ``k_far`` (RoPE: the rotation from
     each token's own position to its far one; a score bias: its function at the far positions);
-    with ``sinks`` set, far pairs whose key is not a sink are masked."""
+    with ``sink_end`` set, far pairs whose key position is not below it are masked."""
 
     window: int
-    sinks: int | None
+    sink_end: torch.Tensor | None  # [N, 1, 1, 1] the first position id after each row's sinks
     q_far: torch.Tensor  # [N, L] far position of each query (int64 where whole, else float32)
     k_far: torch.Tensor  # [N, S] far position of each key
     q_cos: torch.Tensor | None = None  # [N, 1, L, r/2] float32: rotation by q_far - q_pos
@@ -129,12 +129,21 @@ def pair_inputs(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     inv_freq: torch.Tensor | None = None,
+    k_valid: torch.Tensor | None = None,
 ) -> PairInputs:
-    """:class:`PairInputs` of ``spec`` for queries at q_pos [N, L] and keys at k_pos [N, S];
-    ``inv_freq`` [r/2] (RoPE's, as the model rotates) adds the rotations from own to far positions."""
-    q_far = spec.far_query(q_pos.to(torch.float64))  # [N, L]
-    k_far = spec.far_key(k_pos.to(torch.float64))  # [N, S]
-    pairs = PairInputs(spec.window, spec.sinks, _whole_or_float(q_far), _whole_or_float(k_far))
+    """:class:`PairInputs` of ``spec`` for queries at q_pos [N, L] and keys at k_pos [N, S]
+    (``k_valid`` [N, S]: False for padding; an anchored method counts from each row's first real
+    key); ``inv_freq`` [r/2] (RoPE's, as the model rotates) adds the rotations from own to far
+    positions."""
+    q64, k64 = q_pos.to(torch.float64), k_pos.to(torch.float64)
+    start = torch.zeros(k64.shape[0], 1, dtype=torch.float64, device=k64.device)  # [N, 1]
+    if spec.anchored:
+        real = k64 if k_valid is None else torch.where(k_valid, k64, math.inf)
+        start = real.min(dim=1, keepdim=True).values
+    q_far = spec.far_query(q64 - start) + start  # [N, L]
+    k_far = spec.far_key(k64 - start) + start  # [N, S]
+    sink_end = None if spec.sinks is None else (start + spec.sinks)[:, :, None, None]
+    pairs = PairInputs(spec.window, sink_end, _whole_or_float(q_far), _whole_or_float(k_far))
     if inv_freq is None:
         return pairs
     q_cos, q_sin = rope_cos_sin(q_far - q_pos, inv_freq.to(q_pos.device))  # [N, L, r/2]
@@ -491,8 +500,8 @@ def _attend_tiled(
         if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
             distance = inputs.q_pos[:, None, start:stop, None] - inputs.k_pos[:, None, None, :visible]
             near = distance < pairs.window  # [N, 1, T, S']
-            if pairs.sinks is not None:
-                allowed = allowed & (near | (inputs.k_pos[:, None, None, :visible] < pairs.sinks))
+            if pairs.sink_end is not None:
+                allowed = allowed & (near | (inputs.k_pos[:, None, None, :visible] < pairs.sink_end))
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
         bias = bias.masked_fill(~allowed, float("-inf"))
         if inputs.score_bias is not None:

@@ -527,12 +527,17 @@ class PairPositions:
     ``far_key(j)`` (float64 tensors in, float64 out; for RoPE the logit depends only on their
     difference, the relative position the method assigns). With ``sinks`` set, a farther pair
     attends only when j < sinks (StreamingLLM's attention sinks) and is masked otherwise.
+    ``anchored``: positions are counted from the row's first token (StreamingLLM's cache
+    positions, which ignore the position ids it is given), so i and j above are position ids
+    minus the row's first one; otherwise they are the position ids themselves (Self-Extend and
+    ReRoPE group or clip the ids they are given, as their reference patches do).
     """
 
     window: int
     far_query: Callable[[torch.Tensor], torch.Tensor]
     far_key: Callable[[torch.Tensor], torch.Tensor]
     sinks: int | None = None
+    anchored: bool = False
 
     def relative(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """The relative position each pair is scored at, float64, broadcast of q_pos - k_pos
@@ -681,14 +686,17 @@ def _streaming(train_length: int, *, window: int, sink_tokens: int = 4) -> PairP
     """StreamingLLM (Xiao et al. 2024; mit-han-lab/streaming-llm): each query sees the first
     ``sink_tokens`` tokens (attention sinks) and the ``window`` most recent ones, itself included,
     at their positions in that cache: keys keep their distances, the query stands at most at
-    sinks + window - 1. The repo's ``recent_size`` is window - 1 (its new token joins the cache);
+    sinks + window - 1, counted from the row's first token whatever its position id (the repo
+    re-positions the cache from 0). The repo's ``recent_size`` is window - 1 (its new token joins the cache);
     ``sink_tokens`` 0 is plain window attention. Keys outside are masked, not evicted: the same
     logits as the repo's eviction, without its bounded memory."""
     w = _window("streaming", window)
     if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, Integral) or sink_tokens < 0:
         raise ValueError(f"streaming: sink_tokens must be an integer >= 0, got {sink_tokens!r}.")
     s = int(sink_tokens)
-    return PairPositions(w, functools.partial(_capped, cap=s + w - 1), _identity, sinks=s)
+    return PairPositions(
+        w, functools.partial(_capped, cap=s + w - 1), _identity, sinks=s, anchored=True
+    )
 
 
 def _identity(positions: torch.Tensor) -> torch.Tensor:

@@ -448,7 +448,9 @@ class DecoderLM(nn.Module):
         )
         if spec is not None:  # a training-free method: RoPE moves far pairs by a rotation
             inv_freq = self.frequencies(self.train_length)[0] if family.acts_on == "qk" else None
-            pairs = pair_inputs(spec, positions.position_ids, positions.k_pos, inv_freq)
+            pairs = pair_inputs(
+                spec, positions.position_ids, positions.k_pos, inv_freq, positions.k_valid
+            )
         return AttentionInputs(
             cos=cos,
             sin=sin,

@@ -218,7 +218,11 @@ def _pair_attention(module, query, key, value, attention_mask, scaling=None, dro
     if logn:
         factor = logn_query_scale(q_pos, train_length)[:, None, :, None]
         query = (query.float() * factor).to(query.dtype)
-    pairs = pair_inputs(spec, q_pos, k_pos, inv_freq.to(query.device))
+    k_valid = None  # padding keys: those the last query may not see (its row of the mask)
+    if attention_mask is not None:
+        last = attention_mask[:, 0, -1, :s]  # [N, S]
+        k_valid = last if last.dtype == torch.bool else last == 0
+    pairs = pair_inputs(spec, q_pos, k_pos, inv_freq.to(query.device), k_valid)
     q_far = rotate(query, pairs.q_cos, pairs.q_sin, "half")
     k_far = rotate(key, pairs.k_cos, pairs.k_sin, "half")
     if key.shape[1] != h:
@@ -247,8 +251,9 @@ def _pair_attention(module, query, key, value, attention_mask, scaling=None, dro
                 logits = logits.masked_fill(~mask, float("-inf"))
             else:
                 logits = logits + mask.float()
-        if pairs.sinks is not None:  # StreamingLLM: far keys other than the sinks are out
-            logits = logits.masked_fill(~(near | (k_pos[:, None, None, :] < pairs.sinks)), float("-inf"))
+        if pairs.sink_end is not None:  # StreamingLLM: far keys other than the sinks are out
+            sink = k_pos[:, None, None, :] < pairs.sink_end
+            logits = logits.masked_fill(~(near | sink), float("-inf"))
         probs = logits.softmax(dim=-1)  # [N, H, T, S]
         if want_entropy:
             entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]

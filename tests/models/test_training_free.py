@@ -285,3 +285,22 @@ def test_streaming_last_token_equals_the_raw_model_on_its_evicted_cache(kind):
     assert torch.allclose(last, model(ids[:, kept]).logits[:, -1], atol=1e-4)
     recent = model(ids[:, kept[sinks:]]).logits[:, -1]
     assert not torch.allclose(last, recent, atol=1e-3)
+
+
+def test_streaming_counts_from_the_first_token_whatever_its_position_id():
+    """StreamingLLM re-positions its cache from 0, so offsetting every position id (the shift
+    probe) changes nothing, and a left-padded row keeps its first real tokens as the sinks;
+    Self-Extend groups the ids it is given (LongLM's patch), so the offset moves its logits."""
+    model = _model()
+    streaming = ScalingConfig("st", "streaming", {"sink_tokens": 3, "window": 10})
+    positions = torch.arange(IDS.shape[1])[None]
+    here = _logits(model, IDS, streaming, position_ids=positions)
+    assert torch.allclose(_logits(model, IDS, streaming, position_ids=positions + 13), here, atol=1e-5)
+    grouped = ScalingConfig("se", "self_extend", {"group_size": 3, "window": 8})
+    moved = _logits(model, IDS, grouped, position_ids=positions + 13)
+    assert not torch.allclose(moved, _logits(model, IDS, grouped, position_ids=positions), atol=1e-4)
+    padded = torch.cat((torch.zeros(1, 5, dtype=torch.long), IDS[:1]), dim=1)
+    mask = torch.ones_like(padded)
+    mask[:, :5] = 0
+    out = _logits(model, padded, streaming, attention_mask=mask, position_ids=torch.arange(77)[None])
+    assert torch.allclose(out[:, 5:], here[:1], atol=1e-5)
