@@ -569,6 +569,30 @@ def test_result_rows_carry_the_run_factor_and_the_oracle_label(in_tmp, quiet_tra
     assert "rope / linear (oracle)" in report
 
 
+def test_training_free_smoke_lands_rows_for_every_metric(in_tmp, quiet_training, capsys):
+    """The issue's command: smoke's RoPE model raw and with three training-free methods, every
+    metric's rows for each, with the "auto" windows resolved once for the run (L = 64, target 2L)."""
+    import pandas as pd
+
+    argv = [
+        "+experiment=smoke",
+        "position=rope",
+        "scaling=none,self_extend,rerope,streaming",
+        f"paths.cache={in_tmp / 'cache'}",
+        "hydra.callbacks.report.enabled=false",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    df = pd.concat(pd.read_parquet(f) for f in (in_tmp / "results" / "smoke").glob("*.parquet"))
+    metrics = df.groupby("scaling")["metric"].apply(set).to_dict()
+    assert set(metrics) == {"none", "self_extend", "rerope", "streaming"}
+    assert len({frozenset(m) for m in metrics.values()}) == 1  # the same metrics as raw
+    assert {"nll", "passkey_acc", "shift_dnll", "attn_entropy", "position_probe_r2"} <= metrics["none"]
+    params = {s: json.loads(p)["params"] for s, p in zip(df["scaling"], df["scaling_params"])}
+    assert params["self_extend"] == {"group_size": 3, "window": 16}
+    assert params["rerope"] == {"window": 16}
+    assert params["streaming"] == {"sink_tokens": 4, "window": 60}
+
+
 # ----------------------------------------------------------------------------- user config dirs
 
 
