@@ -36,9 +36,11 @@ from models.scaling_config import ScalingConfig, resolve_params
 from models.transformer import LMOutput
 
 __all__ = [
+    "PAIR_METHODS",
     "TRANSFORMERS_METHODS",
     "PretrainedLM",
     "check_pretrained_scaling",
+    "check_scaling_params",
     "pretrained_methods",
     "rope_for",
 ]
@@ -90,6 +92,20 @@ def check_pretrained_scaling(
         pretrained_methods(family),
         owner=f"a pretrained {family} model",
     )
+
+
+def check_scaling_params(
+    config, train_length: int, scaling: ScalingConfig, eval_length: int | None
+) -> None:
+    """Raise ValueError (one sentence) for parameters ``scaling`` rejects on this rope model at
+    ``eval_length``: a training-free method's pair positions, else its rope parameters."""
+    if scaling.method in PAIR_METHODS:
+        params = resolve_params(
+            scaling, train_length=train_length, eval_length=eval_length, rotary_pairs=0
+        )
+        pair_positions(scaling.method, train_length=train_length, **params)
+    else:
+        rope_for(config, train_length, scaling, eval_length)
 
 
 def rope_for(

@@ -19,7 +19,7 @@ from torch import nn
 
 from bench.corpora import Corpus, Document
 from bench.metrics import ResolvedEval
-from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling, rope_for
+from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling, check_scaling_params
 from bench.pretrained.config import (
     PretrainedConfig,
     load_config,
@@ -77,7 +77,7 @@ class PretrainedSource:
             rope_geometry(config)  # a rope model without head geometry fails here, in one sentence
             for length in resolved.lengths:
                 try:
-                    rope_for(config, train_length, scaling, length)
+                    check_scaling_params(config, train_length, scaling, length)
                 except ValueError as exc:
                     raise ValueError(
                         f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
