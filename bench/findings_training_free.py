@@ -106,7 +106,9 @@ def _accuracy_checks(df, method, lengths, threshold, claim, est, checks, missing
 @register_finding("T2")
 def t2_self_extend_retrieval(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
-    _accuracy_checks(df, "self_extend", (2, FAR), RETRIEVAL_MIN_ACC, "at_least", est, checks, missing)
+    _accuracy_checks(
+        df, "self_extend", (2, FAR), RETRIEVAL_MIN_ACC, "at_least", est, checks, missing
+    )
     raw_checks: list = []
     est += _check_raw_rope_beyond(df, raw_checks, missing)
     checks.append(_all(raw_checks))

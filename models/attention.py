@@ -149,7 +149,11 @@ def pair_inputs(
     q_cos, q_sin = rope_cos_sin(q_far - q_pos, inv_freq.to(q_pos.device))  # [N, L, r/2]
     k_cos, k_sin = rope_cos_sin(k_far - k_pos, inv_freq.to(q_pos.device))  # [N, S, r/2]
     return replace(
-        pairs, q_cos=q_cos[:, None], q_sin=q_sin[:, None], k_cos=k_cos[:, None], k_sin=k_sin[:, None]
+        pairs,
+        q_cos=q_cos[:, None],
+        q_sin=q_sin[:, None],
+        k_cos=k_cos[:, None],
+        k_sin=k_sin[:, None],
     )
 
 
@@ -498,10 +502,14 @@ def _attend_tiled(
             allowed = allowed & (inputs.k_valid[:, None, None, :visible] | is_self)
         near = None
         if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
-            distance = inputs.q_pos[:, None, start:stop, None] - inputs.k_pos[:, None, None, :visible]
+            distance = (
+                inputs.q_pos[:, None, start:stop, None] - inputs.k_pos[:, None, None, :visible]
+            )
             near = distance < pairs.window  # [N, 1, T, S']
             if pairs.sink_end is not None:
-                allowed = allowed & (near | (inputs.k_pos[:, None, None, :visible] < pairs.sink_end))
+                allowed = allowed & (
+                    near | (inputs.k_pos[:, None, None, :visible] < pairs.sink_end)
+                )
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
         bias = bias.masked_fill(~allowed, float("-inf"))
         if inputs.score_bias is not None:
@@ -525,7 +533,9 @@ def _attend_tiled(
             logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float())
             if q_far is not None:  # far pairs: queries and keys rotated to their far positions
                 far_logits = torch.einsum(
-                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far[:, :, :visible].float()
+                    "nhtd,nhsd->nhts",
+                    q_far[:, :, start:stop].float(),
+                    k_far[:, :, :visible].float(),
                 )
                 logits = torch.where(near, logits, far_logits)
             logits = logits * inputs.scale + bias
@@ -589,7 +599,9 @@ class Attention(nn.Module):
         if pairs is not None and pairs.q_cos is not None:
             # a training-free method's far pairs: rotated on from their own positions (the cache
             # keeps keys at their own), so every key is moved again at each step
-            q_far = rotate(q, pairs.q_cos[:, :, query_from:], pairs.q_sin[:, :, query_from:], inputs.layout)
+            q_far = rotate(
+                q, pairs.q_cos[:, :, query_from:], pairs.q_sin[:, :, query_from:], inputs.layout
+            )
             far = q_far, rotate(k, pairs.k_cos, pairs.k_sin, inputs.layout)  # [N, G, S, d]
         if query_from:
             if inputs.want_entropy:

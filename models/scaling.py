@@ -567,6 +567,18 @@ def _quarter_window(params: dict, train_length: int) -> dict:
     return params
 
 
+def _window_inside(method: str, key: str, params: dict, train_length: int) -> int:
+    """The resolved window, which ``key`` auto needs below the training length (the far
+    positions it sets must fit in the trained range)."""
+    window = _window(method, params.get("window"))
+    if window >= train_length:
+        raise ValueError(
+            f"{method}: window {window} must be below the training length {train_length} for "
+            f"{key} auto (the far positions must fit in the trained range)."
+        )
+    return window
+
+
 def _group_floor(positions: torch.Tensor, group: int, shift: int = 0) -> torch.Tensor:
     return torch.div(positions, group, rounding_mode="floor") + shift
 
@@ -584,12 +596,7 @@ def _self_extend_auto(params: dict, target: int, train_length: int) -> dict:
     pair of a ``target``-token input, floor((T - 1) / G) + W - floor(W / G), stays below L."""
     params = _quarter_window(params, train_length)
     if params.get("group_size") == "auto":
-        window = _window("self_extend", params.get("window"))
-        if window >= train_length:
-            raise ValueError(
-                f"self_extend: window {window} must be below the training length {train_length} "
-                "for group_size auto (grouped positions must fit in the trained range)."
-            )
+        window = _window_inside("self_extend", "group_size", params, train_length)
         group = 1
         while (target - 1) // group + window - window // group > train_length - 1:
             group += 1
@@ -619,7 +626,10 @@ def _self_extend(train_length: int, *, group_size: int, window: int) -> PairPosi
 
 
 @register_scaling(
-    "rerope", applies_to=("rotary", "pairs"), auto_keys=("window",), pair_method=True,
+    "rerope",
+    applies_to=("rotary", "pairs"),
+    auto_keys=("window",),
+    pair_method=True,
     auto_rule=lambda params, target, train_length: _quarter_window(params, train_length),
 )
 def _rerope(train_length: int, *, window: int) -> PairPositions:
@@ -627,8 +637,11 @@ def _rerope(train_length: int, *, window: int) -> PairPositions:
     pair is scored with the query at W and the key at 0. bojone's patch also applies log-n
     (here ``scaling.logn=true``)."""
     w = _window("rerope", window)
-    return PairPositions(w, functools.partial(_affine, slope=0.0, shift=float(w)),
-                         functools.partial(_affine, slope=0.0, shift=0.0))
+    return PairPositions(
+        w,
+        functools.partial(_affine, slope=0.0, shift=float(w)),
+        functools.partial(_affine, slope=0.0, shift=0.0),
+    )
 
 
 def _leaky_auto(params: dict, target: int, train_length: int) -> dict:
@@ -636,12 +649,7 @@ def _leaky_auto(params: dict, target: int, train_length: int) -> dict:
     pair of a ``target``-token input, W + (T - 1 - W) / k, stays within L - 1."""
     params = _quarter_window(params, train_length)
     if params.get("slope") == "auto":
-        window = _window("leaky_rerope", params.get("window"))
-        if window >= train_length:
-            raise ValueError(
-                f"leaky_rerope: window {window} must be below the training length {train_length} "
-                "for slope auto."
-            )
+        window = _window_inside("leaky_rerope", "slope", params, train_length)
         far = target - 1 - window
         params["slope"] = 1.0 if far <= 0 else min(1.0, (train_length - 1 - window) / far)
     return params
@@ -662,8 +670,11 @@ def _leaky_rerope(train_length: int, *, window: int, slope: float) -> PairPositi
     a = _number("leaky_rerope", "slope", slope)
     if not 0 <= a <= 1:
         raise ValueError(f"leaky_rerope: slope must be in [0, 1], got {slope!r}.")
-    return PairPositions(w, functools.partial(_affine, slope=a, shift=w * (1 - a)),
-                         functools.partial(_affine, slope=a, shift=0.0))
+    return PairPositions(
+        w,
+        functools.partial(_affine, slope=a, shift=w * (1 - a)),
+        functools.partial(_affine, slope=a, shift=0.0),
+    )
 
 
 def _streaming_auto(params: dict, target: int, train_length: int) -> dict:

@@ -20,11 +20,11 @@ import pandas as pd
 import pytest
 
 from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings_table
-from bench.report.cli import main as report_main
 from bench.results import load_results
 
 from fixtures import ROOT
 from fixtures.markdown import agrees, markdown_table
+from fixtures.reports import assert_report_regenerates
 
 RESULTS = ROOT / "results" / "reference"
 REPORT = ROOT / "reports" / "reference"
@@ -86,17 +86,7 @@ def test_the_reference_shows_the_findings_its_readmes_claim():
 
 
 def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monkeypatch):
-    out = tmp_path / "report"
-    monkeypatch.chdir(ROOT)  # the report names its results path as given: results/reference
-    assert report_main(["results/reference", "--out", str(out)]) == 0
-    committed = sorted(p.name for p in (REPORT / "tables").glob("*.csv"))
-    regenerated = sorted(p.name for p in (out / "tables").glob("*.csv"))
-    assert committed == regenerated
-    for name in committed:
-        a = pd.read_csv(REPORT / "tables" / name)
-        b = pd.read_csv(out / "tables" / name)
-        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9, obj=name)
-    assert (out / "report.md").read_text() == (REPORT / "report.md").read_text()
+    assert_report_regenerates("reference", tmp_path, monkeypatch)
 
 
 # ---------------------------------------------------------- reports/reference/README.md numbers

@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 from bench.findings import NOT_MEASURED, check_findings, findings_table
-from bench.report.cli import main as report_main
 from bench.results import load_results
 
 from fixtures import ROOT
 from fixtures.markdown import agrees, markdown_table
+from fixtures.reports import assert_report_regenerates
 
 RESULTS = ROOT / "results" / "zoo"
 REPORT = ROOT / "reports" / "zoo"
@@ -87,13 +87,4 @@ def test_per_family_ratios_in_the_readme_are_the_rows():
 
 
 def test_regenerating_the_zoo_report_reproduces_every_committed_table(tmp_path, monkeypatch):
-    out = tmp_path / "report"
-    monkeypatch.chdir(ROOT)
-    assert report_main(["results/zoo", "--out", str(out)]) == 0
-    committed = sorted(p.name for p in (REPORT / "tables").glob("*.csv"))
-    assert committed == sorted(p.name for p in (out / "tables").glob("*.csv"))
-    for name in committed:
-        a = pd.read_csv(REPORT / "tables" / name)
-        b = pd.read_csv(out / "tables" / name)
-        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9, obj=name)
-    assert (out / "report.md").read_text() == (REPORT / "report.md").read_text()
+    assert_report_regenerates("zoo", tmp_path, monkeypatch)

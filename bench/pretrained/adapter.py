@@ -29,7 +29,12 @@ from torch import nn
 from bench.checks import NotApplicable, check_method
 from bench.pretrained.config import position_family, rope_geometry
 from bench.runtime import forward_takes
-from models.attention import ATTENTION_TILE_ELEMENTS, PAIR_TEMPORARIES, logn_query_scale, pair_inputs
+from models.attention import (
+    ATTENTION_TILE_ELEMENTS,
+    PAIR_TEMPORARIES,
+    logn_query_scale,
+    pair_inputs,
+)
 from models.positions import rotate
 from models.scaling import SCALING_METHODS, ntk_base, pair_positions, rope_parameters
 from models.scaling_config import ScalingConfig, resolve_params
@@ -158,28 +163,34 @@ class PretrainedGeometry:
 # --------------------------------------------------------------------------- entropy attention
 
 
-def _entropy_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+def _tiled_attention(
+    query, key, value, attention_mask, scale, softcap=None, want_entropy=False, pairs=None
 ):
-    """Attention of q [N, H, L, d] over k, v [N, G, S, d] in query tiles, storing each query's
-    attention entropy [N, H, L] (nats, float32) on ``module``; returns ([N, L, H, d], None)."""
-    if getattr(module, "sinks", None) is not None:
-        raise ValueError("attention entropy does not support attention sinks.")
-    n, h, length, d = query.shape
+    """Attention of q [N, H, L, d] over k, v [N, G, S, d] in query tiles (memory linear in
+    length) -> ([N, H, L, d], entropy [N, H, L] nats float32 | None), under transformers'
+    ``attention_mask`` (bool or additive; None = plain causal, the queries the last L of S).
+    ``pairs`` = (q_far, k_far, q_pos, k_pos, PairInputs): a training-free method's far pairs
+    are scored with the far queries and keys, and its sinks mask the far keys past them."""
+    n, h, length, _ = query.shape
     s = key.shape[2]
-    if key.shape[1] != h:
-        key = key.repeat_interleave(h // key.shape[1], dim=1)
-        value = value.repeat_interleave(h // value.shape[1], dim=1)
-    scale = d**-0.5 if scaling is None else float(scaling)
-    softcap = kwargs.get("softcap")
-    tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s))
+    repeat = h // key.shape[1]
+    if pairs is not None:
+        q_far, k_far, q_pos, k_pos, spec = pairs
+        k_far = k_far.repeat_interleave(repeat, dim=1) if repeat > 1 else k_far
+    if repeat > 1:
+        key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    tile = ATTENTION_TILE_ELEMENTS // (n * h * s) // (PAIR_TEMPORARIES if pairs else 1)
+    tile = max(1, tile)
     key_index = torch.arange(s, device=query.device)
     outputs, entropies = [], []
     for start in range(0, length, tile):
         stop = min(start + tile, length)
-        logits = (
-            torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), key.float()) * scale
-        )
+        logits = torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), key.float())
+        if pairs is not None:
+            near = (q_pos[:, None, start:stop, None] - k_pos[:, None, None, :]) < spec.window
+            far = torch.einsum("nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far.float())
+            logits = torch.where(near, logits, far)  # [N, H, T, S]
+        logits = logits * scale
         if softcap:
             logits = softcap * torch.tanh(logits / softcap)
         if attention_mask is None:  # plain causal; the queries are the last L of S positions
@@ -191,11 +202,29 @@ def _entropy_attention(
                 logits = logits.masked_fill(~mask, float("-inf"))
             else:
                 logits = logits + mask.float()
+        if pairs is not None and spec.sink_end is not None:  # StreamingLLM: only sinks far
+            sink = k_pos[:, None, None, :] < spec.sink_end
+            logits = logits.masked_fill(~(near | sink), float("-inf"))
         probs = logits.softmax(dim=-1)  # [N, H, T, S]
-        entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+        if want_entropy:
+            entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
         outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, value.float()).to(query.dtype))
-    module._lenbench_entropy = torch.cat(entropies, dim=2)
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+    entropy = torch.cat(entropies, dim=2) if want_entropy else None
+    return torch.cat(outputs, dim=2), entropy
+
+
+def _entropy_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """Attention of q [N, H, L, d] over k, v [N, G, S, d] in query tiles, storing each query's
+    attention entropy [N, H, L] (nats, float32) on ``module``; returns ([N, L, H, d], None)."""
+    if getattr(module, "sinks", None) is not None:
+        raise ValueError("attention entropy does not support attention sinks.")
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    out, module._lenbench_entropy = _tiled_attention(
+        query, key, value, attention_mask, scale, kwargs.get("softcap"), want_entropy=True
+    )
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _register_entropy_attention() -> None:
@@ -241,42 +270,14 @@ def _pair_attention(module, query, key, value, attention_mask, scaling=None, dro
     pairs = pair_inputs(spec, q_pos, k_pos, inv_freq.to(query.device), k_valid)
     q_far = rotate(query, pairs.q_cos, pairs.q_sin, "half")
     k_far = rotate(key, pairs.k_cos, pairs.k_sin, "half")
-    if key.shape[1] != h:
-        repeat = h // key.shape[1]
-        key, k_far, value = (t.repeat_interleave(repeat, dim=1) for t in (key, k_far, value))
     scale = d**-0.5 if scaling is None else float(scaling)
-    softcap = kwargs.get("softcap")
-    tile = max(1, ATTENTION_TILE_ELEMENTS // (n * h * s) // PAIR_TEMPORARIES)
-    key_index = torch.arange(s, device=query.device)
-    outputs, entropies = [], []
-    for start in range(0, length, tile):
-        stop = min(start + tile, length)
-        distance = q_pos[:, None, start:stop, None] - k_pos[:, None, None, :]  # [N, 1, T, S]
-        near = distance < pairs.window
-        logits = torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), key.float())
-        far = torch.einsum("nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far.float())
-        logits = torch.where(near, logits, far) * scale
-        if softcap:
-            logits = softcap * torch.tanh(logits / softcap)
-        if attention_mask is None:  # plain causal; the queries are the last L of S positions
-            query_index = s - length + torch.arange(start, stop, device=query.device)
-            logits = logits.masked_fill(key_index[None, :] > query_index[:, None], float("-inf"))
-        else:
-            mask = attention_mask[:, :, start:stop, :s]
-            if mask.dtype == torch.bool:
-                logits = logits.masked_fill(~mask, float("-inf"))
-            else:
-                logits = logits + mask.float()
-        if pairs.sink_end is not None:  # StreamingLLM: far keys other than the sinks are out
-            sink = k_pos[:, None, None, :] < pairs.sink_end
-            logits = logits.masked_fill(~(near | sink), float("-inf"))
-        probs = logits.softmax(dim=-1)  # [N, H, T, S]
-        if want_entropy:
-            entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
-        outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, value.float()).to(query.dtype))
+    out, entropy = _tiled_attention(
+        query, key, value, attention_mask, scale, kwargs.get("softcap"), want_entropy,
+        pairs=(q_far, k_far, q_pos, k_pos, pairs),
+    )  # fmt: skip
     if want_entropy:
-        module._lenbench_entropy = torch.cat(entropies, dim=2)
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+        module._lenbench_entropy = entropy
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _register_pair_attention() -> None:
@@ -422,7 +423,10 @@ class PretrainedLM(nn.Module):
             elif scaling.method in PAIR_METHODS:  # the shipped rope; pairs moved in attention
                 pairs = int(self._inv_freq().numel())
                 params = resolve_params(
-                    scaling, train_length=self.train_length, eval_length=eval_length, rotary_pairs=pairs
+                    scaling,
+                    train_length=self.train_length,
+                    eval_length=eval_length,
+                    rotary_pairs=pairs,
                 )
                 pair_positions(scaling.method, train_length=self.train_length, **params)
                 self.scaling = replace(scaling, params=params)
@@ -478,7 +482,11 @@ class PretrainedLM(nn.Module):
             )
             _register_pair_attention()
             config._lenbench_pairs = (
-                spec, self._inv_freq().float(), self.train_length, self.scaling.logn, entropy
+                spec,
+                self._inv_freq().float(),
+                self.train_length,
+                self.scaling.logn,
+                entropy,
             )
             config._attn_implementation = PAIR_ATTENTION
             try:

@@ -586,8 +586,10 @@ def test_training_free_smoke_lands_rows_for_every_metric(in_tmp, quiet_training,
     metrics = df.groupby("scaling")["metric"].apply(set).to_dict()
     assert set(metrics) == {"none", "self_extend", "rerope", "streaming"}
     assert len({frozenset(m) for m in metrics.values()}) == 1  # the same metrics as raw
-    assert {"nll", "passkey_acc", "shift_dnll", "attn_entropy", "position_probe_r2"} <= metrics["none"]
-    params = {s: json.loads(p)["params"] for s, p in zip(df["scaling"], df["scaling_params"])}
+    every = {"nll", "passkey_acc", "shift_dnll", "attn_entropy", "position_probe_r2"}
+    assert every <= metrics["none"]
+    pairs = zip(df["scaling"], df["scaling_params"], strict=True)
+    params = {s: json.loads(p)["params"] for s, p in pairs}
     assert params["self_extend"] == {"group_size": 3, "window": 16}
     assert params["rerope"] == {"window": 16}
     assert params["streaming"] == {"sink_tokens": 4, "window": 60}

@@ -129,11 +129,15 @@ def test_self_extend_equals_the_dense_reference(layout, group, window):
     decoded = _decoded(model, IDS, scaling, prefill=20)
     assert torch.allclose(decoded, expected, atol=2e-3, rtol=1e-3)
     for wrong in ((group + 1, window), (group, window + 1)):  # negative controls
-        other = reference_logits(model, IDS, lambda i, j: self_extend_relative(i, j, *wrong), ALWAYS)
+        other = reference_logits(
+            model, IDS, lambda i, j, wrong=wrong: self_extend_relative(i, j, *wrong), ALWAYS
+        )
         assert not torch.allclose(ours, other, atol=1e-2)
 
 
-@pytest.mark.parametrize(("method", "window", "slope"), [("rerope", 10, 0.0), ("leaky_rerope", 10, 0.25)])
+@pytest.mark.parametrize(
+    ("method", "window", "slope"), [("rerope", 10, 0.0), ("leaky_rerope", 10, 0.25)]
+)
 def test_rerope_equals_the_dense_reference(method, window, slope):
     model = _model()
     params = {"window": window} if method == "rerope" else {"window": window, "slope": slope}
@@ -155,9 +159,7 @@ def test_rerope_equals_the_dense_reference(method, window, slope):
 def test_streaming_equals_the_repo_procedure(kind, sinks, window):
     """Per query, the sinks + recent-window cache with positions counted in the cache."""
     model = _model(kind=kind)
-    scaling = ScalingConfig(
-        "streaming", "streaming", {"sink_tokens": sinks, "window": window}
-    )
+    scaling = ScalingConfig("streaming", "streaming", {"sink_tokens": sinks, "window": window})
 
     def cache_relative(i, j):
         cache = streaming_cache(i, sinks, window)
@@ -241,7 +243,9 @@ def test_applicability_and_bad_values():
     from models.scaling import applicable_methods
 
     assert {"self_extend", "rerope", "leaky_rerope", "streaming"} <= set(applicable_methods("rope"))
-    assert {"self_extend", "rerope", "leaky_rerope", "streaming"} <= set(applicable_methods("p_rope"))
+    assert {"self_extend", "rerope", "leaky_rerope", "streaming"} <= set(
+        applicable_methods("p_rope")
+    )
     for kind in ("alibi", "nope", "t5", "fire"):
         methods = applicable_methods(kind)
         assert "streaming" in methods and "self_extend" not in methods and "rerope" not in methods
@@ -295,12 +299,18 @@ def test_streaming_counts_from_the_first_token_whatever_its_position_id():
     streaming = ScalingConfig("st", "streaming", {"sink_tokens": 3, "window": 10})
     positions = torch.arange(IDS.shape[1])[None]
     here = _logits(model, IDS, streaming, position_ids=positions)
-    assert torch.allclose(_logits(model, IDS, streaming, position_ids=positions + 13), here, atol=1e-5)
+    assert torch.allclose(
+        _logits(model, IDS, streaming, position_ids=positions + 13), here, atol=1e-5
+    )
     grouped = ScalingConfig("se", "self_extend", {"group_size": 3, "window": 8})
     moved = _logits(model, IDS, grouped, position_ids=positions + 13)
-    assert not torch.allclose(moved, _logits(model, IDS, grouped, position_ids=positions), atol=1e-4)
+    assert not torch.allclose(
+        moved, _logits(model, IDS, grouped, position_ids=positions), atol=1e-4
+    )
     padded = torch.cat((torch.zeros(1, 5, dtype=torch.long), IDS[:1]), dim=1)
     mask = torch.ones_like(padded)
     mask[:, :5] = 0
-    out = _logits(model, padded, streaming, attention_mask=mask, position_ids=torch.arange(77)[None])
+    out = _logits(
+        model, padded, streaming, attention_mask=mask, position_ids=torch.arange(77)[None]
+    )
     assert torch.allclose(out[:, 5:], here[:1], atol=1e-5)

@@ -142,18 +142,28 @@ def main() -> None:
             print(f"  {method} at {length}: done", file=sys.stderr)
     raw = {r["length"]: r for r in results if r["method"] == "none"}
     print(f"machine: {_cpu()}; threads {results[0]['threads']}; model rope 4x128, L={TRAIN_LENGTH}")
-    print("| method | length | params | prefill ms/token (x raw) | prefill peak MiB | "
-          "decode ms/token (x raw) |")
+    print(
+        "| method | length | params | prefill ms/token (x raw) | prefill peak MiB | "
+        "decode ms/token (x raw) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in results:
         base = raw.get(r["length"])
         pre = r["prefill_s_per_token"] * 1e3
         dec = r["decode_s_per_token"] * 1e3
-        ratio_pre = f" ({r['prefill_s_per_token'] / base['prefill_s_per_token']:.2f}x)" if base else ""
-        ratio_dec = f" ({r['decode_s_per_token'] / base['decode_s_per_token']:.2f}x)" if base else ""
-        params = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r["params"].items())
-        print(f"| {r['method']} | {r['length']} | {params} | {pre:.3f}{ratio_pre} | "
-              f"{r['prefill_peak_mib']:.0f} | {dec:.2f}{ratio_dec} |")
+        ratio_pre = (
+            f" ({r['prefill_s_per_token'] / base['prefill_s_per_token']:.2f}x)" if base else ""
+        )
+        ratio_dec = (
+            f" ({r['decode_s_per_token'] / base['decode_s_per_token']:.2f}x)" if base else ""
+        )
+        params = ", ".join(
+            f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r["params"].items()
+        )
+        print(
+            f"| {r['method']} | {r['length']} | {params} | {pre:.3f}{ratio_pre} | "
+            f"{r['prefill_peak_mib']:.0f} | {dec:.2f}{ratio_dec} |"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": _cpu(), "results": results}, indent=1))

@@ -66,7 +66,9 @@ SCALINGS = {
     "self_extend": ScalingConfig(
         name="self_extend", method="self_extend", params={"group_size": "auto", "window": "auto"}
     ),
-    "rerope+logn": ScalingConfig(name="rerope+logn", method="rerope", params={"window": 8}, logn=True),
+    "rerope+logn": ScalingConfig(
+        name="rerope+logn", method="rerope", params={"window": 8}, logn=True
+    ),
     "leaky_rerope": ScalingConfig(
         name="leaky_rerope", method="leaky_rerope", params={"window": "auto", "slope": "auto"}
     ),
@@ -274,7 +276,10 @@ def test_training_free_methods_run_in_attention_and_only_where_they_can(method, 
     assert lm.hf.config._attn_implementation == before
     for arch in ("gpt2", "bloom"):
         other = load_adapter(hf_model_dirs[arch])
-        with pytest.raises(NotApplicable) as info, other.scaled(ScalingConfig(method, method, params)):
+        with (
+            pytest.raises(NotApplicable) as info,
+            other.scaled(ScalingConfig(method, method, params)),
+        ):
             pass
         one_sentence(str(info.value))
 
@@ -527,7 +532,11 @@ def test_parity_greedy_generations_are_identical(scaling, hf_text_docs):
     ours, lm = _parity_pair("half")
     example = fit_passkey_example(4 * TRAIN, 0.5, 4242, lm.tokenizer, template="short")
     prompt = torch.tensor([example.prompt_ids])
-    with torch.no_grad(), ours.scaled(SCALINGS[scaling], 4 * TRAIN), lm.scaled(SCALINGS[scaling], 4 * TRAIN):
+    with (
+        torch.no_grad(),
+        ours.scaled(SCALINGS[scaling], 4 * TRAIN),
+        lm.scaled(SCALINGS[scaling], 4 * TRAIN),
+    ):
         assert torch.equal(ours.generate_greedy(prompt, 8), lm.generate_greedy(prompt, 8))
         # and the logits themselves, prefill and the cached steps alike
         steps = torch.cat((prompt, ours.generate_greedy(prompt, 8)[:, :-1]), dim=1)
