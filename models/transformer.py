@@ -24,6 +24,7 @@ from models.attention import Attention, AttentionInputs, logn_query_scale, pair_
 from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
 from models.scaling import applicable_methods, pair_positions, rope_parameters, scaling_method
 from models.scaling_config import ScalingConfig, resolve_params
+from models.scoring import chunked_token_nll
 
 __all__ = [
     "DecoderLM",
@@ -109,10 +110,11 @@ class _Positions:
 
 @dataclass
 class LMOutput:
-    logits: torch.Tensor  # [N, L, V] float32
+    logits: torch.Tensor | None  # [N, L, V] float32; None when the forward pass scored targets
     past: KVCache | None = None
     hidden_states: list[torch.Tensor] | None = None  # [N, L, D] each; 0 = embeddings
     attn_entropy: list[torch.Tensor] | None = None  # per layer [N, H, L] float32, nats
+    token_nll: torch.Tensor | None = None  # [N, L] float32 NLL of the targets, when given
 
 
 def resolve_scaling(
@@ -340,6 +342,8 @@ class DecoderLM(nn.Module):
         output_hidden_states: bool = False,
         output_attn_entropy: bool = False,
         logits_from: int = 0,
+        targets: torch.Tensor | None = None,
+        return_logits: bool = True,
     ) -> LMOutput:
         """input_ids [N, L]; attention_mask [N, L] covers the new tokens only (the cache keeps the rest).
 
@@ -347,6 +351,11 @@ class DecoderLM(nn.Module):
         the full pass's ``logits[:, f:]``; the last layer then computes keys and values for every
         token but queries, attention output and MLP only for those (what a metric that scores a
         suffix needs). Not with hidden states or attention entropy, which need every token.
+
+        ``targets`` [N, L - f] (the tokens that follow positions f..L-1): the output then holds
+        their NLL (``token_nll``) instead of logits, the LM head applied in chunks of positions
+        (:func:`models.scoring.chunked_token_nll`), so no [N, L, V] tensor is ever made.
+        ``return_logits=False``: no LM head at all (for hidden states or attention entropy).
         """
         n, length = input_ids.shape
         if not 0 <= logits_from < length:
@@ -381,13 +390,18 @@ class DecoderLM(nn.Module):
                 hidden_states.append(x)
             if entropies is not None:
                 entropies.append(entropy)
-        logits = self.lm_head(self.final_norm(x)).float()
+        hidden = self.final_norm(x)  # [N, L - f, D]
+        logits, token_nll = None, None
+        if targets is None:
+            logits = self.lm_head(hidden).float() if return_logits else None
+        else:
+            token_nll = chunked_token_nll(self.lm_head, hidden, targets, self.model_cfg.vocab_size)
         cache = (
             KVCache(new_keys, new_values, positions.k_pos, positions.k_valid, row_lengths)
             if use_cache
             else None
         )
-        return LMOutput(logits, cache, hidden_states, entropies)
+        return LMOutput(logits, cache, hidden_states, entropies, token_nll)
 
     def _positions(
         self,
@@ -483,7 +497,9 @@ class DecoderLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Greedy decoding with the KV cache: new tokens continue each row's own positions. -> [N, T]."""
-        out = self(input_ids, attention_mask=attention_mask, use_cache=True)
+        # the prompt's last logits only: a long prompt never makes [N, L, V] logits
+        last = input_ids.shape[1] - 1
+        out = self(input_ids, attention_mask=attention_mask, use_cache=True, logits_from=last)
         generated = []
         for _ in range(max_new_tokens):
             next_token = out.logits[:, -1].argmax(dim=-1, keepdim=True)  # [N, 1]

@@ -240,12 +240,13 @@ class LenbenchLM(LM):
             groups[(n_input, scaling_len)].append(i)
         for n_input, chunk in self._batches(groups, desc, disable=len(items) < 2):
             whole = torch.tensor([items[i][0] + items[i][1] for i in chunk], dtype=torch.long)
-            with autocast(self._device, self.precision):
-                logits = self.model(whole[:, :-1].to(self._device)).logits  # [B, n_input, V]
             span = max(len(items[i][1]) for i in chunk)
-            logprobs = torch.log_softmax(
-                logits[:, n_input - span :].float(), dim=-1
-            ).cpu()  # [B, span, V]
+            with autocast(self._device, self.precision):
+                # the continuation's logits only: no [B, n_input, V] tensor for a long context
+                logits = self.model(
+                    whole[:, :-1].to(self._device), logits_from=n_input - span
+                ).logits[:, -span:]  # [B, span, V]
+            logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()  # [B, span, V]
             targets = whole[:, -span:]  # [B, span]
             picked = logprobs.gather(-1, targets[..., None])[..., 0].double()  # [B, span]
             greedy = logprobs.argmax(dim=-1) == targets  # [B, span]
@@ -395,8 +396,8 @@ class LenbenchLM(LM):
         ids = torch.tensor([p for p, _, _ in batch], dtype=torch.long, device=self._device)
         generated: list[list[int]] = [[] for _ in batch]
         done = [False] * len(batch)
-        with autocast(self._device, self.precision):
-            out = self.model(ids, use_cache=True)
+        with autocast(self._device, self.precision):  # the prompt's last logits only
+            out = self.model(ids, use_cache=True, logits_from=ids.shape[1] - 1)
         for _ in range(max(m for _, _, m in batch)):
             next_tokens = out.logits[:, -1].argmax(dim=-1)  # [B]
             for row, token in enumerate(next_tokens.tolist()):

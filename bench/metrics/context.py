@@ -63,6 +63,10 @@ class EvalContext:
     # with one (a pretrained model's BOS): every window then has the form of a document's first
     # (bench.pretrained.documents.window_bos); None = windows start with the text
     window_bos: int | None = None
+    # per-token NLL from hidden states with the LM head applied in chunks of positions (memory
+    # independent of the vocabulary) where the model's forward takes ``targets``; False = from
+    # the full [N, L, V] logits (the reference the chunked path is tested against)
+    chunked_scoring: bool = True
     # reuse of forward passes (reuse_forwards): per-token NLL by (window digest, position offset),
     # None outside a reuse block; wanted and kept hidden states by input digest
     _memo: dict | None = field(default=None, init=False, repr=False)
@@ -85,13 +89,16 @@ class EvalContext:
     def bar(self, total: int, desc: str, unit: str = "win") -> tqdm:
         return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not self.progress)
 
-    def forward(self, input_ids: torch.Tensor, logits_from: int = 0, **kwargs):
+    def forward(self, input_ids: torch.Tensor, logits_from: int = 0, logits: bool = True, **kwargs):
         """The model's output for ``input_ids`` moved to the device, without autograd.
 
         ``logits_from`` = f: only the logits of tokens f..L-1 are wanted ([N, L - f, V]); a model
         whose forward takes ``logits_from`` skips the work for the others, for any other model
-        the full logits are sliced.
+        the full logits are sliced. ``logits=False``: no logits are wanted (hidden states,
+        attention entropy); a model whose forward takes ``return_logits`` then skips its LM head.
         """
+        if not logits and forward_takes(type(self.model), "return_logits"):
+            kwargs["return_logits"] = False
         with torch.no_grad(), self.autocast():
             if not logits_from:
                 return self.model(input_ids.to(self.device), **kwargs)
@@ -138,12 +145,18 @@ class EvalContext:
         if hidden_for:
             kwargs["output_hidden_states"] = True
             score_from = 0
-        out = self.forward(tokens[:, :-1], logits_from=score_from, **kwargs)
-        logits = out.logits  # [N, L - score_from, V]
-        targets = tokens[:, 1 + score_from :].to(logits.device)
-        nll = F.cross_entropy(
-            logits.float().reshape(targets.numel(), -1), targets.reshape(-1), reduction="none"
-        )
+        targets = tokens[:, 1 + score_from :]  # [N, L - score_from]
+        if self.chunked_scoring and forward_takes(type(self.model), "targets"):
+            out = self.forward(tokens[:, :-1], logits_from=score_from, targets=targets, **kwargs)
+            nll = out.token_nll
+        else:
+            out = self.forward(tokens[:, :-1], logits_from=score_from, **kwargs)
+            logits = out.logits  # [N, L - score_from, V]
+            nll = F.cross_entropy(
+                logits.float().reshape(targets.numel(), -1),
+                targets.to(logits.device).reshape(-1),
+                reduction="none",
+            )
         for digest, row in hidden_for.items():
             layer, positions = self._wanted.pop(digest)
             index = torch.from_numpy(positions).to(out.hidden_states[layer].device)
@@ -269,7 +282,8 @@ class EvalContext:
             bar.update(windows.shape[0] - len(todo))
             for begin in range(0, len(todo), step):
                 rows = todo[begin : begin + step]
-                hidden = self.forward(windows[rows], output_hidden_states=True).hidden_states[layer]
+                out = self.forward(windows[rows], logits=False, output_hidden_states=True)
+                hidden = out.hidden_states[layer]  # [B, L, width]
                 states = hidden[:, index.to(hidden.device)].cpu()  # [B, P, width]
                 for j, i in enumerate(rows):
                     parts[i] = states[j]

@@ -427,7 +427,8 @@ def attn_entropy_rows(
     with ctx.bar(len(selected), f"attn_entropy L={length}", unit="doc") as bar:
         for start in range(0, windows.shape[0], step):
             chunk = windows[start : start + step]
-            entropies = ctx.forward(chunk, output_attn_entropy=True).attn_entropy
+            out = ctx.forward(chunk, logits=False, output_attn_entropy=True)
+            entropies = out.attn_entropy
             per_position = torch.stack([e.float().mean(dim=1).sum(dim=0) for e in entropies])
             per_position = per_position.double().cpu()  # [layers, L]: head mean, doc sum
             part = torch.zeros(per_position.shape[0], n_buckets, dtype=torch.float64)

@@ -38,6 +38,7 @@ from models.attention import (
 from models.positions import rotate
 from models.scaling import SCALING_METHODS, ntk_base, pair_positions, rope_parameters
 from models.scaling_config import ScalingConfig, resolve_params
+from models.scoring import chunked_token_nll
 from models.transformer import LMOutput
 
 __all__ = [
@@ -61,6 +62,9 @@ ENTROPY_ATTENTION = "lenbench_entropy"
 PAIR_ATTENTION = "lenbench_pairs"
 #: prefix of the registered log-n attention functions, one per wrapped implementation
 LOGN_ATTENTION = "lenbench_logn"
+#: config attributes of models whose logits are more than ``lm_head(hidden)`` (softcapping,
+#: scales): such a model's targets are scored from its own full logits, not by chunks
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 def pretrained_methods(family: str) -> tuple[str, ...]:
@@ -346,6 +350,23 @@ def _uses_attention_interface(model: nn.Module | type) -> bool:
 # --------------------------------------------------------------------------- the adapter
 
 
+@contextlib.contextmanager
+def _held_head_inputs(head: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While open, ``head`` gets none of its input's positions (it returns [N, 0, V]); each input
+    it was called with is appended to the yielded list for the caller to score by chunks."""
+    inputs: list[torch.Tensor] = []
+
+    def hold(module, args):
+        inputs.append(args[0])
+        return (args[0][:, :0],)
+
+    handle = head.register_forward_pre_hook(hold)
+    try:
+        yield inputs
+    finally:
+        handle.remove()
+
+
 class PretrainedLM(nn.Module):
     """A transformers causal LM with the DecoderLM interface lenbench's metrics use (module doc)."""
 
@@ -362,6 +383,14 @@ class PretrainedLM(nn.Module):
         forward_args = inspect.signature(model.forward).parameters
         self.accepts_position_ids = self.family != "alibi" and "position_ids" in forward_args
         self.scaling = ScalingConfig()
+
+    def chunked_head(self) -> nn.Linear | None:
+        """The LM head that chunked scoring applies itself; None where the model's logits are more
+        than the head's output (``LOGIT_TRANSFORMS``) or the head is not a linear layer."""
+        head = self.hf.get_output_embeddings()
+        if any(getattr(self.hf.config, a, None) is not None for a in LOGIT_TRANSFORMS):
+            return None
+        return head if isinstance(head, nn.Linear) else None
 
     # ------------------------------------------------------------------ positions and scaling
 
@@ -530,10 +559,19 @@ class PretrainedLM(nn.Module):
         output_hidden_states: bool = False,
         output_attn_entropy: bool = False,
         logits_from: int = 0,
+        targets: torch.Tensor | None = None,
+        return_logits: bool = True,
     ) -> LMOutput:
         """input_ids [N, L] -> LMOutput(logits [N, L - logits_from, V] float32, hidden_states,
         attn_entropy); transformers computes only those logits (``logits_to_keep``) where the
-        model takes it, which matters for a large vocabulary at long lengths."""
+        model takes it, which matters for a large vocabulary at long lengths.
+
+        ``targets`` [N, L - logits_from]: the output holds their NLL (``token_nll``) instead of
+        logits; the model's LM head is then held back (it gets no positions) and applied here in
+        chunks of positions to its input (:func:`models.scoring.chunked_token_nll`), so no
+        [N, L, V] tensor is made, except for models listed by ``LOGIT_TRANSFORMS``.
+        ``return_logits=False``: the LM head gets no positions (for hidden states or attention
+        entropy); the output's logits are None."""
         n, length = input_ids.shape
         if not 0 <= logits_from < length:
             raise ValueError(
@@ -553,18 +591,39 @@ class PretrainedLM(nn.Module):
                 raise ValueError(f"{problem}.")
             kwargs["position_ids"] = position_ids.to(input_ids.device).long().expand(n, length)
         self._reset_dynamic()
-        if not output_attn_entropy:
-            with self._attention_implementation(entropy=False):
-                out = self.hf(input_ids, **kwargs)
-            entropy = None
-        elif _uses_attention_interface(self.hf):
-            out, entropy = self._entropy_forward(input_ids, kwargs)
-        else:  # e.g. BLOOM: its own attention code; the probabilities come back per layer
-            out = self.hf(input_ids, output_attentions=True, **kwargs)
-            entropy = [-torch.special.xlogy(a.float(), a.float()).sum(-1) for a in out.attentions]
+        head = self.chunked_head() if targets is not None else None
+        hold = head
+        if targets is None and not return_logits:
+            hold = self.hf.get_output_embeddings()
+        held = _held_head_inputs(hold) if hold is not None else contextlib.nullcontext([])
+        with held as head_inputs:
+            if not output_attn_entropy:
+                with self._attention_implementation(entropy=False):
+                    out = self.hf(input_ids, **kwargs)
+                entropy = None
+            elif _uses_attention_interface(self.hf):
+                out, entropy = self._entropy_forward(input_ids, kwargs)
+            else:  # e.g. BLOOM: its own attention code; the probabilities come back per layer
+                out = self.hf(input_ids, output_attentions=True, **kwargs)
+                entropy = [
+                    -torch.special.xlogy(a.float(), a.float()).sum(-1) for a in out.attentions
+                ]
         hidden = list(out.hidden_states) if output_hidden_states else None
+        if head is not None:
+            head_input = head_inputs[-1]  # [N, L, D] or [N, L - logits_from, D] (kept)
+            if head_input.shape[1] != targets.shape[1]:
+                head_input = head_input[:, logits_from:]
+            nll = chunked_token_nll(head, head_input, targets, head.out_features)
+            return LMOutput(None, None, hidden, entropy, nll)
+        if targets is None and not return_logits:
+            return LMOutput(None, None, hidden, entropy)
         logits = out.logits if keep or not logits_from else out.logits[:, logits_from:]
-        return LMOutput(logits.float(), None, hidden, entropy)
+        if targets is None:
+            return LMOutput(logits.float(), None, hidden, entropy)
+        nll = torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), targets.to(logits.device).flatten(), reduction="none"
+        ).view(targets.shape)
+        return LMOutput(None, None, hidden, entropy, nll)
 
     def _entropy_forward(self, input_ids: torch.Tensor, kwargs: dict):
         with self._attention_implementation(entropy=True):
@@ -583,8 +642,10 @@ class PretrainedLM(nn.Module):
         # transformers >= 5.24 names the KV cache ``cache``; older model code ``past_key_values``
         name = "cache" if forward_takes(type(self.hf), "cache") else "past_key_values"
         generated = []
+        # the prompt's last logits only where the model can: no [N, L, V] tensor for a long prompt
+        last = {"logits_to_keep": 1} if forward_takes(type(self.hf), "logits_to_keep") else {}
         with self._attention_implementation(entropy=False):
-            out = self.hf(input_ids, use_cache=True)
+            out = self.hf(input_ids, use_cache=True, **last)
             for _ in range(int(max_new_tokens)):
                 next_token = out.logits[:, -1].argmax(dim=-1, keepdim=True)  # [N, 1]
                 generated.append(next_token)
