@@ -9,7 +9,10 @@ CUDA memory ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`
 a peak minus the RSS (or CUDA allocation) when the metric started. "CPU s" is the process's CPU
 time (every thread): on a shared machine it moves less with the load than the wall seconds. Times include the metric's
 ``prepare`` hook; metrics of one length share forward passes (``EvalContext.reuse_forwards``),
-so in an ``all`` run a metric that reuses the nll windows is cheaper than alone.
+so in an ``all`` run a metric that reuses the nll windows is cheaper than alone. "GFLOP/s" are
+the model FLOPs of every forward pass of the run (tests/perf/flops.py, counted by a hook on the
+model) over its wall seconds, with their share of this machine's fp32 GEMM peak: what the whole
+evaluation (bootstraps and data preparation included) makes of the machine.
 
 The table shows seconds and peak memory per length and metric, the slowest metric per length,
 and the machine (CPU model, avx512_bf16/AMX flags, torch threads, torch version, load average
@@ -201,6 +204,19 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():  # one-time initialisation (thread pools, kernels), not the first metric's
         model.eval()(torch.zeros(1, 64, dtype=torch.long, device=device))
+    # model FLOPs of every forward pass (tests/perf/flops.py), for the run's achieved GFLOP/s
+    from flops import forward_flops_per_token, matmul_params
+
+    n_matmul, forward_flops = matmul_params(model), [0.0]
+
+    def count_flops(module, args, kwargs):
+        ids = args[0] if args else kwargs["input_ids"]
+        past = kwargs.get("past")
+        context = ids.shape[1] + (past.length if past is not None else 0)
+        per_token = forward_flops_per_token(n_matmul, 4, 128, context)
+        forward_flops[0] += ids.numel() * per_token
+
+    model.register_forward_pre_hook(count_flops, with_kwargs=True)
     meter = _MetricMeter(device)
     meter.install()
     before = _peak_rss_mib()
@@ -225,6 +241,8 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
         "peak_rss_mib": round(after, 1),
         "peak_rss_growth_mib": round(after - before, 1),
         "nll_tokens": nll_tokens,
+        "model_gflop": round(forward_flops[0] / 1e9, 3),
+        "gflops": round(forward_flops[0] / 1e9 / seconds, 2),
         "metric_seconds": _in_order(meter.seconds),
         "metric_cpu_seconds": _in_order(meter.cpu_seconds),
         # per metric, measured on its own (peak RSS reset before it) where the kernel allows
@@ -267,7 +285,8 @@ def print_table(results: list[dict], info: dict, load: dict) -> None:
         peak = r.get("cuda_peak_allocated_mib", r["peak_rss_mib"])
         print(
             f"{r['metric']:>18} {where:>12} {'(total)':>18} {r['seconds']:>9.2f} "
-            f"{r.get('cpu_seconds', float('nan')):>8.2f} {peak:>15.1f}"
+            f"{r.get('cpu_seconds', float('nan')):>8.2f} {peak:>15.1f}   "
+            f"{r['gflops']:.1f} GFLOP/s = {r['share_of_peak']:.0%} of the fp32 GEMM peak"
         )
     print("\nslowest metric per length (runs with every metric):")
     for r in results:
@@ -333,7 +352,14 @@ def main() -> None:
                 flush=True,
             )
     load["after"] = _loadavg()
+    from flops import gemm_peak_gflops
+
     from bench.runtime import machine_summary
+
+    peak = gemm_peak_gflops(("cuda:" if args.device.startswith("cuda") else "") + "fp32")
+    for result in results:
+        result["gemm_peak_gflops"] = round(peak, 1)
+        result["share_of_peak"] = result["gflops"] / peak
 
     info = machine_summary()
     if args.threads:

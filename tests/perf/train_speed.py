@@ -4,9 +4,13 @@ Both models get identical dimensions (RoPE "half" layout, SwiGLU, RMSNorm, tied 
 biases), batches, loss and AdamW step, in one process. Before timing, Llama is loaded with our
 weights and the logits are compared (``parity_max_abs_diff``), so "identical" is checked, not
 assumed. Our model is timed for each position family asked for (``--positions``), optionally
-also under ``torch.compile`` (``--compile``, as ``train.compile=true`` does); steps go round-robin
+also under ``torch.compile`` (``--compile``, as ``train.compile=true`` does, and Llama compiled,
+the alternative a user would pick); steps go round-robin
 over the models so that load from other processes hits all alike; tokens/s uses the median step
-time, and ``vs llama`` is Llama's median step time over ours. Peak memory: ``torch.cuda.max_memory_allocated`` on
+time, and ``vs llama`` (``vs llama+compile``) is Llama's (compiled Llama's) median step time over
+ours. ``GFLOP/s`` are model FLOPs (tests/perf/flops.py: 6 N + 12 n_layers d_model T per token)
+per second of the median step, ``% peak`` their share of this machine's measured GEMM peak in the
+same precision. Peak memory: ``torch.cuda.max_memory_allocated`` on
 CUDA; on CPU the sampled peak RSS above the RSS right before the model is built.
 
 Run from the repository root after ``pip install -e ".[dev]"`` (pytest does not collect the
@@ -122,7 +126,7 @@ def make_step(
     model: torch.nn.Module, name: str, precision: str, device: torch.device
 ) -> Callable[[torch.Tensor], None]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    reference = name == "llama"
+    reference = name.removesuffix("+compile") == "llama"
     forward = compiled_if_asked(model, name)
     autocast = (
         (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
@@ -180,11 +184,12 @@ class PeakRSS:
 
 
 def build(args: argparse.Namespace, name: str, device: torch.device) -> torch.nn.Module:
-    """``llama`` (the reference, with our RoPE model's weights) or ``<family>[+compile]`` (ours)."""
+    """``llama[+compile]`` (the reference, with our RoPE model's weights) or
+    ``<family>[+compile]`` (ours)."""
     torch.manual_seed(0)
     kind = name.removesuffix("+compile")
-    ours = build_ours(args, "rope" if name == "llama" else kind)
-    if name != "llama":
+    ours = build_ours(args, "rope" if kind == "llama" else kind)
+    if kind != "llama":
         return ours.to(device).train()
     llama = build_llama(args, ours)
     copy_weights(ours, llama)
@@ -365,7 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    names = ["llama", *families, *([f"{f}+compile" for f in families] if args.compile else [])]
+    compiled_names = ["llama+compile", *(f"{f}+compile" for f in families)]
+    names = ["llama", *families, *(compiled_names if args.compile else [])]
 
     import transformers
 
@@ -379,20 +385,34 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = os.getloadavg()
     max_diff = parity(args, device, batches[0][:2])
     print(f"parity: max |logits ours - llama| = {max_diff:.2e}", file=sys.stderr)
+    from flops import forward_flops_per_token, gemm_peak_gflops, matmul_params
+
     rows = []
     tokens_per_step = args.batch * args.seq
+    # model FLOPs per token of a training step (flops.py: 3 x forward, PaLM's convention); the
+    # position families' own work is not counted, so every row's FLOPs are Llama's
+    ours = build_ours(args)
+    step_flops = 3 * forward_flops_per_token(matmul_params(ours), args.layers, args.width, args.seq)
+    peak_device = "cuda:" if device.type == "cuda" else ""
     for precision in precisions:
         times = throughput(args, names, precision, device, batches)
         reference = statistics.median(times["llama"])
+        compiled_reference = statistics.median(times.get("llama+compile", [float("nan")]))
+        peak = gemm_peak_gflops(peak_device + precision, args.threads)
         for name in names:
             median = statistics.median(times[name])
+            gflops = step_flops * tokens_per_step / median / 1e9
             rows.append(
                 {
                     "model": name,
                     "precision": precision,
                     "tokens_per_s": tokens_per_step / median,
                     "median_step_s": median,
+                    "gflops": gflops,
+                    "share_of_peak": gflops / peak,
+                    "gemm_peak_gflops": peak,
                     "vs_llama": reference / median,
+                    "vs_llama_compiled": compiled_reference / median,
                     "step_s": times[name],
                     "peak_mem_mib": peak_memory_mb(args, name, precision, device, batches),
                 }
@@ -430,13 +450,22 @@ def main(argv: list[str] | None = None) -> dict:
         f"load average before/after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"{'precision':<9} {'model':<20} {'tokens/s':>10} {'step s':>8} {'vs llama':>9} "
-        f"{'peak MiB':>9}"
+        f"model FLOPs per token of a training step: {step_flops:,.0f} (tests/perf/flops.py); "
+        + ", ".join(
+            f"GEMM peak {p}: {gemm_peak_gflops(peak_device + p, args.threads):.1f} GFLOP/s"
+            for p in precisions
+        )
+    )
+    print(
+        f"{'precision':<9} {'model':<20} {'tokens/s':>10} {'step s':>8} {'GFLOP/s':>8} "
+        f"{'% peak':>7} {'vs llama':>9} {'vs llama+compile':>17} {'peak MiB':>9}"
     )
     for row in rows:
         print(
             f"{row['precision']:<9} {row['model']:<20} {row['tokens_per_s']:>10,.0f} "
-            f"{row['median_step_s']:>8.4f} {row['vs_llama']:>8.2f}x {row['peak_mem_mib']:>9.1f}"
+            f"{row['median_step_s']:>8.4f} {row['gflops']:>8.1f} {row['share_of_peak']:>7.0%} "
+            f"{row['vs_llama']:>8.2f}x {row['vs_llama_compiled']:>16.2f}x "
+            f"{row['peak_mem_mib']:>9.1f}"
         )
     for share in shares:
         print(

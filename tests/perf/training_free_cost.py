@@ -93,10 +93,16 @@ def worker(method: str, length: int, threads: int) -> dict:
                 step = model(token, past=past, use_cache=True)
                 past, token = step.past, step.logits[:, -1:].argmax(-1)
             decode.append((time.perf_counter() - start) / DECODE_STEPS)
+    from flops import forward_flops_per_token, matmul_params
+
+    # model FLOPs of the prefill (tests/perf/flops.py): a method's second score per pair is its
+    # own cost, not counted, so its GFLOP/s falls as it slows down
+    flops = length * forward_flops_per_token(matmul_params(model), 4, 128, length)
     return {
         "method": method,
         "length": length,
         "params": model.scaling.params,
+        "prefill_gflops": flops / statistics.median(prefill) / 1e9,
         "prefill_s_per_token": statistics.median(prefill) / length,
         "prefill_peak_mib": peak,
         "decode_s_per_token": statistics.median(decode),
@@ -141,12 +147,18 @@ def main() -> None:
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"  {method} at {length}: done", file=sys.stderr)
     raw = {r["length"]: r for r in results if r["method"] == "none"}
-    print(f"machine: {_cpu()}; threads {results[0]['threads']}; model rope 4x128, L={TRAIN_LENGTH}")
+    from flops import gemm_peak_gflops
+
+    from bench.runtime import machine_line, machine_summary
+
+    peak = gemm_peak_gflops("fp32", args.threads or None)
+    print(f"machine: {machine_line(machine_summary())}; model rope 4x128, L={TRAIN_LENGTH}")
+    print(f"fp32 GEMM peak {peak:.1f} GFLOP/s (tests/perf/flops.py)")
     print(
-        "| method | length | params | prefill ms/token (x raw) | prefill peak MiB | "
-        "decode ms/token (x raw) |"
+        "| method | length | params | prefill ms/token (x raw) | prefill GFLOP/s (% peak) | "
+        "prefill peak MiB | decode ms/token (x raw) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         base = raw.get(r["length"])
         pre = r["prefill_s_per_token"] * 1e3
@@ -162,11 +174,14 @@ def main() -> None:
         )
         print(
             f"| {r['method']} | {r['length']} | {params} | {pre:.3f}{ratio_pre} | "
+            f"{r['prefill_gflops']:.1f} ({r['prefill_gflops'] / peak:.0%}) | "
             f"{r['prefill_peak_mib']:.0f} | {dec:.2f}{ratio_dec} |"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": _cpu(), "results": results}, indent=1))
+    out.write_text(
+        json.dumps({"machine": _cpu(), "gemm_peak_gflops": peak, "results": results}, indent=1)
+    )
 
 
 if __name__ == "__main__":
