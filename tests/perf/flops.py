@@ -9,7 +9,7 @@ position family's own work (biases, rotations, CoPE's gates) is not counted: FLO
 comparable across families as "useful model FLOPs per second".
 
 The peak is measured, not taken from a data sheet: the best of several square matrix multiplies
-(``torch.mm``, n = 2048) with the threads the benchmark uses, in fp32 and bf16. On a CPU without
+(``torch.mm``, n = 2048; 512 for bf16 on a CPU, where emulation is slow) with the threads the benchmark uses, in fp32 and bf16. On a CPU without
 native bf16 (AVX2 only) bf16 is emulated, and its "peak" is what that emulation reaches.
 
 ``python tests/perf/flops.py`` prints the peaks with the machine line.
@@ -43,7 +43,9 @@ def forward_flops_per_token(n_matmul: int, n_layers: int, d_model: int, context:
 
 
 @functools.cache
-def gemm_peak_gflops(dtype: str = "fp32", threads: int | None = None, n: int = 2048) -> float:
+def gemm_peak_gflops(
+    dtype: str = "fp32", threads: int | None = None, n: int | None = None
+) -> float:
     """Best GFLOP/s of ``torch.mm`` on [n, n] x [n, n] in ``dtype`` (fp32 | bf16), on the CPU with
     ``threads`` (None = torch's current setting) or on CUDA when available and asked (``cuda:``
     prefix in dtype, e.g. ``cuda:bf16``)."""
@@ -51,22 +53,28 @@ def gemm_peak_gflops(dtype: str = "fp32", threads: int | None = None, n: int = 2
     if dtype.startswith("cuda:"):
         device, dtype = "cuda", dtype.removeprefix("cuda:")
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    if n is None:  # CPU bf16 without native support runs at a few GFLOP/s: a smaller product
+        n = 512 if device == "cpu" and dtype == "bf16" else 2048
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         a = torch.randn(n, n, device=device).to(torch_dtype)
         b = torch.randn(n, n, device=device).to(torch_dtype)
-        best = float("inf")
-        for _ in range(6):
+
+        def seconds(reps: int) -> float:
             if device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            for _ in range(4 if device == "cpu" else 50):
+            for _ in range(reps):
                 torch.mm(a, b)
             if device == "cuda":
                 torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - start) / (4 if device == "cpu" else 50))
+            return (time.perf_counter() - start) / reps
+
+        # about 0.2 s per round whatever the speed (emulated bf16 can be 20x slower than fp32)
+        reps = max(1, int(0.2 / max(seconds(1), 1e-6)))
+        best = min(seconds(reps) for _ in range(5))
     finally:
         torch.set_num_threads(before)
     return 2.0 * n**3 / best / 1e9
