@@ -205,15 +205,15 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
     with torch.no_grad():  # one-time initialisation (thread pools, kernels), not the first metric's
         model.eval()(torch.zeros(1, 64, dtype=torch.long, device=device))
     # model FLOPs of every forward pass (tests/perf/flops.py), for the run's achieved GFLOP/s
-    from flops import forward_flops_per_token, matmul_params
+    from flops import causal_keys, forward_flops_per_token, matmul_params
 
     n_matmul, forward_flops = matmul_params(model), [0.0]
 
     def count_flops(module, args, kwargs):
         ids = args[0] if args else kwargs["input_ids"]
         past = kwargs.get("past")
-        context = ids.shape[1] + (past.length if past is not None else 0)
-        per_token = forward_flops_per_token(n_matmul, 4, 128, context)
+        keys = causal_keys(ids.shape[1], past.length if past is not None else 0)
+        per_token = forward_flops_per_token(n_matmul, 4, 128, keys)
         forward_flops[0] += ids.numel() * per_token
 
     model.register_forward_pre_hook(count_flops, with_kwargs=True)

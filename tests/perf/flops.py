@@ -1,12 +1,14 @@
 """Model FLOPs per token and the machine's measured GEMM peak, for the benchmarks' FLOP/s columns.
 
-Convention (PaLM, Chowdhery et al. 2022, appendix B): a forward pass costs ``2 N + 4 n_layers
-d_model T`` FLOPs per token and a training step three times that, where N counts the weights that
-take part in a matrix multiply per token (every linear layer, the LM head once even when it is
-tied to the embedding; not the embedding lookup, norms or position tables) and T is the context a
-token attends to (the sequence length; causal masking is not discounted, as in PaLM's MFU). A
-position family's own work (biases, rotations, CoPE's gates) is not counted: FLOP/s is then
-comparable across families as "useful model FLOPs per second".
+Convention (PaLM, Chowdhery et al. 2022, appendix B, with causal attention counted as done): a
+forward pass costs ``2 N + 4 n_layers d_model K`` FLOPs per token and a training step three times
+that, where N counts the weights that take part in a matrix multiply per token (every linear
+layer, the LM head once even when it is tied to the embedding; not the embedding lookup, norms or
+position tables) and K is the number of keys a query attends to on average: (T + 1) / 2 in a
+causal window of T tokens (PaLM's MFU counts T, which overstates the work of a causal kernel by up
+to 2x at long lengths), P + (T + 1) / 2 for T new tokens after a cache of P. A position family's
+own work (biases, rotations, CoPE's gates) is not counted: FLOP/s is then comparable across
+families as "useful model FLOPs per second".
 
 The peak is measured, not taken from a data sheet: the best of several square matrix multiplies
 (``torch.mm``, n = 2048; 512 for bf16 on a CPU, where emulation is slow) with the threads the benchmark uses, in fp32 and bf16. On a CPU without
@@ -23,7 +25,13 @@ import time
 
 import torch
 
-__all__ = ["forward_flops_per_token", "gemm_peak_gflops", "matmul_params", "share_of_peak"]
+__all__ = [
+    "causal_keys",
+    "forward_flops_per_token",
+    "gemm_peak_gflops",
+    "matmul_params",
+    "share_of_peak",
+]
 
 
 def matmul_params(model: torch.nn.Module) -> int:
@@ -37,9 +45,14 @@ def matmul_params(model: torch.nn.Module) -> int:
     return total
 
 
-def forward_flops_per_token(n_matmul: int, n_layers: int, d_model: int, context: int) -> float:
-    """2 N + 4 n_layers d_model T (module doc); a training step is 3x this."""
-    return 2.0 * n_matmul + 4.0 * n_layers * d_model * context
+def causal_keys(new_tokens: int, past: int = 0) -> float:
+    """Keys a query attends to on average: ``new_tokens`` causal queries after ``past`` cached."""
+    return past + (new_tokens + 1) / 2
+
+
+def forward_flops_per_token(n_matmul: int, n_layers: int, d_model: int, keys: float) -> float:
+    """2 N + 4 n_layers d_model K (module doc; K from :func:`causal_keys`); a training step is 3x."""
+    return 2.0 * n_matmul + 4.0 * n_layers * d_model * keys
 
 
 @functools.cache

@@ -5,7 +5,7 @@ pretrained-size model evaluates within the GPU's memory with chunked scoring.
 1. **Training**: our DecoderLM with conf/model/{small,base}.yaml, ``--seq`` tokens (default
    1024) x ``--batch`` rows, AdamW, bf16 autocast, ``--steps`` timed steps after ``--warmup``;
    tokens/s from the median step; MFU = model FLOPs (tests/perf/flops.py: 6 N + 12 n_layers
-   d_model T per token) per second over the GPU's measured bf16 GEMM peak (``torch.mm``, so MFU
+   d_model (T+1)/2 per token) per second over the GPU's measured bf16 GEMM peak (``torch.mm``, so MFU
    is against what this GPU's matrix units reach, not its data sheet); peak memory
    ``torch.cuda.max_memory_allocated``. Our families' kernels: RoPE SDPA (flash), ALiBi compiled
    flex attention (``models.attention``; the first step compiles it, which the warm-up absorbs).
@@ -68,7 +68,7 @@ def _peak_gib(device: str) -> float:
 
 
 def train_speed(preset: str, position: str, args: argparse.Namespace, peak: float) -> dict:
-    from flops import forward_flops_per_token, matmul_params
+    from flops import causal_keys, forward_flops_per_token, matmul_params
 
     from models.positions import PositionConfig
     from models.transformer import DecoderLM
@@ -95,7 +95,9 @@ def train_speed(preset: str, position: str, args: argparse.Namespace, peak: floa
             times.append(time.perf_counter() - start)
     step = statistics.median(times)
     tokens = args.batch * args.seq
-    flops = 3 * forward_flops_per_token(matmul_params(model), cfg.n_layers, cfg.d_model, args.seq)
+    flops = 3 * forward_flops_per_token(
+        matmul_params(model), cfg.n_layers, cfg.d_model, causal_keys(args.seq)
+    )
     result = {
         "preset": preset,
         "position": position,

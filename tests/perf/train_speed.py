@@ -8,7 +8,7 @@ also under ``torch.compile`` (``--compile``, as ``train.compile=true`` does, and
 the alternative a user would pick); steps go round-robin
 over the models so that load from other processes hits all alike; tokens/s uses the median step
 time, and ``vs llama`` (``vs llama+compile``) is Llama's (compiled Llama's) median step time over
-ours. ``GFLOP/s`` are model FLOPs (tests/perf/flops.py: 6 N + 12 n_layers d_model T per token)
+ours. ``GFLOP/s`` are model FLOPs (tests/perf/flops.py: 6 N + 12 n_layers d_model (T+1)/2 per token)
 per second of the median step, ``% peak`` their share of this machine's measured GEMM peak in the
 same precision. Peak memory: ``torch.cuda.max_memory_allocated`` on
 CUDA; on CPU the sampled peak RSS above the RSS right before the model is built.
@@ -385,14 +385,16 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = os.getloadavg()
     max_diff = parity(args, device, batches[0][:2])
     print(f"parity: max |logits ours - llama| = {max_diff:.2e}", file=sys.stderr)
-    from flops import forward_flops_per_token, gemm_peak_gflops, matmul_params
+    from flops import causal_keys, forward_flops_per_token, gemm_peak_gflops, matmul_params
 
     rows = []
     tokens_per_step = args.batch * args.seq
     # model FLOPs per token of a training step (flops.py: 3 x forward, PaLM's convention); the
     # position families' own work is not counted, so every row's FLOPs are Llama's
     ours = build_ours(args)
-    step_flops = 3 * forward_flops_per_token(matmul_params(ours), args.layers, args.width, args.seq)
+    step_flops = 3 * forward_flops_per_token(
+        matmul_params(ours), args.layers, args.width, causal_keys(args.seq)
+    )
     peak_device = "cuda:" if device.type == "cuda" else ""
     for precision in precisions:
         times = throughput(args, names, precision, device, batches)

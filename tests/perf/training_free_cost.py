@@ -93,11 +93,11 @@ def worker(method: str, length: int, threads: int) -> dict:
                 step = model(token, past=past, use_cache=True)
                 past, token = step.past, step.logits[:, -1:].argmax(-1)
             decode.append((time.perf_counter() - start) / DECODE_STEPS)
-    from flops import forward_flops_per_token, matmul_params
+    from flops import causal_keys, forward_flops_per_token, matmul_params
 
     # model FLOPs of the prefill (tests/perf/flops.py): a method's second score per pair is its
     # own cost, not counted, so its GFLOP/s falls as it slows down
-    flops = length * forward_flops_per_token(matmul_params(model), 4, 128, length)
+    flops = length * forward_flops_per_token(matmul_params(model), 4, 128, causal_keys(length))
     return {
         "method": method,
         "length": length,
