@@ -50,17 +50,6 @@ ONE_B = {  # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json)
 ONE_B_LAYERS_BUILT = 2
 
 
-def _status_mib(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # Linux: VmHWM := VmRSS
-
-
 def _build(name: str):
     """(model, trained length) with random weights."""
     import torch
@@ -96,6 +85,7 @@ def _build(name: str):
 
 def worker(name: str, length: int, scoring: str, threads: int) -> dict:
     import torch
+    from training_free_cost import _reset_peak, _status_mib  # VmHWM reset and read (Linux)
 
     import bench.evaluate
     from bench.corpora import Document
