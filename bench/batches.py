@@ -26,12 +26,14 @@ from bench.passkey import (
 )
 from bench.passkey import passkey_template as passkey_template_of
 from bench.tokenizer import ByteTokenizer
-from bench.train_config import PASSKEY_LENGTHS, PASSKEY_LOSSES
+from bench.train_config import PASSKEY_LENGTHS, PASSKEY_LOSSES, POSITION_SAMPLINGS
 
 __all__ = [
     "TrainingBatch",
     "TrainingStream",
     "concat_documents",
+    "pose_positions",
+    "randomized_positions",
     "validation_batches",
 ]
 
@@ -64,6 +66,40 @@ class TrainingBatch(NamedTuple):
     tokens: torch.Tensor  # LongTensor [B, seq_len + 1]; inputs = [:, :-1], targets = [:, 1:]
     loss_mask: torch.Tensor  # BoolTensor [B, seq_len], aligned with targets
     passkey_rows: torch.Tensor  # LongTensor [n_passkey] of row indices holding passkey examples
+    # LongTensor [B, seq_len] of the inputs' position ids; None = contiguous 0..seq_len-1
+    position_ids: torch.Tensor | None = None
+
+
+def randomized_positions(
+    rows: int, length: int, max_position: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Randomized positions (Ruoss et al. 2023): per row, ``length`` distinct positions drawn
+    uniformly without replacement from [0, ``max_position``), sorted -> [rows, length]."""
+    if not 1 <= length <= max_position:
+        raise ValueError(f"length {length} must be in [1, max_position = {max_position}].")
+    scores = torch.rand(rows, max_position, generator=generator)  # [rows, max_position]
+    # the top-k of i.i.d. uniform scores is a uniform k-subset
+    return scores.topk(length, dim=1).indices.sort(dim=1).values
+
+
+def pose_positions(
+    rows: int, length: int, max_position: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Positional skip-wise positions (PoSE, Zhu et al. 2024; two chunks, as in its reference
+    code, dwzhu-pku/PoSE ``train_pose.py``): the window's first l tokens (l uniform in
+    [1, (length + 1) // 2]) keep positions 0..l-1, the rest are shifted by a skip b uniform in
+    [0, max_position - length] -> [rows, length], increasing, within [0, max_position). (The
+    paper also shifts the first chunk; the reference code's last revision fixes that skip at 0
+    for a more uniform coverage of large relative positions.) Over many windows every position
+    of [0, max_position) occurs."""
+    if not 2 <= length <= max_position:
+        raise ValueError(f"length {length} must be in [2, max_position = {max_position}].")
+    room = max_position - length  # the largest skip
+    half = (length + 1) // 2
+    first = 1 + (torch.rand(rows, 1, generator=generator) * half).long().clamp(max=half - 1)
+    skip = (torch.rand(rows, 1, generator=generator) * (room + 1)).long().clamp(max=room)
+    index = torch.arange(length)[None]  # [1, length]
+    return index + torch.where(index < first, 0, skip)  # [rows, length]
 
 
 class TrainingStream:
@@ -100,6 +136,8 @@ class TrainingStream:
         tokenizer: ByteTokenizer | None = None,
         passkey_template: str = DEFAULT_TEMPLATE,
         passkey_length: str = "full",
+        position_sampling: str = "contiguous",
+        max_position: int | None = None,
     ) -> None:
         if int(seq_len) < 1 or int(batch_size) < 1:
             raise ValueError(
@@ -121,6 +159,18 @@ class TrainingStream:
             raise ValueError(
                 f"passkey_loss {passkey_loss!r} is unknown; allowed values are {', '.join(PASSKEY_LOSSES)}."
             )
+        if position_sampling not in POSITION_SAMPLINGS:
+            raise ValueError(
+                f"position_sampling {position_sampling!r} is unknown; allowed values are "
+                f"{', '.join(POSITION_SAMPLINGS)}."
+            )
+        if position_sampling != "contiguous" and (max_position or 0) < int(seq_len):
+            raise ValueError(
+                f"max_position {max_position!r} must be an integer >= seq_len {seq_len} for "
+                f"{position_sampling} positions."
+            )
+        self.position_sampling = position_sampling
+        self.max_position = max_position
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
@@ -177,7 +227,16 @@ class TrainingStream:
                 # target j predicts token j+1: the first answer token is predicted at
                 # len(prompt)-1, the end text's last token at len(ids)-2
                 loss_mask[row, len(example.prompt_ids) - 1 : len(ids) - 1] = True
-        return TrainingBatch(tokens, loss_mask, rows)
+        return TrainingBatch(tokens, loss_mask, rows, self._positions(step_seed))
+
+    def _positions(self, step_seed: int) -> torch.Tensor | None:
+        """The batch's position ids [B, seq_len], None for contiguous; from a generator of its
+        own, so the tokens of a batch do not depend on the sampling."""
+        if self.position_sampling == "contiguous":
+            return None
+        gen = torch.Generator().manual_seed((step_seed + 1) % 2**63)
+        sample = randomized_positions if self.position_sampling == "randomized" else pose_positions
+        return sample(self.batch_size, self.seq_len, int(self.max_position), gen)
 
     def _passkey_example(self, rng: random.Random) -> PasskeyExample:
         """An example that leaves room for the template's end text after the answer."""

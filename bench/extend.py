@@ -93,6 +93,9 @@ def finetune_recipe(job: JobConfig) -> TrainConfig:
         decay_steps=ext.decay_steps,
         batch_size=ext.batch_size,
         passkey_fraction=ext.passkey_fraction,
+        # a fine-tune at length reads contiguous positions, as practitioners fine-tune
+        position_sampling="contiguous",
+        max_position=None,
     )
 
 

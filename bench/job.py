@@ -565,6 +565,8 @@ class TrainedSource:
             "train_length": job.train.length,
             "model_config_id": model_config_id(job, corpus),
         }
+        if job.train.position_sampling != "contiguous":  # how its training windows were positioned
+            columns["position_sampling"] = job.train.position_sampling
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
             # one id for every update count of this fine-tune recipe: the points of one curve

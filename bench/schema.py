@@ -212,6 +212,17 @@ class JobConfig:
                 f"position.max_positions {rows} is smaller than train.length {length}; "
                 f"allowed: 0 (= train.length) or at least {length}."
             )
+        if self.position.kind == "learned" and self.train.position_sampling != "contiguous":
+            # sampled positions reach train.max_position: the table needs that many rows
+            needed = self.train.sampled_positions
+            if rows == 0:
+                self.position.max_positions = needed
+            elif rows < needed:
+                raise ValueError(
+                    f"position.max_positions {rows} is smaller than the {needed} positions "
+                    f"train.position_sampling={self.train.position_sampling} draws from "
+                    f"(train.max_position); allowed: 0 (= {needed}) or at least {needed}."
+                )
         if self.extend.active:
             ext, what = self.extend, "extend.length"
             ext.length = integer(what, parse_length(ext.length, length, what), length)

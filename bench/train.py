@@ -260,6 +260,8 @@ class Trainer:
             passkey_loss=spec.passkey_loss,
             passkey_template=spec.passkey_template,
             passkey_length=spec.passkey_length,
+            position_sampling=spec.position_sampling,
+            max_position=spec.sampled_positions,
         )
         self.validator = _Validator(self.corpus, spec, self.rank, self.world, stacklevel=5)
 
@@ -352,15 +354,19 @@ class Trainer:
         spec, device = self.spec, self.device
         batch = self.stream.batch(step)
         tokens, mask = batch.tokens, batch.loss_mask  # [B, L + 1] and [B, L]
+        positions = batch.position_ids  # [B, L] or None (contiguous)
         if self.world > 1:
             tokens, mask = tokens[self.rank :: self.world], mask[self.rank :: self.world]
+            if positions is not None:
+                positions = positions[self.rank :: self.world]
+        kwargs = {} if positions is None else {"position_ids": positions.to(device)}
         tokens = tokens.to(device, non_blocking=True)
         mask = None if bool(mask.all()) else mask.to(device, non_blocking=True)
         lr = lr_at(step, spec)  # set by hand: a scheduler would step once per process
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with autocast(device, spec.precision):
-            logits = self.forward(tokens[:, :-1]).logits  # [B, L, vocab]
+            logits = self.forward(tokens[:, :-1], **kwargs).logits  # [B, L, vocab]
         loss = lm_loss(logits, tokens[:, 1:], mask)
         self.accelerator.backward(loss)
         if spec.grad_clip > 0:

@@ -18,6 +18,7 @@ __all__ = [
     "EXTEND_NONE",
     "PASSKEY_LENGTHS",
     "PASSKEY_LOSSES",
+    "POSITION_SAMPLINGS",
     "WEIGHT_DECAY_SCOPES",
     "ExtendConfig",
     "TrainConfig",
@@ -28,6 +29,12 @@ PASSKEY_LOSSES = ("all", "answer")
 #: full: every passkey example is a whole row; uniform: its length is uniform between the
 #: template's minimum and the row, and the rest of the row is training text
 PASSKEY_LENGTHS = ("full", "uniform")
+#: position ids of a training window (bench.batches): contiguous 0..L-1; randomized (Ruoss et al.
+#: 2023) L sorted distinct positions from [0, max_position); pose (Zhu et al. 2024) two chunks,
+#: each shifted by a random skip, within [0, max_position). Evaluation is always contiguous.
+POSITION_SAMPLINGS = ("contiguous", "randomized", "pose")
+#: train.max_position when null: this many times train.length (the LM arm's longest eval length)
+DEFAULT_MAX_POSITION_MULTIPLE = 8
 
 
 def _decay_steps(section: str, value: Any, steps: int, warmup: int) -> int | None:
@@ -78,6 +85,25 @@ class TrainConfig:
             )
         },
     )
+    # position ids of each training window (POSITION_SAMPLINGS); in the key only where not
+    # contiguous (so the keys of models trained before the field existed hold)
+    position_sampling: str = field(
+        default="contiguous",
+        metadata={
+            WEIGHTS: lambda train: (
+                train.position_sampling if train.position_sampling != "contiguous" else NOT_IN_KEY
+            )
+        },
+    )
+    # sampled positions lie in [0, max_position); null = 8 x length; read by randomized and pose
+    max_position: int | None = field(
+        default=None,
+        metadata={
+            WEIGHTS: lambda train: (
+                train.sampled_positions if train.position_sampling != "contiguous" else NOT_IN_KEY
+            )
+        },
+    )
     # what is measured and shown, never the weights:
     eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
     eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none
@@ -116,12 +142,24 @@ class TrainConfig:
         choice("train.passkey_template", self.passkey_template, tuple(PASSKEY_TEMPLATES))
         choice("train.passkey_loss", self.passkey_loss, PASSKEY_LOSSES)
         choice("train.passkey_length", self.passkey_length, PASSKEY_LENGTHS)
+        choice("train.position_sampling", self.position_sampling, POSITION_SAMPLINGS)
+        self.max_position = integer(
+            "train.max_position", self.max_position, self.length, optional=True
+        )
         self.eval_every = integer("train.eval_every", self.eval_every, 0)
         self.eval_batches = integer("train.eval_batches", self.eval_batches, 0)
         self.log_every = integer("train.log_every", self.log_every, 1)
         self.save_every = integer("train.save_every", self.save_every, 0)
         self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
         self.compile = boolean("train.compile", self.compile)
+
+    @property
+    def sampled_positions(self) -> int:
+        """The end (exclusive) of the positions a sampled window may use: ``max_position``, or
+        8 x ``length`` when it is null."""
+        if self.max_position is not None:
+            return self.max_position
+        return DEFAULT_MAX_POSITION_MULTIPLE * self.length
 
     @property
     def final_lr(self) -> float:

@@ -140,7 +140,8 @@ def finetune_labels(df: pd.DataFrame) -> list[str]:
 
 
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """Add ``position_label``, ``scaling_label`` (fine-tunes marked: :func:`finetune_labels`),
+    """Add ``position_label`` (with the training's position sampling where it was not
+    contiguous), ``scaling_label`` (fine-tunes marked: :func:`finetune_labels`),
     ``series`` (legend text; with "[arm <name>]" where the rows come from several arms,
     which train different models) and ``series_rank``."""
     df = df.copy()
@@ -156,6 +157,9 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
             df[kind].tolist(), df[f"{kind}_params"].tolist(), group.tolist()
         )
     df["scaling_label"] = finetune_labels(df)
+    if "position_sampling" in df.columns:  # trained on randomized or PoSE positions
+        sampled = df["position_sampling"].notna()
+        df.loc[sampled, "position_label"] += " (" + df.loc[sampled, "position_sampling"] + ")"
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:
         series = series + " L=" + df["train_length"].astype(str)
