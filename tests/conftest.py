@@ -101,3 +101,23 @@ def hf_text_docs() -> list[Document]:
     from fixtures.hf import stdlib_docs
 
     return stdlib_docs()
+
+
+@pytest.fixture
+def quiet_training(monkeypatch):
+    """Training through the checkpoint cache as usual, without progress bars."""
+    import bench.cache as cache_module
+
+    original = cache_module.get_or_train
+    monkeypatch.setattr(
+        cache_module,
+        "get_or_train",
+        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
+    )
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """The test runs in its own temporary directory (results/ and reports/ land there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -591,10 +591,9 @@ class PretrainedLM(nn.Module):
                 raise ValueError(f"{problem}.")
             kwargs["position_ids"] = position_ids.to(input_ids.device).long().expand(n, length)
         self._reset_dynamic()
+        # the LM head held back: to score targets by chunks, or because no logits are wanted
         head = self.chunked_head() if targets is not None else None
-        hold = head
-        if targets is None and not return_logits:
-            hold = self.hf.get_output_embeddings()
+        hold = self.hf.get_output_embeddings() if targets is None and not return_logits else head
         held = _held_head_inputs(hold) if hold is not None else contextlib.nullcontext([])
         with held as head_inputs:
             if not output_attn_entropy:

@@ -88,23 +88,6 @@ def no_training(monkeypatch):
     monkeypatch.setattr(cache_module, "get_or_train", forbidden)
 
 
-@pytest.fixture
-def quiet_training(monkeypatch):
-    """Training through the checkpoint cache as usual, without progress bars."""
-    original = cache_module.get_or_train
-    monkeypatch.setattr(
-        cache_module,
-        "get_or_train",
-        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
-    )
-
-
-@pytest.fixture
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def compose_cfg(overrides, hydra=False):
     with initialize_config_module("conf", version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=hydra)

@@ -166,30 +166,22 @@ def test_training_reads_the_sampled_positions(sampling, tmp_path):
     assert not torch.equal(sampled[beyond], initial[beyond])
 
 
-def test_smoke_with_sampled_positions_lands_rows_for_every_metric(tmp_path, monkeypatch, capsys):
+def test_smoke_with_sampled_positions_lands_rows_for_every_metric(in_tmp, quiet_training, capsys):
     """The issue's command: smoke's rope and learned models trained with randomized and PoSE
     positions, evaluated on contiguous positions, every metric's rows for each."""
     import pandas as pd
 
-    import bench.cache as cache_module
     from bench.cli import main
 
-    monkeypatch.chdir(tmp_path)
-    original = cache_module.get_or_train
-    monkeypatch.setattr(
-        cache_module,
-        "get_or_train",
-        lambda cfg, corpus, root=None, **kw: original(cfg, corpus, root, progress=False, **kw),
-    )
     argv = [
         "+experiment=smoke",
         "position=rope,learned",
         "train.position_sampling=randomized,pose",
-        f"paths.cache={tmp_path / 'cache'}",
+        f"paths.cache={in_tmp / 'cache'}",
         "hydra.callbacks.report.enabled=false",
     ]
     assert main(argv) == 0, capsys.readouterr().err
-    df = pd.concat(pd.read_parquet(f) for f in (tmp_path / "results" / "smoke").glob("*.parquet"))
+    df = pd.concat(pd.read_parquet(f) for f in (in_tmp / "results" / "smoke").glob("*.parquet"))
     assert set(df["position_sampling"]) == {"randomized", "pose"}
     cells = df.groupby(["position", "position_sampling"])["metric"].apply(set).to_dict()
     assert set(cells) == {(p, s) for p in ("rope", "learned") for s in ("randomized", "pose")}
