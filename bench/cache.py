@@ -47,7 +47,7 @@ from bench.passkey import passkey_template
 from bench.results import canonical_json
 from bench.resume import RESUME_FILE, TMP_PREFIX, ResumeFile, atomic_write
 from bench.runtime import use_cpu_backend
-from bench.schema import JobConfig, PositionSchema, weights_dict
+from bench.schema import JobConfig, ModelSchema, PositionSchema, weights_dict
 from bench.train import TrainStats, train_model
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
@@ -202,7 +202,10 @@ def _check_model_matches(
     where: str,
 ) -> None:
     want_model, want_position, want_length = _model_part(config)
-    position = weights_dict(PositionSchema(**position_cfg))  # as it enters the key
+    # both sides as they enter the key (a field added later is absent from older configs)
+    model_cfg = weights_dict(ModelSchema(**model_cfg))
+    want_model = weights_dict(ModelSchema(**want_model))
+    position = weights_dict(PositionSchema(**position_cfg))
     if (
         canonical_json(model_cfg) != canonical_json(want_model)
         or canonical_json(position) != canonical_json(want_position)

@@ -189,6 +189,9 @@ WEIGHTS = "weights"
 NOT_IN_KEY = object()
 # the field enters the key only where the section's position family reads it (Family.fields)
 IF_READ = "if_read"
+# the field enters the key only when it differs from its default (a field added later, so that
+# the keys of models trained before it existed hold)
+IF_SET = "if_set"
 KINDS = "kinds"  # data kinds (DataConfig.name) the field belongs to; absent = every kind
 
 
@@ -207,7 +210,11 @@ def weights_dict(section: Any) -> dict[str, Any]:
             continue
         if rule == IF_READ and f.name not in section.family.fields:
             continue  # a field of another position family: not this model's
+        if rule == IF_SET and getattr(section, f.name) == field_default(f):
+            continue
         value = rule(section) if callable(rule) else getattr(section, f.name)
+        if isinstance(value, (list, tuple)):
+            value = list(value)  # a Hydra ListConfig enters as a plain list
         if value is not NOT_IN_KEY:
             out[f.name] = value
     return out

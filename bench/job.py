@@ -482,7 +482,13 @@ class TrainedSource:
         job, kind = self.job, self.job.position.kind
         allowed, note = applicable_methods(kind), ", each may add logn"
         check_method("scaling", scaling.name, scaling.method, kind, allowed, note=note)
-        outside = job.arm.excluded(kind, scaling.name, job.extend.name)
+        outside = job.arm.excluded(
+            kind,
+            scaling.name,
+            job.extend.name,
+            job.train.position_sampling,
+            job.model.attention_sink,
+        )
         if outside:
             raise NotApplicable(outside)
 
@@ -567,6 +573,8 @@ class TrainedSource:
         }
         if job.train.position_sampling != "contiguous":  # how its training windows were positioned
             columns["position_sampling"] = job.train.position_sampling
+        if job.model.attention_sink != "none":
+            columns["attention_sink"] = job.model.attention_sink
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
             # one id for every update count of this fine-tune recipe: the points of one curve

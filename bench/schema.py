@@ -135,11 +135,13 @@ class ArmConfig:
     positions: list[str] | None = None  # position kinds the arm trains
     scalings: list[str] | None = None  # scaling names (conf/scaling/*.yaml) it evaluates
     extends: list[str] | None = None  # extend names (conf/extend/*.yaml) it fine-tunes with
+    position_samplings: list[str] | None = None  # train.position_sampling values it trains
+    attention_sinks: list[str] | None = None  # model.attention_sink values it trains
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or "/" in self.name:
             raise ValueError(f"arm.name must be a non-empty name without '/', got {self.name!r}.")
-        for key in ("positions", "scalings", "extends"):
+        for key in ("positions", "scalings", "extends", "position_samplings", "attention_sinks"):
             values = getattr(self, key)
             if values is not None and not values:
                 raise ValueError(
@@ -148,12 +150,22 @@ class ArmConfig:
                 )
             setattr(self, key, None if values is None else [str(v) for v in values])
 
-    def excluded(self, position: str, scaling: str, extend: str) -> str | None:
-        """Why the cell (position, scaling, extend) is not part of this arm, or None if it is."""
+    def excluded(
+        self,
+        position: str,
+        scaling: str,
+        extend: str,
+        position_sampling: str = "contiguous",
+        attention_sink: str = "none",
+    ) -> str | None:
+        """Why the cell (position, scaling, extend, training's position sampling, attention
+        sink) is not part of this arm, or None if it is."""
         for what, value, allowed in (
             ("position", position, self.positions),
             ("scaling", scaling, self.scalings),
             ("extend", extend, self.extends),
+            ("train.position_sampling", position_sampling, self.position_samplings),
+            ("model.attention_sink", attention_sink, self.attention_sinks),
         ):
             if allowed is not None and value not in allowed:
                 return (

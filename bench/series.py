@@ -4,7 +4,8 @@ Seeds are the only replicate axis: rows of one series and different seeds are re
 of different series are never pooled, in the Findings (``bench.findings``) and in the report's
 tables and plots (``bench.report.frame``) alike. Both use :func:`series_key`.
 
-The identity is :data:`SERIES_COLUMNS`: experiment, arm, position and its parameters, scaling
+The identity is :data:`SERIES_COLUMNS`: experiment, arm, position and its parameters, the
+training's position sampling and attention sink (where set; also inside ``model_config_id``), scaling
 and its parameters, training length, ``model_config_id`` (a hash of everything else that
 determines the weights: model, data, training settings, fine-tune settings; the seed left out),
 corpus fingerprint, and the fine-tune's method, length and steps. A column a frame lacks (older
@@ -32,6 +33,8 @@ SERIES_COLUMNS: list[str] = [
     "arm",
     "position",
     "position_params",
+    "position_sampling",
+    "attention_sink",
     "scaling",
     "scaling_params",
     "train_length",

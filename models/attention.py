@@ -45,6 +45,7 @@ __all__ = [
     "flex_score_mod",
     "logn_query_scale",
     "pair_inputs",
+    "span_mask",
 ]
 
 # Entries of a masked attention logit tile held at once when the mask must be materialised.
@@ -179,6 +180,10 @@ class AttentionInputs:
     contextual_bias: ContextualBias | None = None
     # a training-free method's per-pair positions (Self-Extend, ReRoPE, StreamingLLM); None = none
     pairs: PairInputs | None = None
+    # the layer's attention span (models.hybrid): key position j is visible to query position i
+    # only if i - j < window (sliding window), only if i // chunk == j // chunk (chunked); None = all
+    window: int | None = None
+    chunk: int | None = None
     # per forward pass: the flex block mask, shared by all layers (built on first use)
     flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -205,6 +210,7 @@ def _fused_plain(length: int, s: int, inputs: AttentionInputs) -> bool:
     every key)."""
     plain = inputs.score_bias is None and inputs.k_valid is None and not inputs.want_entropy
     plain = plain and inputs.contextual_bias is None and inputs.pairs is None
+    plain = plain and inputs.window is None and inputs.chunk is None
     return plain and (length == s or length == 1)
 
 
@@ -328,7 +334,35 @@ def flex_mask_mod(inputs: AttentionInputs, device: torch.device) -> Callable:
         # a padding query still sees itself, so its (ignored) row never becomes all -inf
         return (kv_idx <= query) & (k_valid[b, kv_idx] | (kv_idx == query))
 
-    return causal_unpadded
+    if inputs.window is None and inputs.chunk is None:
+        return causal_unpadded
+    q_pos = _dynamic_lengths(inputs.q_pos.to(device).contiguous(), 1)  # [N, L]
+    k_pos = _dynamic_lengths(inputs.k_pos.to(device).contiguous(), 1)  # [N, S]
+    window, chunk = inputs.window, inputs.chunk
+
+    def causal_unpadded_in_span(b, h, q_idx, kv_idx):
+        query = q_idx + offset
+        in_span = span_mask(q_pos[b, q_idx], k_pos[b, kv_idx], window, chunk)
+        return causal_unpadded(b, h, q_idx, kv_idx) & (in_span | (kv_idx == query))
+
+    return causal_unpadded_in_span
+
+
+def span_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, chunk: int | None
+) -> torch.Tensor:
+    """Whether key position k_pos is inside the attention span of query position q_pos
+    (broadcasting): i - j < window for a sliding window, i // chunk == j // chunk for chunked
+    attention (Llama 4's chunks, counted from position 0); True everywhere without either."""
+    inside = torch.ones((), dtype=torch.bool, device=q_pos.device)
+    if window is not None:
+        inside = inside & (q_pos - k_pos < window)
+    if chunk is not None:
+        inside = inside & (
+            torch.div(q_pos, chunk, rounding_mode="floor")
+            == torch.div(k_pos, chunk, rounding_mode="floor")
+        )
+    return inside
 
 
 def _dense_to_kv_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -374,6 +408,9 @@ def flex_block_mask(
     some = (causal_some & ((real_seen > 0) | self_seen))[:, None]  # [N, 1, Q blocks, K blocks]
     all_real = (real[:, k_hi + 1] - real[:, k_lo]) == (k_hi - k_lo + 1)  # [N, K blocks]
     full = (causal_all & complete)[None, None] & all_real[:, None, None, :]
+    if inputs.window is not None or inputs.chunk is not None:
+        # a span cuts blocks by position id: every causally visible block is partial (masked)
+        full = torch.zeros_like(full)
     partial = some & ~full
     block_mask = BlockMask.from_kv_blocks(
         *_dense_to_kv_blocks(partial),
@@ -436,6 +473,7 @@ def attend(
     inputs: AttentionInputs,
     layer: int = 0,
     far: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
 
@@ -445,11 +483,16 @@ def attend(
     elsewhere and for an entropy request (which needs the probabilities) or a contextual term
     (which needs whole logits rows; ``layer`` is the block it belongs to) the mask is built in
     query tiles so that memory stays O(tile x S) however long the sequence. So is a training-free
-    method's (``inputs.pairs``): ``far`` = (queries, keys) rotated to their far positions.
+    method's (``inputs.pairs``): ``far`` = (queries, keys) rotated to their far positions. So is
+    a layer with a learned attention ``sink`` [H] (one logit per head that joins every softmax's
+    denominator, attached to no value) and one with a sliding window or chunks (``inputs.window``,
+    ``inputs.chunk``; also on flex).
     """
     n, h, length, _ = q.shape
     s = k.shape[2]
     gqa = h != k.shape[1]
+    if sink is not None:
+        return _attend_tiled(q, k, v, inputs, layer, far, sink)
     if _fused_plain(length, s, inputs):
         return (
             F.scaled_dot_product_attention(
@@ -462,6 +505,27 @@ def attend(
     return _attend_tiled(q, k, v, inputs, layer, far)
 
 
+def _sink_column(sink: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The sink logit of every head as one more key column: [H] -> [N, H, T, 1] float32."""
+    n, h, t = like.shape[0], like.shape[1], like.shape[2]
+    return sink.float()[None, :, None, None].expand(n, h, t, 1)
+
+
+def _first_key_in_span(inputs: AttentionInputs, start: int, stop: int, visible: int) -> int:
+    """Index of the first key that some query start..stop-1 may see within the layer's span
+    (every earlier key is outside every query's window or chunk, in every row), at most the
+    tile's first query, so that a query always keeps its own key."""
+    q_min = int(inputs.q_pos[:, start:stop].min())
+    lowest = -math.inf  # the smallest key position a query of the tile may see
+    if inputs.window is not None:
+        lowest = max(lowest, q_min - inputs.window + 1)
+    if inputs.chunk is not None:
+        lowest = max(lowest, q_min // inputs.chunk * inputs.chunk)
+    needed = (inputs.k_pos[:, :visible] >= lowest).any(dim=0)  # [S']
+    first = int(needed.to(torch.int8).argmax()) if bool(needed.any()) else visible
+    return min(first, inputs.past_len + start)
+
+
 def _attend_tiled(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -469,8 +533,10 @@ def _attend_tiled(
     inputs: AttentionInputs,
     layer: int = 0,
     far: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The explicit-mask path of :func:`attend`, in query tiles of O(tile x S) memory."""
+    """The explicit-mask path of :func:`attend`, in query tiles of O(tile x S) memory; ``sink``
+    [H] adds one logit per head to every softmax's denominator (a learned attention sink)."""
     n, h, length, _ = q.shape
     s = k.shape[2]
     q_far, k_far = far if far is not None else (None, None)
@@ -488,42 +554,39 @@ def _attend_tiled(
     pairs = inputs.pairs
     key_index = torch.arange(s, device=q.device)
     outputs, entropies = [], []
+    spanned = inputs.window is not None or inputs.chunk is not None
     for start in range(0, length, tile):
         stop = min(start + tile, length)
         # causal: keys after the tile's last query are masked for all of it, so leave them out
         visible = min(s, inputs.past_len + stop)
-        k_tile, v_tile, k_index = k[:, :, :visible], v[:, :, :visible], key_index[:visible]
+        # a span: keys before the first one any query of the tile may see are left out too
+        first = _first_key_in_span(inputs, start, stop, visible) if spanned else 0
+        keys = slice(first, visible)
+        k_tile, v_tile, k_index = k[:, :, keys], v[:, :, keys], key_index[keys]
+        k_pos = inputs.k_pos[:, None, None, keys]  # [N, 1, 1, S']
+        q_pos = inputs.q_pos[:, None, start:stop, None]  # [N, 1, T, 1]
         query_index = inputs.past_len + torch.arange(start, stop, device=q.device)
         allowed = k_index[None, :] <= query_index[:, None]  # [T, S']
         allowed = allowed[None, None]  # [1, 1, T, S']
+        is_self = k_index[None, :] == query_index[:, None]  # [T, S']
         if inputs.k_valid is not None:
             # a padding query still sees itself, so its (ignored) row never becomes all -inf
-            is_self = k_index[None, :] == query_index[:, None]
-            allowed = allowed & (inputs.k_valid[:, None, None, :visible] | is_self)
+            allowed = allowed & (inputs.k_valid[:, None, None, keys] | is_self)
+        if spanned:  # the layer's sliding window or chunk
+            allowed = allowed & (span_mask(q_pos, k_pos, inputs.window, inputs.chunk) | is_self)
         near = None
         if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
-            distance = (
-                inputs.q_pos[:, None, start:stop, None] - inputs.k_pos[:, None, None, :visible]
-            )
-            near = distance < pairs.window  # [N, 1, T, S']
+            near = q_pos - k_pos < pairs.window  # [N, 1, T, S']
             if pairs.sink_end is not None:
-                allowed = allowed & (
-                    near | (inputs.k_pos[:, None, None, :visible] < pairs.sink_end)
-                )
+                allowed = allowed & (near | (k_pos < pairs.sink_end))
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
         bias = bias.masked_fill(~allowed, float("-inf"))
         if inputs.score_bias is not None:
             heads = torch.arange(h, device=q.device)[None, :, None, None]  # [1, H, 1, 1]
-            family_bias = inputs.score_bias(
-                heads,
-                inputs.q_pos[:, None, start:stop, None],  # [N, 1, T, 1]
-                inputs.k_pos[:, None, None, :visible],  # [N, 1, 1, S']
-            )  # [N, H, T, S']
+            family_bias = inputs.score_bias(heads, q_pos, k_pos)  # [N, H, T, S']
             if pairs is not None:  # far pairs: the bias at their far positions
                 far_bias = inputs.score_bias(
-                    heads,
-                    pairs.q_far[:, None, start:stop, None],
-                    pairs.k_far[:, None, None, :visible],
+                    heads, pairs.q_far[:, None, start:stop, None], pairs.k_far[:, None, None, keys]
                 )
                 family_bias = torch.where(near, family_bias, far_bias)
             bias = bias + family_bias
@@ -533,19 +596,26 @@ def _attend_tiled(
             logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float())
             if q_far is not None:  # far pairs: queries and keys rotated to their far positions
                 far_logits = torch.einsum(
-                    "nhtd,nhsd->nhts",
-                    q_far[:, :, start:stop].float(),
-                    k_far[:, :, :visible].float(),
+                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far[:, :, keys].float()
                 )
                 logits = torch.where(near, logits, far_logits)
             logits = logits * inputs.scale + bias
             if inputs.contextual_bias is not None:
                 logits = logits + inputs.contextual_bias(layer, q32, logits, inputs.scale)
-            probs = logits.softmax(dim=-1)  # [N, H, T, S']
+            if sink is not None:  # one more entry in every softmax, attached to no value
+                logits = torch.cat((logits, _sink_column(sink, logits)), dim=-1)
+            probs = logits.softmax(dim=-1)  # [N, H, T, S' (+ 1)]
             if inputs.want_entropy:
                 entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+            if sink is not None:
+                probs = probs[..., :-1]
             outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
         else:
+            if sink is not None:  # a zero key (logit 0 + the sink as its bias) and a zero value
+                zero = k_tile.new_zeros(n, h, 1, k_tile.shape[-1])
+                k_tile, v_tile = torch.cat((k_tile, zero), dim=2), torch.cat((v_tile, zero), dim=2)
+                bias = bias.expand(n, h, *bias.shape[2:])
+                bias = torch.cat((bias, _sink_column(sink, bias)), dim=-1)
             outputs.append(
                 F.scaled_dot_product_attention(
                     q_tile, k_tile, v_tile, attn_mask=bias.to(q.dtype), scale=inputs.scale
@@ -556,10 +626,20 @@ def _attend_tiled(
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, kv_heads: int, head_dim: int, layer: int = 0):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        kv_heads: int,
+        head_dim: int,
+        layer: int = 0,
+        learned_sink: bool = False,
+    ):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
         self.layer = layer  # the block index: a contextual term may have parameters per layer
+        # gpt-oss's attention sink: one learned logit per head in every softmax's denominator
+        self.sink = nn.Parameter(torch.zeros(n_heads)) if learned_sink else None
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
@@ -613,6 +693,6 @@ class Attention(nn.Module):
                 flex_cache={},  # another query range: another block mask
                 pairs=pairs.queries_from(query_from) if pairs is not None else None,
             )
-        out, entropy = attend(q, k, v, inputs, self.layer, far)
+        out, entropy = attend(q, k, v, inputs, self.layer, far, self.sink)
         out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
         return self.o_proj(out), (k, v), entropy

@@ -96,6 +96,13 @@ class PositionConfig:
     fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_thr; 0: L
     xpos_scale_base: float = field(default=512.0, metadata={"weights": "if_read"})  # xpos: gamma
     cope_npos_max: int = field(default=64, metadata={"weights": "if_read"})  # cope: positions
+    # hybrid layer patterns (models.hybrid): the pattern repeated over the depth; [] = the family's
+    layers: list[str] = field(default_factory=list, metadata={"weights": "if_read"})
+    window: int = field(default=0, metadata={"weights": "if_read"})  # swa layers; 0: L / 4
+    chunk: int = field(default=0, metadata={"weights": "if_read"})  # chunked layers; 0: L / 4
+    # Llama 4's query temperature in NoPE layers: log1p(floor((p + 1) / floor)) * scale + 1
+    temperature_scale: float = field(default=0.0, metadata={"weights": "if_read"})  # 0: none
+    temperature_floor: int = field(default=0, metadata={"weights": "if_read"})  # 0: the chunk
     # learned only; read only past the table's end, so not in the checkpoint key (bench.checks.WEIGHTS)
     out_of_range: str = field(default="error", metadata={"weights": False})
 
@@ -190,6 +197,12 @@ class Family:
         (:class:`ContextualBias`) for this forward."""
         return None
 
+    def layer_inputs(self, model: Any, inputs: Any) -> list[Any]:
+        """Each block's ``models.attention.AttentionInputs``, from the forward pass's ``inputs``
+        (the same for every block here; a hybrid family varies rotation, span and temperature
+        by layer, ``models.hybrid``)."""
+        return [inputs] * model.model_cfg.n_layers
+
     def adjust_frequencies(self, cfg: PositionConfig, inv_freq: torch.Tensor) -> torch.Tensor:
         """The inverse frequencies the family uses, from the scaling method's (identity here)."""
         return inv_freq
@@ -212,7 +225,7 @@ FAMILIES: dict[str, Family] = {}
 
 #: Modules whose import registers more families (loaded on the first lookup, by name, so that
 #: they can import this module without an import cycle).
-FAMILY_MODULES = ("models.zoo",)
+FAMILY_MODULES = ("models.zoo", "models.hybrid")
 
 
 def register_family(cls: type[Family]) -> type[Family]:

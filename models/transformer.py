@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ from models.scaling_config import ScalingConfig, resolve_params
 from models.scoring import chunked_token_nll
 
 __all__ = [
+    "ATTENTION_SINKS",
     "DecoderLM",
     "KVCache",
     "LMOutput",
@@ -36,6 +37,12 @@ __all__ = [
     "resolve_scaling",
     "scaling_frequencies",
 ]
+
+
+#: ``model.attention_sink``: none; learned = one logit per head and layer in every softmax's
+#: denominator (gpt-oss); token = a learned first token that every sequence starts with
+#: (StreamingLLM's pre-training recipe), at the position of the row's first token.
+ATTENTION_SINKS = ("none", "learned", "token")
 
 
 @dataclass
@@ -50,6 +57,8 @@ class ModelConfig:
     norm: str = "rms"
     dropout: float = 0.0
     tie_embeddings: bool = True
+    # ATTENTION_SINKS; in the checkpoint key only when set (keys of earlier models hold)
+    attention_sink: str = field(default="none", metadata={"weights": "if_set"})
 
     @property
     def head_dim(self) -> int:
@@ -78,6 +87,11 @@ class ModelConfig:
             raise ValueError(f"mlp {self.mlp!r} is unknown; allowed: swiglu, gelu.")
         if self.norm not in ("rms", "layer"):
             raise ValueError(f"norm {self.norm!r} is unknown; allowed: rms, layer.")
+        if self.attention_sink not in ATTENTION_SINKS:
+            raise ValueError(
+                f"attention_sink {self.attention_sink!r} is unknown; allowed: "
+                f"{', '.join(ATTENTION_SINKS)}."
+            )
 
 
 @dataclass
@@ -106,6 +120,17 @@ class _Positions:
     k_pos: torch.Tensor  # [N, S] of every key, cached + new
     k_valid: torch.Tensor  # [N, S] bool, False for padding
     past_len: int
+
+
+def _with_sink_token(positions: _Positions) -> _Positions:
+    """``positions`` of a prefill with a sink token before every row, at the position of the
+    row's first real token, so that every token keeps its position and each row its length."""
+    valid = positions.k_valid  # [N, L]
+    first = torch.where(valid, positions.position_ids, positions.position_ids.max() + 1)
+    sink_pos = first.min(dim=1, keepdim=True).values  # [N, 1]
+    position_ids = torch.cat((sink_pos, positions.position_ids), dim=1)  # [N, L + 1]
+    k_valid = torch.cat((torch.ones_like(valid[:, :1]), valid), dim=1)
+    return _Positions(position_ids, positions.row_lengths, position_ids, k_valid, 0)
 
 
 @dataclass
@@ -198,7 +223,14 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.attn_norm = _norm(cfg)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, layer)
+        self.attn = Attention(
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            layer,
+            learned_sink=cfg.attention_sink == "learned",
+        )
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -215,12 +247,21 @@ class DecoderLM(nn.Module):
         super().__init__()
         model_cfg.validate()
         position_cfg.validate(model_cfg.head_dim, model_cfg.d_model)
+        if model_cfg.attention_sink == "learned" and position_cfg.acts_on == "contextual":
+            raise ValueError(
+                f"model.attention_sink=learned does not combine with position={position_cfg.kind} "
+                "(its positions are counted over the logits row, which a sink would join); "
+                "allowed: attention_sink none or token."
+            )
         if train_length < 2:
             raise ValueError(f"train_length {train_length} must be at least 2.")
         self.model_cfg, self.position_cfg, self.train_length = model_cfg, position_cfg, train_length
         self.family = position_cfg.family
         self.tok_emb = nn.Embedding(model_cfg.vocab_size, model_cfg.d_model)
         self.family.init(self)  # the family's own parameters and buffers
+        self.sink_embedding = None  # the sink token's input vector (attention_sink=token)
+        if model_cfg.attention_sink == "token":
+            self.sink_embedding = nn.Parameter(torch.randn(model_cfg.d_model) * 0.02)
         self.blocks = nn.ModuleList(Block(model_cfg, i) for i in range(model_cfg.n_layers))
         self.final_norm = _norm(model_cfg)
         self.lm_head = nn.Linear(model_cfg.d_model, model_cfg.vocab_size, bias=False)
@@ -368,8 +409,13 @@ class DecoderLM(nn.Module):
                 "with output_hidden_states or output_attn_entropy."
             )
         positions = self._positions(input_ids, position_ids, attention_mask, past)
-        position_ids, row_lengths = positions.position_ids, positions.row_lengths
         x = self.tok_emb(input_ids)  # [N, L, D]
+        # a sink token starts every sequence (not a cached one's continuation); dropped on output
+        sunk = int(self.sink_embedding is not None and past is None)
+        if sunk:
+            positions = _with_sink_token(positions)
+            x = torch.cat((self.sink_embedding.to(x.dtype).expand(n, 1, -1), x), dim=1)
+        position_ids, row_lengths = positions.position_ids, positions.row_lengths
         family = self.family
         if family.acts_on == "input":
             (added,) = self._per_row_length(
@@ -377,19 +423,23 @@ class DecoderLM(nn.Module):
             )
             x = x + added.to(x.dtype)
         inputs = self._attention_inputs(positions, output_attn_entropy)
-        hidden_states = [x] if output_hidden_states else None
+        layer_inputs = family.layer_inputs(self, inputs)  # one per block: its own span, rotation
+        hidden_states = [x[:, sunk:]] if output_hidden_states else None
         entropies = [] if output_attn_entropy else None
         new_keys, new_values = [], []
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             cached = (past.keys[i], past.values[i]) if past is not None else None
-            x, (k, v), entropy = block(x, inputs, cached, logits_from if i == last else 0)
+            query_from = logits_from + sunk if i == last and logits_from else 0
+            x, (k, v), entropy = block(x, layer_inputs[i], cached, query_from)
             new_keys.append(k)
             new_values.append(v)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(x[:, sunk:])
             if entropies is not None:
-                entropies.append(entropy)
+                entropies.append(entropy[:, :, sunk:])
+        if sunk and not logits_from:
+            x = x[:, 1:]  # the sink token predicts nothing
         hidden = self.final_norm(x)  # [N, L - f, D]
         logits, token_nll = None, None
         if targets is None:
@@ -440,7 +490,8 @@ class DecoderLM(nn.Module):
 
     def _attention_inputs(self, positions: _Positions, want_entropy: bool) -> AttentionInputs:
         """What every layer's attention needs, once per forward pass: the family's rotation or
-        score bias, log-n, the positions and the padding."""
+        score bias, log-n, the positions and the padding (a family may vary it per layer:
+        ``Family.layer_inputs``)."""
         family = self.family
         cos = sin = k_cos = k_sin = None
         if family.acts_on == "qk":  # [N, L, r/2] each, once for all layers

@@ -160,6 +160,9 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     if "position_sampling" in df.columns:  # trained on randomized or PoSE positions
         sampled = df["position_sampling"].notna()
         df.loc[sampled, "position_label"] += " (" + df.loc[sampled, "position_sampling"] + ")"
+    if "attention_sink" in df.columns:  # trained with an attention sink
+        sunk = df["attention_sink"].notna()
+        df.loc[sunk, "position_label"] += " +" + df.loc[sunk, "attention_sink"] + " sink"
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:
         series = series + " L=" + df["train_length"].astype(str)

@@ -114,6 +114,7 @@ def test_weights_fields_are_declared_on_the_schema() -> None:
         "xpos_scale_base",
         "cope_npos_max",
     }  # each only for the family reading it (models/zoo.py)
+    zoo |= {"layers", "window", "chunk", "temperature_scale", "temperature_floor"}  # hybrid
     assert set(weight_fields(PositionSchema)) == position | zoo  # not out_of_range
     assert set(weights_dict(PositionSchema(kind="rope"))) == position
     assert set(weights_dict(PositionSchema(kind="t5"))) == position | {

@@ -41,6 +41,8 @@ GROUPS = {
         "p_rope",
         "xpos",
         "cope",
+        "rnope_swa",
+        "irope",
     ],
     "scaling": [
         "none",
@@ -70,8 +72,9 @@ GROUPS = {
         "pretrained",
         "zoo",
         "training_free",
+        "train_for_length",
     ],
-    "arm": ["all", "lm", "retrieval"],
+    "arm": ["all", "lm", "retrieval", "lm_sampling", "lm_hybrid", "lm_sinks"],
     "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct"],
 }
 # hydra/launcher options: the plugins' ConfigStore nodes, two with lenbench's values (bench.schema)
@@ -212,6 +215,9 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     "zoo": (72, 6),  # 3 seeds x 13 families x (none, linear); linear skipped for alibi, nope
     # per seed (3): lm rope x 8 scalings; retrieval rope x 8 scalings + the yarn tune (scaling none)
     "training_free": (51, 45),
+    # per seed (3): lm_sampling 4 positions x 3 samplings, lm_hybrid 3 positions, lm_sinks rope
+    # x 3 sinks; each arm skips the rest of 6 positions x 3 samplings x 3 sinks
+    "train_for_length": (54, 432),
 }
 
 
@@ -226,12 +232,12 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, req
     assert cfg.experiment_name == experiment
     header = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()[:12]
     assert any("runtime" in line.lower() for line in header), "runtime comment at the top"
-    # Compose and parse once per cell without its scaling (composing is slow), then swap the
-    # typed scaling of the cell in.
+    # Compose and parse once per cell without its scaling and seed (composing is slow), then
+    # swap the typed scaling and the seed of the cell in.
     composed = {}
     valid = skipped = 0
     for cell in sweep_cells(cfg):
-        rest = tuple(c for c in cell if not c.startswith("scaling="))
+        rest = tuple(c for c in cell if not c.startswith(("scaling=", "seed=")))
         if rest not in composed:
             composed[rest] = JobConfig.from_hydra(
                 compose_cfg([f"+experiment={experiment}", *extra, *rest])
@@ -241,6 +247,8 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, req
             if c.startswith("scaling="):
                 option = yaml.safe_load((CONF / "scaling" / f"{c.split('=')[1]}.yaml").read_text())
                 job = dataclasses.replace(job, scaling=ScalingSchema(**option))
+            if c.startswith("seed="):
+                job = dataclasses.replace(job, seed=int(c.split("=")[1]))
         try:
             validate_job(job)
             valid += 1
@@ -325,7 +333,7 @@ def test_no_argument_lenbench_is_the_quickstart_sweep(in_tmp, capsys):
 BAD_OVERRIDES = [
     (
         ["position=foo"],
-        "position 'foo' is unknown; allowed: alibi, cope, fire, kerple_log, kerple_power, learned,",
+        "position 'foo' is unknown; allowed: alibi, cope, fire, irope, kerple_log, kerple_power,",
     ),
     (["model.d_model=60"], "RoPE needs an even rotary dimension, but head_dim 15"),
     # a key only some cells use keeps its full path (issue: "rotary_fraction 2.0 must be ...")

@@ -53,6 +53,25 @@ NLL = {
 }
 #: the zoo's bias families (Z2): flatter than sinusoidal and raw RoPE (``rows(zoo=True)``)
 NLL_ZOO = {(pos, "none"): (2.0, 2.01, 2.05) for pos in BIAS_FAMILIES}
+#: the train-for-length study's arms (L1-L3, ``rows(zoo=True)``): raw NLL at 1x, 2x, 4x L per
+#: (position, training's position sampling, attention sink, arm)
+NLL_TRAIN = {
+    ("learned", "contiguous", "none", "lm_sampling"): (2.0, 2.6, 3.2),
+    ("learned", "randomized", "none", "lm_sampling"): (2.05, 2.3, 2.5),
+    ("learned", "pose", "none", "lm_sampling"): (2.05, 2.4, 2.8),
+    ("sinusoidal", "contiguous", "none", "lm_sampling"): (2.0, 2.5, 3.0),
+    ("sinusoidal", "randomized", "none", "lm_sampling"): (2.05, 2.25, 2.45),
+    ("rope", "contiguous", "none", "lm_sampling"): (2.0, 2.1, 2.6),
+    ("rope", "randomized", "none", "lm_sampling"): (2.02, 2.1, 2.3),
+    ("nope", "contiguous", "none", "lm_sampling"): (2.0, 2.1, 2.2),
+    ("nope", "randomized", "none", "lm_sampling"): (2.0, 2.1, 2.2),
+    ("rope", "contiguous", "none", "lm_hybrid"): (1.9, 2.0, 2.5),
+    ("rnope_swa", "contiguous", "none", "lm_hybrid"): (1.9, 1.95, 2.1),
+    ("irope", "contiguous", "none", "lm_hybrid"): (1.9, 1.95, 2.15),
+    ("rope", "contiguous", "none", "lm_sinks"): (2.0, 2.1, 2.6),
+    ("rope", "contiguous", "learned", "lm_sinks"): (2.002, 2.1, 2.5),
+    ("rope", "contiguous", "token", "lm_sinks"): (1.998, 2.1, 2.6),
+}
 #: passkey accuracy at 1x, 2x, 4x L per (position, scaling), zero-shot
 PASSKEY = {("rope", "none"): (1.0, 0.0, 0.0), ("rope", "self_extend"): (1.0, 0.95, 0.9)}
 #: passkey accuracy at 4L per depth (T3): StreamingLLM finds only needles inside its window
@@ -69,7 +88,7 @@ TRIALS = 200
 SHIFT = {"rope": 1e-7, "alibi": 0.0, "nope": 0.0, "sinusoidal": 0.5, "learned": 0.4}
 SHIFT_ZOO = {**dict.fromkeys(RELATIVE_FAMILIES, 1e-7), "fire": 0.3}
 #: every registered finding, in report order
-KEYS = [*(f"F{i}" for i in range(1, 7)), "Z1", "Z2", "T1", "T2", "T3"]
+KEYS = [*(f"F{i}" for i in range(1, 7)), "Z1", "Z2", "T1", "T2", "T3", "L1", "L2", "L3"]
 
 
 def _base(pos: str, scaling: str, seed: int, tuned: str | None = None, steps: int = 0) -> dict:
@@ -106,18 +125,36 @@ def _passkey_rows(base: dict, accs) -> list[dict]:
 
 
 def rows(
-    seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None, zoo=False, depths=None
+    seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None, zoo=False, depths=None, train=None
 ) -> list[dict]:
     """Rows of the world in NLL / PASSKEY / DEPTHS / CURVES / SHIFT (overridden per key by the
-    arguments), with the zoo's families (NLL_ZOO, SHIFT_ZOO) when ``zoo``.
+    arguments), with the zoo's families (NLL_ZOO, SHIFT_ZOO) and the train-for-length arms
+    (NLL_TRAIN, overridden by ``train``; a value None drops the series) when ``zoo``.
 
     Seed s adds 0.01 * (s - 1) nats beyond L, so ratios vary across seeds."""
     nll = {**NLL, **(NLL_ZOO if zoo else {}), **(nll or {})}
     shift = {**SHIFT, **(SHIFT_ZOO if zoo else {}), **(shift or {})}
     passkey, curves = {**PASSKEY, **(passkey or {})}, {**CURVES, **(curves or {})}
     depths = {**DEPTHS, **(depths or {})}
+    trained = {**NLL_TRAIN, **(train or {})} if zoo else {}
     out = []
     for seed in seeds:
+        for (pos, sampling, sink, arm), values in trained.items():
+            b = {**_base(pos, "none", seed), "arm": arm}
+            b["run_id"] = b["model_id"] = f"{arm}-{pos}-{sampling}-{sink}-s{seed}"
+            b["model_config_id"] = f"c-{arm}-{pos}-{sampling}-{sink}"
+            if sampling != "contiguous":
+                b["position_sampling"] = sampling
+            if sink != "none":
+                b["attention_sink"] = sink
+            for k, v in zip((1, 2, 4), values or (None,) * 3, strict=True):
+                if v is None:
+                    continue
+                v = v + 0.01 * (seed - 1) * (k > 1)
+                out.append(
+                    {**b, "eval_length": k * L, "metric": "nll", "value": v, "n": 8 * k * L,
+                     "axis": "docs", "axis_value": 8, "ci_lo": v - 0.005, "ci_hi": v + 0.005}
+                )  # fmt: skip
         for (pos, scal), per_depth in depths.items():
             out += [
                 {**_base(pos, scal, seed), "eval_length": 4 * L, "metric": "passkey_acc",
@@ -222,6 +259,21 @@ NEGATIVE = {
     "T3 streaming retrieves": (
         ("T3",), {"depths": {("rope", "streaming"): dict.fromkeys((0.0, 0.25, 0.5), 1.0)}}
     ),
+    "L1 randomized rope degrades more": (
+        ("L1",), {"train": {("rope", "randomized", "none", "lm_sampling"): (2.0, 2.2, 2.9)}}
+    ),
+    "L1 randomized learned degrades as much": (
+        ("L1",), {"train": {("learned", "randomized", "none", "lm_sampling"): (2.0, 2.6, 3.2)}}
+    ),
+    "L2 irope degrades like rope": (
+        ("L2",), {"train": {("irope", "contiguous", "none", "lm_hybrid"): (1.9, 2.0, 2.5)}}
+    ),
+    "L3 learned sink costs 5% at L": (
+        ("L3",), {"train": {("rope", "contiguous", "learned", "lm_sinks"): (2.05, 2.1, 2.5)}}
+    ),
+    "L3 sink token gains 5% at L": (
+        ("L3",), {"train": {("rope", "contiguous", "token", "lm_sinks"): (1.95, 2.1, 2.6)}}
+    ),
 }  # fmt: skip
 
 
@@ -277,7 +329,13 @@ def test_decide_on_the_interval(claim: str, lo: float, hi: float, expected) -> N
 ABSENT = {
     "Z1": {"shift": {"xpos": None}},
     "Z2": {"nll": {("sandwich", "none"): (2.0, 2.01, None)}},
-    "F1": {"nll": {("learned", "none"): (2.0, None, None)}},
+    "F1": {
+        "nll": {("learned", "none"): (2.0, None, None)},
+        "train": {
+            ("learned", s, "none", "lm_sampling"): None
+            for s in ("contiguous", "randomized", "pose")
+        },
+    },
     "F2": {"nll": {("alibi", "none"): (2.0, 1.98, None)}},
     "F3": {"nll": {("rope", "ntk"): (None, None, None)}},
     "F4": {"curves": {"pi": ("pi", None)}},
@@ -286,6 +344,9 @@ ABSENT = {
     "T1": {"nll": {("rope", "rerope"): (2.0, None, None)}},
     "T2": {"passkey": {("rope", "self_extend"): (1.0, None, None)}},
     "T3": {"depths": {("rope", "streaming"): None}},
+    "L1": {"train": {("sinusoidal", "randomized", "none", "lm_sampling"): None}},
+    "L2": {"train": {("rope", "contiguous", "none", "lm_hybrid"): None}},
+    "L3": {"train": {("rope", "contiguous", "token", "lm_sinks"): None}},
 }
 
 
@@ -563,6 +624,7 @@ def test_ratio_of_ratios_is_the_hand_computed_value() -> None:
     from bench.findings_zoo import ratio_of_ratios
 
     world = rows(nll={("kerple_log", "none"): (2.0, 2.05, 2.1)}, zoo=True)
+    world = [r for r in world if "arm" not in r]  # one rope series (not the study's arms)
     df = normalize_results(world)
     e = ratio_of_ratios("x", select(df, "kerple_log"), select(df, "rope"))
     assert e.value == pytest.approx(math.exp(0.1 - 0.6)) and e.n_seeds == 3

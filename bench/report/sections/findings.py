@@ -89,7 +89,7 @@ def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
         "[95% CI] (seeds); ratios and NLLs use whole-window `nll` rows of models that were not "
         "fine-tuned (raw = scaling none), CIs across seeds (mean ± t-interval) or, with one "
         "seed, from the run's stored bootstrap CIs; passkey accuracies carry Wilson intervals of "
-        "their trials (column `ci`). Thresholds are fixed constants in `bench/findings.py`, `bench/findings_zoo.py` and `bench/findings_training_free.py`. "
+        "their trials (column `ci`). Thresholds are fixed constants in `bench/findings.py`, `bench/findings_zoo.py`, `bench/findings_training_free.py` and `bench/findings_train.py`. "
         "Source: `tables/findings.csv`.",
         markdown_table(table.drop(columns=["ci"])),
     ]

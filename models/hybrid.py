@@ -1,0 +1,146 @@
+"""Hybrid layer patterns: RoPE layers with a limited attention span interleaved with global NoPE layers.
+
+- ``rnope_swa`` (Cohere's RNoPE-SWA, Yang et al. 2025 "Rope to Nope and Back Again"): every 4th
+  layer global attention without positions, the others RoPE with a sliding window;
+- ``irope`` (Llama 4's iRoPE): every 4th layer global NoPE with a per-position query temperature
+  (Llama 4's ``attn_temperature_tuning``), the others RoPE with chunked attention.
+
+The pattern is ``position.layers`` (repeated over the depth, so ``[swa, swa, swa, nope]`` is
+"every 4th layer NoPE" at any depth), one of :data:`LAYER_KINDS` per layer; an empty list is the
+family's own. Spans are in position ids (``models.attention.span_mask``): a query at position i
+sees key j when i - j < ``window`` (``swa``) or i // ``chunk`` == j // ``chunk`` (``chunked``,
+chunks counted from position 0 as Llama 4's mask counts them from each row's first token).
+Eval-time RoPE scaling acts on the RoPE layers; the NoPE layers have nothing to scale.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from models.positions import PositionConfig, Rope, register_family
+
+__all__ = ["LAYER_KINDS", "layer_pattern", "llama4_query_temperature"]
+
+#: What one layer of a hybrid pattern does: ``rope`` RoPE with full causal attention, ``swa`` RoPE
+#: with a sliding window, ``chunked`` RoPE with chunked attention, ``nope`` no positions, full
+#: causal attention (with the query temperature where ``temperature_scale`` > 0). ``rnope_swa``
+#: takes all but ``chunked``, ``irope`` all but ``swa``: each family's fields describe its span.
+LAYER_KINDS = ("rope", "swa", "chunked", "nope")
+
+# a span of 0 means a quarter of the training length
+DEFAULT_SPAN_DIVISOR = 4
+
+
+def llama4_query_temperature(position_ids: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
+    """Llama 4's NoPE-layer query factor log1p(floor((p + 1) / floor)) * scale + 1 at position
+    ids p, float32, same shape (transformers' ``Llama4TextAttention``, ``attn_temperature_tuning``).
+    """
+    p = position_ids.to(torch.float32)
+    return torch.log1p(torch.floor((p + 1.0) / floor)) * scale + 1.0
+
+
+def layer_pattern(cfg: PositionConfig, default: tuple[str, ...], n_layers: int) -> list[str]:
+    """What each of ``n_layers`` layers does: ``cfg.layers`` (or ``default``) repeated."""
+    pattern = list(cfg.layers) or list(default)
+    return list(itertools.islice(itertools.cycle(pattern), n_layers))
+
+
+class _Hybrid(Rope):
+    acts_on = "qk"
+    # no "pairs": a training-free method's far pairs would rotate the NoPE layers' keys too
+    capabilities = ("positions", "frequencies", "rotary")
+    default_layers: tuple[str, ...] = ()
+    #: the layer kinds this family's fields describe (its span: a window or chunks)
+    layer_kinds: tuple[str, ...] = ()
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        super().check(cfg, head_dim, d_model)
+        unknown = [kind for kind in cfg.layers if kind not in self.layer_kinds]
+        if unknown:
+            raise ValueError(
+                f"position.layers has {unknown[0]!r}; allowed per layer of position={self.name}: "
+                f"{', '.join(self.layer_kinds)}."
+            )
+        for name in ("window", "chunk", "temperature_floor"):
+            if name not in self.fields:
+                continue
+            value = getattr(cfg, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(
+                    f"position.{name} must be an integer >= 0 (0 = a quarter of the training "
+                    f"length{'; for the floor, the chunk' if name == 'temperature_floor' else ''}), "
+                    f"got {value!r}."
+                )
+        if "temperature_scale" in self.fields and not cfg.temperature_scale >= 0:
+            raise ValueError(
+                f"position.temperature_scale must be >= 0 (0 = no temperature), got "
+                f"{cfg.temperature_scale!r}."
+            )
+
+    def spans(self, cfg: PositionConfig, train_length: int) -> tuple[int, int]:
+        """(window, chunk) in tokens: the configured ones, a quarter of L where 0."""
+        quarter = max(1, train_length // DEFAULT_SPAN_DIVISOR)
+        return cfg.window or quarter, cfg.chunk or quarter
+
+    def layer_inputs(self, model: Any, inputs: Any) -> list[Any]:
+        cfg = model.position_cfg
+        window, chunk = self.spans(cfg, model.train_length)
+        pattern = layer_pattern(cfg, self.default_layers, model.model_cfg.n_layers)
+        by_kind: dict[str, Any] = {}
+        for kind in dict.fromkeys(pattern):  # one AttentionInputs per kind: shared flex masks
+            if kind == "rope":
+                by_kind[kind] = inputs
+            elif kind == "swa":
+                by_kind[kind] = replace(inputs, window=window, flex_cache={})
+            elif kind == "chunked":
+                by_kind[kind] = replace(inputs, chunk=chunk, flex_cache={})
+            else:  # nope: no rotation; Llama 4's temperature on the queries where set
+                q_scale = inputs.q_scale
+                if "temperature_scale" in self.fields and cfg.temperature_scale > 0:
+                    factor = llama4_query_temperature(
+                        inputs.q_pos, cfg.temperature_floor or chunk, cfg.temperature_scale
+                    )[:, None, :, None]  # [N, 1, L, 1]
+                    q_scale = factor if q_scale is None else q_scale * factor
+                by_kind[kind] = replace(
+                    inputs,
+                    cos=None,
+                    sin=None,
+                    k_cos=None,
+                    k_sin=None,
+                    q_scale=q_scale,
+                    flex_cache={},
+                )
+        return [by_kind[kind] for kind in pattern]
+
+
+@register_family
+class RnopeSwa(_Hybrid):
+    """RNoPE-SWA (Yang et al. 2025): RoPE layers with a sliding window, every 4th layer global NoPE."""
+
+    name = "rnope_swa"
+    fields = ("base", "layout", "rotary_fraction", "layers", "window")
+    default_layers = ("swa", "swa", "swa", "nope")
+    layer_kinds = ("rope", "swa", "nope")
+
+
+@register_family
+class Irope(_Hybrid):
+    """Llama 4's iRoPE: RoPE layers with chunked attention, every 4th layer global NoPE with a
+    query temperature."""
+
+    name = "irope"
+    fields = (
+        "base",
+        "layout",
+        "rotary_fraction",
+        "layers",
+        "chunk",
+        "temperature_scale",
+        "temperature_floor",
+    )
+    default_layers = ("chunked", "chunked", "chunked", "nope")
+    layer_kinds = ("rope", "chunked", "nope")

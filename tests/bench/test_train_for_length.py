@@ -1,0 +1,92 @@
+"""#27 items 2-3 through the benchmark: the hybrid presets and attention sinks as a user types them
+(Hydra presets, checkpoint keys, rows, report labels), the study's arms, and the issue's smoke
+command end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+
+from bench.cache import weights_key
+from bench.job import NotApplicable, validate_job
+from bench.schema import JobConfig, ModelSchema, weights_dict
+
+
+def study_job(*overrides: str) -> JobConfig:
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=train_for_length", *overrides])
+    return JobConfig.from_hydra(cfg)
+
+
+def test_hybrid_presets_reach_the_job():
+    swa = study_job("arm=lm_hybrid", "position=rnope_swa")
+    assert list(swa.position.layers) == ["swa", "swa", "swa", "nope"]
+    assert (swa.position.window, swa.model.n_layers, swa.train.length) == (0, 4, 64)
+    irope = study_job("arm=lm_hybrid", "position=irope", "position.chunk=8")
+    assert list(irope.position.layers) == ["chunked", "chunked", "chunked", "nope"]
+    assert (irope.position.chunk, irope.position.temperature_scale) == (8, 0.1)
+    custom = study_job("arm=lm_hybrid", "position=rnope_swa", "position.layers=[swa,nope]")
+    assert list(custom.position.layers) == ["swa", "nope"]
+    with pytest.raises(ValueError, match="position.layers has 'chunked'"):
+        study_job("arm=lm_hybrid", "position=rnope_swa", "position.layers=[chunked,nope]")
+
+
+def test_the_study_arms_run_their_cells_only():
+    validate_job(study_job("arm=lm_sampling", "position=learned", "train.position_sampling=pose"))
+    validate_job(study_job("arm=lm_sinks", "position=rope", "model.attention_sink=token"))
+    validate_job(study_job("arm=lm_hybrid", "position=irope"))
+    with pytest.raises(NotApplicable, match="model.attention_sink learned is not part of arm"):
+        validate_job(study_job("arm=lm_sampling", "position=rope", "model.attention_sink=learned"))
+    with pytest.raises(NotApplicable, match="train.position_sampling pose is not part of arm"):
+        validate_job(study_job("arm=lm_hybrid", "position=rope", "train.position_sampling=pose"))
+    with pytest.raises(NotApplicable, match="position rnope_swa is not part of arm lm_sinks"):
+        validate_job(study_job("arm=lm_sinks", "position=rnope_swa"))
+
+
+def test_sinks_and_spans_enter_the_checkpoint_key_only_when_used(tmp_path):
+    def key(*overrides: str) -> str:
+        return weights_key(study_job("arm=lm_hybrid", *overrides), corpus=None)
+
+    plain = key("position=rope")
+    assert "attention_sink" not in weights_dict(ModelSchema())  # keys of earlier models hold
+    assert weights_dict(ModelSchema(attention_sink="token"))["attention_sink"] == "token"
+    assert key("position=rope", "model.attention_sink=none") == plain
+    assert key("position=rope", "model.attention_sink=learned") != plain
+    assert key("position=rope", "position.window=8") == plain  # rope does not read the window
+    assert key("position=rnope_swa", "position.window=8") != key("position=rnope_swa")
+    assert key("position=rnope_swa", "position.chunk=8") == key("position=rnope_swa")
+    with pytest.raises(ValueError, match="model.attention_sink 'on' is unknown"):
+        study_job("model.attention_sink=on")
+
+
+def test_smoke_with_hybrid_layers_and_a_learned_sink_lands_rows_for_every_metric(
+    in_tmp, quiet_training, capsys
+):
+    """The issue's command: smoke's model as rnope_swa and irope with learned sink logits."""
+    from bench.cli import main
+    from bench.report.frame import add_labels
+
+    argv = [
+        "+experiment=smoke",
+        "position=rnope_swa,irope",
+        "model.attention_sink=learned",
+        f"paths.cache={in_tmp / 'cache'}",
+        "hydra.callbacks.report.enabled=false",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    df = pd.concat(pd.read_parquet(f) for f in (in_tmp / "results" / "smoke").glob("*.parquet"))
+    assert set(df["attention_sink"]) == {"learned"}
+    raw = df[df["scaling"] == "none"]
+    cells = raw.groupby("position")["metric"].apply(set).to_dict()
+    every = {"nll", "passkey_acc", "shift_dnll", "attn_entropy", "position_probe_r2"}
+    assert set(cells) == {"rnope_swa", "irope"}
+    assert all(every <= metrics for metrics in cells.values()), cells
+    params = {json.loads(p)["layers"][-1] for p in df["position_params"]}
+    assert params == {"nope"}
+    labels = set(add_labels(df.assign(experiment="smoke"))["position_label"])
+    assert any(label.startswith("irope") and label.endswith("+learned sink") for label in labels)
+    plain = add_labels(df.drop(columns="attention_sink").assign(experiment="smoke"))
+    assert not any("sink" in label for label in plain["position_label"])  # control
