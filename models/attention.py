@@ -55,6 +55,9 @@ ATTENTION_TILE_ELEMENTS = 1 << 24
 CONTEXTUAL_TEMPORARIES = 8
 # A training-free pair method (Self-Extend, ReRoPE) holds two logit tiles (near and far) at once.
 PAIR_TEMPORARIES = 2
+# A layer with a window or chunks attends in query tiles of about one span (at least this many
+# queries, where fewer calls cost more than the keys they leave out)
+SPAN_TILE_MIN = 128
 
 _FLEX_MODES = {
     "auto": "auto",
@@ -526,6 +529,62 @@ def _first_key_in_span(inputs: AttentionInputs, start: int, stop: int, visible: 
     return min(first, inputs.past_len + start)
 
 
+def _cached_tile_bias(
+    inputs: AttentionInputs, h: int, start: int, stop: int, first: int, visible: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_tile_bias`, kept for the other layers of the forward pass that share ``inputs``
+    (the same for each) while all kept tiles hold at most ``ATTENTION_TILE_ELEMENTS`` entries."""
+    key = ("tile_bias", inputs.q_pos.device, start, stop, first, visible)
+    found = inputs.flex_cache.get(key)
+    if found is not None:
+        return found
+    found = _tile_bias(inputs, h, start, stop, first, visible)
+    kept = inputs.flex_cache.get("tile_bias_elements", 0) + found[0].numel()
+    if kept <= ATTENTION_TILE_ELEMENTS:
+        inputs.flex_cache[key] = found
+        inputs.flex_cache["tile_bias_elements"] = kept
+    return found
+
+
+def _tile_bias(
+    inputs: AttentionInputs, h: int, start: int, stop: int, first: int, visible: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The additive logit bias of queries start..stop-1 over keys first..visible-1: -inf where
+    masked (causal, padding, the layer's span, a training-free method's sinks), plus the family's
+    score bias (at far positions for far pairs); [N|1, 1|H, T, S'] float32. And which pairs are
+    near (a training-free method's; None without one)."""
+    device, pairs = inputs.q_pos.device, inputs.pairs
+    keys = slice(first, visible)
+    k_index = torch.arange(first, visible, device=device)
+    k_pos = inputs.k_pos[:, None, None, keys]  # [N, 1, 1, S']
+    q_pos = inputs.q_pos[:, None, start:stop, None]  # [N, 1, T, 1]
+    query_index = inputs.past_len + torch.arange(start, stop, device=device)
+    allowed = (k_index[None, :] <= query_index[:, None])[None, None]  # [1, 1, T, S']
+    is_self = k_index[None, :] == query_index[:, None]  # [T, S']
+    if inputs.k_valid is not None:
+        # a padding query still sees itself, so its (ignored) row never becomes all -inf
+        allowed = allowed & (inputs.k_valid[:, None, None, keys] | is_self)
+    if inputs.window is not None or inputs.chunk is not None:  # the layer's window or chunk
+        allowed = allowed & (span_mask(q_pos, k_pos, inputs.window, inputs.chunk) | is_self)
+    near = None
+    if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
+        near = q_pos - k_pos < pairs.window  # [N, 1, T, S']
+        if pairs.sink_end is not None:
+            allowed = allowed & (near | (k_pos < pairs.sink_end))
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device)
+    bias = bias.masked_fill(~allowed, float("-inf"))
+    if inputs.score_bias is not None:
+        heads = torch.arange(h, device=device)[None, :, None, None]  # [1, H, 1, 1]
+        family_bias = inputs.score_bias(heads, q_pos, k_pos)  # [N, H, T, S']
+        if pairs is not None:  # far pairs: the bias at their far positions
+            far_bias = inputs.score_bias(
+                heads, pairs.q_far[:, None, start:stop, None], pairs.k_far[:, None, None, keys]
+            )
+            family_bias = torch.where(near, family_bias, far_bias)
+        bias = bias + family_bias
+    return bias, near
+
+
 def _attend_tiled(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -550,11 +609,12 @@ def _attend_tiled(
         tile //= CONTEXTUAL_TEMPORARIES
     if far is not None:
         tile //= PAIR_TEMPORARIES
-    tile = max(1, tile)
-    pairs = inputs.pairs
-    key_index = torch.arange(s, device=q.device)
-    outputs, entropies = [], []
     spanned = inputs.window is not None or inputs.chunk is not None
+    if spanned:  # tiles of about one span: each sees about two spans of keys, not all of them
+        span = min(x for x in (inputs.window, inputs.chunk) if x is not None)
+        tile = min(tile, max(span, SPAN_TILE_MIN))
+    tile = max(1, tile)
+    outputs, entropies = [], []
     for start in range(0, length, tile):
         stop = min(start + tile, length)
         # causal: keys after the tile's last query are masked for all of it, so leave them out
@@ -562,34 +622,8 @@ def _attend_tiled(
         # a span: keys before the first one any query of the tile may see are left out too
         first = _first_key_in_span(inputs, start, stop, visible) if spanned else 0
         keys = slice(first, visible)
-        k_tile, v_tile, k_index = k[:, :, keys], v[:, :, keys], key_index[keys]
-        k_pos = inputs.k_pos[:, None, None, keys]  # [N, 1, 1, S']
-        q_pos = inputs.q_pos[:, None, start:stop, None]  # [N, 1, T, 1]
-        query_index = inputs.past_len + torch.arange(start, stop, device=q.device)
-        allowed = k_index[None, :] <= query_index[:, None]  # [T, S']
-        allowed = allowed[None, None]  # [1, 1, T, S']
-        is_self = k_index[None, :] == query_index[:, None]  # [T, S']
-        if inputs.k_valid is not None:
-            # a padding query still sees itself, so its (ignored) row never becomes all -inf
-            allowed = allowed & (inputs.k_valid[:, None, None, keys] | is_self)
-        if spanned:  # the layer's sliding window or chunk
-            allowed = allowed & (span_mask(q_pos, k_pos, inputs.window, inputs.chunk) | is_self)
-        near = None
-        if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
-            near = q_pos - k_pos < pairs.window  # [N, 1, T, S']
-            if pairs.sink_end is not None:
-                allowed = allowed & (near | (k_pos < pairs.sink_end))
-        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device)
-        bias = bias.masked_fill(~allowed, float("-inf"))
-        if inputs.score_bias is not None:
-            heads = torch.arange(h, device=q.device)[None, :, None, None]  # [1, H, 1, 1]
-            family_bias = inputs.score_bias(heads, q_pos, k_pos)  # [N, H, T, S']
-            if pairs is not None:  # far pairs: the bias at their far positions
-                far_bias = inputs.score_bias(
-                    heads, pairs.q_far[:, None, start:stop, None], pairs.k_far[:, None, None, keys]
-                )
-                family_bias = torch.where(near, family_bias, far_bias)
-            bias = bias + family_bias
+        k_tile, v_tile = k[:, :, keys], v[:, :, keys]
+        bias, near = _cached_tile_bias(inputs, h, start, stop, first, visible)
         q_tile = q[:, :, start:stop]
         if inputs.want_entropy or inputs.contextual_bias is not None or q_far is not None:
             q32 = q_tile.float()

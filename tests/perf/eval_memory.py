@@ -10,7 +10,8 @@ the full [N, L, V] logits, ``EvalContext(chunked_scoring=False)``), ``chunked`` 
 - ``llama32k``: a transformers Llama, 2 layers, width 64, 4 heads, vocabulary 32,000, trained
   length 512, loaded through lenbench's pretrained adapter (``bench.pretrained``);
 - ``ours``: lenbench's DecoderLM, rope, 4 layers, width 128, byte vocabulary (259), trained
-  length 256;
+  length 256; ``ours_rnope_swa`` and ``ours_irope`` the same model as RNoPE-SWA and iRoPE
+  (3 windowed or chunked RoPE layers and one NoPE layer, window and chunk 64);
 - ``llama1b`` (``--one-b``): Llama 3.2 1B's shapes (width 2048, 32 heads, 8 key/value heads, MLP
   8192, vocabulary 128,256, tied) with 2 of its 16 layers, chunked only: its growth per token
   (a least-squares line through the lengths) and the 1B model's weights give the longest length
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path("results") / "perf"
-MODELS = {"llama32k": 512, "ours": 256}  # model -> trained length
+MODELS = {"llama32k": 512, "ours": 256, "ours_rnope_swa": 256, "ours_irope": 256}  # -> trained length
 ONE_B = {  # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json)
     "vocab_size": 128256,
     "hidden_size": 2048,
@@ -55,12 +56,13 @@ def _build(name: str):
     import torch
 
     torch.manual_seed(0)
-    if name == "ours":
+    if name.startswith("ours"):
         from models.positions import PositionConfig
         from models.transformer import DecoderLM, ModelConfig
 
         cfg = ModelConfig(vocab_size=259, n_layers=4, d_model=128, n_heads=4)
-        return DecoderLM(cfg, PositionConfig(kind="rope"), MODELS["ours"]).eval(), MODELS["ours"]
+        kind = name.removeprefix("ours_") if "_" in name else "rope"
+        return DecoderLM(cfg, PositionConfig(kind=kind), MODELS[name]).eval(), MODELS[name]
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from bench.pretrained.adapter import PretrainedLM
