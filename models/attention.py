@@ -375,6 +375,33 @@ def _dense_to_kv_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return blocks.sum(dim=-1).to(torch.int32).contiguous(), order.to(torch.int32).contiguous()
 
 
+def _block_range(positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smallest and largest position id of each block of ``size`` along dim 1: [N, X] -> [N, B] each."""
+    pad = (-positions.shape[1]) % size
+    low = F.pad(positions, (0, pad), value=int(positions.max()) if positions.numel() else 0)
+    high = F.pad(positions, (0, pad), value=int(positions.min()) if positions.numel() else 0)
+    n = positions.shape[0]
+    return low.view(n, -1, size).amin(-1), high.view(n, -1, size).amax(-1)
+
+
+def _blocks_in_span(inputs: AttentionInputs, size: int, device: torch.device) -> torch.Tensor:
+    """[N, 1, Q blocks, K blocks] bool: whether some query of the block and some key of the
+    block may be inside the layer's span by their position ids (from each block's range of
+    positions, so never False where an entry is inside)."""
+    q_lo, q_hi = _block_range(inputs.q_pos.to(device), size)  # [N, Q blocks]
+    k_lo, k_hi = _block_range(inputs.k_pos.to(device), size)  # [N, K blocks]
+    q_lo, q_hi, k_lo, k_hi = q_lo[:, :, None], q_hi[:, :, None], k_lo[:, None, :], k_hi[:, None, :]
+    inside = torch.ones(
+        q_lo.shape[0], q_lo.shape[1], k_lo.shape[2], dtype=torch.bool, device=device
+    )
+    if inputs.window is not None:  # the closest pair: the latest key, the earliest query
+        inside = inside & (q_lo - k_hi < inputs.window)
+    if inputs.chunk is not None:  # the blocks' chunk ranges overlap
+        c = inputs.chunk
+        inside = inside & (k_lo // c <= q_hi // c) & (q_lo // c <= k_hi // c)
+    return inside[:, None]
+
+
 def flex_block_mask(
     inputs: AttentionInputs,
     n: int,
@@ -412,8 +439,11 @@ def flex_block_mask(
     all_real = (real[:, k_hi + 1] - real[:, k_lo]) == (k_hi - k_lo + 1)  # [N, K blocks]
     full = (causal_all & complete)[None, None] & all_real[:, None, None, :]
     if inputs.window is not None or inputs.chunk is not None:
-        # a span cuts blocks by position id: every causally visible block is partial (masked)
+        # a span cuts blocks by position id: no block is full, and a block none of whose
+        # (query, key) position pairs is inside the span is skipped, unless it holds a query's
+        # own key
         full = torch.zeros_like(full)
+        some = some & (_blocks_in_span(inputs, size, device) | self_seen[None, None])
     partial = some & ~full
     block_mask = BlockMask.from_kv_blocks(
         *_dense_to_kv_blocks(partial),

@@ -391,3 +391,63 @@ def test_hybrid_fields_are_checked():
     # rnope_swa does not read the chunk, so it does not enter its parameters (or checkpoint key)
     assert "chunk" not in PositionConfig(kind="rnope_swa").params()
     assert "window" not in PositionConfig(kind="irope").params()
+
+
+def _visited_blocks(mask) -> torch.Tensor:
+    """[N, H, Q blocks, K blocks] bool: the blocks a flex BlockMask computes (partial or full)."""
+
+    def dense(num, indices):
+        out = torch.zeros(*indices.shape, dtype=torch.bool)
+        for pos in range(indices.shape[-1]):
+            hit = pos < num[..., None]  # [N, H, Q, 1]
+            out.scatter_(-1, indices[..., pos : pos + 1].long(), hit, reduce="add")
+        return out
+
+    visited = dense(mask.kv_num_blocks, mask.kv_indices)
+    if mask.full_kv_num_blocks is not None:
+        visited |= dense(mask.full_kv_num_blocks, mask.full_kv_indices)
+    return visited
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(window=4, length=32),
+        dict(chunk=8, length=32),
+        dict(window=5, length=20, past=12, pad=(0, 6)),
+        dict(chunk=6, length=9, past=23, pad=(3, 0)),
+    ],
+    ids=["window", "chunk", "window-padded-cache", "chunk-padded-cache"],
+)
+def test_flex_block_mask_skips_blocks_outside_the_span(case):
+    """The block mask visits every block flex's own create_block_mask (which evaluates each
+    entry of the mask_mod) finds an entry in, and without padding no other: blocks outside the
+    window or chunk are skipped; none is full (a span is applied entry by entry)."""
+    if attention.flex_attention_unavailable() is not None:
+        pytest.skip(attention.flex_attention_unavailable())
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v, inputs = make_case(n=2, **case)
+    length, s = q.shape[2], k.shape[2]
+    ours = attention.flex_block_mask(inputs, 2, length, s, q.device, block_size=4)
+    try:
+        theirs = create_block_mask(
+            attention.flex_mask_mod(inputs, q.device),
+            2,
+            None,
+            length,
+            s,
+            device="cpu",
+            BLOCK_SIZE=4,
+        )
+    except Exception as error:  # pragma: no cover - a torch whose create_block_mask fails here
+        pytest.skip(f"create_block_mask fails on CPU: {type(error).__name__}")
+    visited, needed = _visited_blocks(ours), _visited_blocks(theirs)
+    assert bool((visited | ~needed).all())  # never skips a block with a visible entry
+    if "pad" not in case:
+        assert torch.equal(visited, needed)
+    assert int(ours.full_kv_num_blocks.sum()) == 0
+    # negative control: the causal block mask alone visits blocks the span leaves out
+    causal = AttentionInputs(**{**vars(inputs), "window": None, "chunk": None, "flex_cache": {}})
+    plain = attention.flex_block_mask(causal, 2, length, s, q.device, block_size=4)
+    assert int(_visited_blocks(plain).sum()) > int(visited.sum())
