@@ -162,7 +162,8 @@ def scaling_params_json(scaling: ScalingConfig) -> str:
 
 
 def make_run_id(model_id: str, spec: JobSpec) -> str:
-    """Hash of everything that identifies the job's rows: weights, scaling, eval protocol, experiment."""
+    """Hash of everything that identifies the job's rows: weights, scaling, eval protocol,
+    experiment and the study arm (two arms may hold the same model; each gets its own rows)."""
     job = spec.job
     identity = {
         "model_id": model_id,
@@ -170,6 +171,7 @@ def make_run_id(model_id: str, spec: JobSpec) -> str:
         "eval": spec.eval.to_dict(),
         "experiment": job.experiment_name,
         "seed": job.seed,
+        "arm": job.arm.name,
     }
     return hashlib.sha256(canonical_json(identity).encode("utf-8")).hexdigest()[:_RUN_ID_CHARS]
 

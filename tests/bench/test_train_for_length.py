@@ -90,3 +90,18 @@ def test_smoke_with_hybrid_layers_and_a_learned_sink_lands_rows_for_every_metric
     assert any(label.startswith("irope") and label.endswith("+learned sink") for label in labels)
     plain = add_labels(df.drop(columns="attention_sink").assign(experiment="smoke"))
     assert not any("sink" in label for label in plain["position_label"])  # control
+
+
+def test_two_arms_holding_one_model_get_their_own_rows():
+    """rope without a sink is in arm lm_sampling and arm lm_sinks: the same checkpoint, but each
+    arm's rows (whose ``arm`` column differs) have their own run id, so neither arm finds the
+    other's results and skips its own."""
+    from bench.job import make_run_id
+
+    sampling = validate_job(study_job("arm=lm_sampling", "position=rope"))
+    sinks = validate_job(study_job("arm=lm_sinks", "position=rope"))
+    assert weights_key(sampling.job, corpus=None) == weights_key(sinks.job, corpus=None)
+    assert make_run_id("m", sampling) != make_run_id("m", sinks)
+    # control: the same arm and cell twice is the same run
+    again = validate_job(study_job("arm=lm_sampling", "position=rope"))
+    assert make_run_id("m", sampling) == make_run_id("m", again)

@@ -37,7 +37,12 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path("results") / "perf"
-MODELS = {"llama32k": 512, "ours": 256, "ours_rnope_swa": 256, "ours_irope": 256}  # -> trained length
+MODELS = {
+    "llama32k": 512,
+    "ours": 256,
+    "ours_rnope_swa": 256,
+    "ours_irope": 256,
+}  # -> trained length
 ONE_B = {  # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json)
     "vocab_size": 128256,
     "hidden_size": 2048,
