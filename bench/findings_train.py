@@ -67,8 +67,9 @@ def _training(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with its training's position sampling and attention sink spelled out (rows that
     predate the columns, or did not set them, were contiguous and sink-free)."""
     return df.assign(
-        _sampling=_col(df, "position_sampling").fillna("contiguous"),
-        _sink=_col(df, "attention_sink").fillna("none"),
+        # object first: a column absent from the rows is float NaN, which pandas will not fill with text
+        _sampling=_col(df, "position_sampling").astype(object).fillna("contiguous"),
+        _sink=_col(df, "attention_sink").astype(object).fillna("none"),
     )
 
 
