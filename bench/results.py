@@ -58,6 +58,9 @@ ARM_COLUMN = "arm"
 #: named columns, ``bench.series``), and the passkey template a ``passkey_acc`` row measured.
 MODEL_CONFIG_COLUMN = "model_config_id"
 TEMPLATE_COLUMN = "template"
+#: Optional columns of RULER rows (``bench.metrics.ruler``): the task a row measured, and its
+#: parameters as canonical JSON (for ``effective_length`` rows: the score and the rule used).
+TASK_COLUMNS = ["task", "task_params"]
 #: Optional column of ``nll`` rows under ``max_windows: fill``: S, the tokens of each document
 #: that every eval length scores (``bench.metrics.nll``).
 SPAN_COLUMN = "span"
@@ -118,6 +121,7 @@ CELL_COLUMNS: list[str] = [
     "layer",
     "arm",
     "template",
+    "task",
     *FINETUNE_COLUMNS,
 ]
 
@@ -144,6 +148,7 @@ _STRING_OPTIONAL = [
     "model_config_id",
     "template",
     "finetune_curve_id",
+    *TASK_COLUMNS,
 ]
 
 
@@ -261,6 +266,7 @@ def normalize_results(frame: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.D
         REQUIRED_COLUMNS
         + OPTIONAL_COLUMNS
         + [ARM_COLUMN, MODEL_CONFIG_COLUMN, TEMPLATE_COLUMN, SPAN_COLUMN, CURVE_COLUMN]
+        + TASK_COLUMNS
         + DOC_COLUMNS
         + FINETUNE_COLUMNS
         + [TIMESTAMP_COLUMN]

@@ -1,0 +1,337 @@
+"""``ruler``: RULER-style tasks (``bench.ruler``) and the effective context length.
+
+Two scores per example. The **exact** verdict is passkey's: the whole answer, then no letter or
+digit. On byte tokens it is teacher-forced (one forward pass of prompt + answer: every answer
+token is the argmax, and the argmax after it is not a letter or digit); on a pretrained model's
+tokenizer it is read from the greedy generation. The **match** score is RULER's
+``string_match_all``: the fraction of expected strings present in the greedy generation of
+``len(answer) + extra_tokens`` tokens (KV cache). On byte tokens the greedy generation's exact
+verdict is the teacher-forced one (tested), so the two scores are two readings of one run.
+
+Rows (metric = the task's name, ``task`` and ``task_params`` columns set): per length,
+``axis="score"`` with ``axis_value`` ``exact`` / ``match`` (``ci_lo``/``ci_hi``: Wilson
+intervals; for ``match``, over the expected strings, which treats them as independent), and for
+the depth tasks one exact row per depth (``axis="depth"``). Once per run ``effective_length``
+rows per task and for the tasks' mean (``task="average"``, lengths where every task ran):
+the largest evaluated length at which the score (``score``) is >= ``threshold``
+(``axis="threshold"``) or >= ``relative_threshold`` x the score at ``reference_length``
+(``axis="relative_threshold"``; 0 where that score is 0), with every shorter evaluated length
+passing too; not interpolated between lengths (``task_params`` says so); 0 when the shortest
+length fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from bench.checks import choice, integer, number
+from bench.corpora import Document
+from bench.findings import wilson
+from bench.metrics.context import EvalContext, make_row
+from bench.metrics.registry import MetricConfig, register_metric
+from bench.results import canonical_json
+from bench.ruler import (
+    DEPTH_TASKS,
+    RULER_FILLERS,
+    RULER_TASKS,
+    RulerExample,
+    exact_match,
+    match_score,
+    min_ruler_length,
+    params_from,
+    ruler_grid,
+)
+from bench.tokenizer import ByteTokenizer
+
+__all__ = [
+    "RulerConfig",
+    "effective_length",
+    "effective_length_rows",
+    "generated_scores",
+    "teacher_forced_verdicts",
+]
+
+logger = logging.getLogger(__name__)
+TOK = ByteTokenizer()
+# byte tokens that would continue the answer's last item (the verdict needs anything else)
+_ALNUM_IDS = torch.tensor([i for i in range(256) if chr(i).isascii() and chr(i).isalnum()])
+SCORES = ("exact", "match")
+RULE = "largest evaluated length with it and every shorter one passing; not interpolated"
+
+
+@dataclass
+class RulerConfig(MetricConfig):
+    """``eval.ruler``: RULER-style tasks at each eval length; rows per task and length and
+    ``effective_length`` rows. Off by default (``eval.ruler.enabled=true``)."""
+
+    enabled: bool = False
+    tasks: list = field(default_factory=lambda: list(RULER_TASKS))
+    depths: int = 3  # depths of the asked needle (niah_single, niah_multikey), evenly in [0, 1]
+    trials: int = 4  # examples per depth; the other tasks get depths x trials per length
+    filler: str = "standard"  # haystack of the needle tasks and vt: standard | corpus
+    params: dict = field(default_factory=dict)  # task parameters (bench.ruler.RulerParams)
+    extra_tokens: int = 8  # generated beyond the answer's length for the match score
+    score: str = "match"  # the score effective_length reads: match (RULER's) | exact
+    threshold: float = 0.856  # RULER's: Llama-2-7B's score at 4K
+    relative_threshold: float = 0.85  # x the score at reference_length
+    reference_length: int | None = None  # null = the training length
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        tasks = list(self.tasks) if isinstance(self.tasks, (list, tuple)) else [self.tasks]
+        for task in tasks:
+            choice(self.key("tasks"), task, RULER_TASKS)
+        if not tasks or len(set(tasks)) != len(tasks):
+            raise ValueError(
+                f"{self.key('tasks')} must name distinct tasks of {', '.join(RULER_TASKS)}, got {self.tasks!r}."
+            )
+        self.tasks = tasks
+        self.depths = integer(self.key("depths"), self.depths, 1)
+        self.trials = integer(self.key("trials"), self.trials, 1)
+        self.filler = choice(self.key("filler"), self.filler, RULER_FILLERS)
+        try:
+            params_from(self.params)
+        except ValueError as exc:
+            raise ValueError(f"{self.key('params')}: {exc}") from None
+        self.params = dict(self.params)
+        self.extra_tokens = integer(self.key("extra_tokens"), self.extra_tokens, 1)
+        self.score = choice(self.key("score"), self.score, SCORES)
+        self.threshold = number(self.key("threshold"), self.threshold, 0.0, 1.0)
+        self.relative_threshold = number(
+            self.key("relative_threshold"), self.relative_threshold, 0.0, 1.0
+        )
+        self.reference_length = integer(
+            self.key("reference_length"), self.reference_length, 1, optional=True
+        )
+
+    @property
+    def reads_documents(self) -> bool:
+        return self.filler == "corpus"
+
+    @property
+    def depth_list(self) -> list[float]:
+        return [0.5] if self.depths == 1 else np.linspace(0, 1, self.depths).round(6).tolist()
+
+    def resolve(self, train_length: int, eval_lengths: Sequence[int]) -> RulerConfig:
+        out = super().resolve(train_length, eval_lengths)
+        return replace(out, reference_length=self.reference_length or int(train_length))
+
+
+def _finish(cfg: RulerConfig, rows: list[dict]) -> list[dict]:
+    return effective_length_rows(rows, cfg)
+
+
+@register_metric("ruler", config=RulerConfig, finish=_finish)
+def ruler_metric(
+    ctx: EvalContext, cfg: RulerConfig, docs: Sequence[Document], length: int
+) -> list[dict]:
+    params = params_from(cfg.params)
+    source = _filler_source(docs, length) if cfg.filler == "corpus" else None
+    rows = []
+    for task in cfg.tasks:
+        minimum = min_ruler_length(task, params)
+        if length < minimum:
+            logger.warning(
+                "ruler task %s at eval length %d skipped: it needs at least %d tokens.",
+                task, length, minimum,
+            )  # fmt: skip
+            continue
+        examples = ruler_grid(
+            [task], [length], cfg.depth_list, cfg.trials, ctx.seed, params, cfg.filler, source
+        )
+        if ctx.tokenizer is not None:
+            examples = [_as_text_example(ctx.tokenizer, e) for e in examples]
+            exact, match = generated_scores(ctx, examples, cfg.extra_tokens, text=True)
+        else:
+            exact = teacher_forced_verdicts(ctx, examples)
+            _, match = generated_scores(ctx, examples, cfg.extra_tokens)
+        rows += _task_rows(task, examples, exact, match, length, cfg)
+    return rows
+
+
+def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:
+    from bench.metrics.passkey import _filler_source as passkey_source
+
+    return passkey_source(docs, length)
+
+
+def _as_text_example(tokenizer, example: RulerExample) -> RulerExample:
+    """The byte example's text in a pretrained model's tokens (its length is then in that
+    tokenizer's tokens, not the byte length the grid was built at)."""
+    prompt = bytes(example.prompt_ids).decode("utf-8", errors="replace")
+    answer = bytes(example.answer_ids).decode()
+    return replace(
+        example,
+        prompt_ids=list(tokenizer.encode(prompt, add_special_tokens=True)),
+        answer_ids=list(tokenizer.encode(answer, add_special_tokens=False)),
+        needles=(),
+        distractors=(),
+    )
+
+
+def _batches(ctx: EvalContext, examples: Sequence[RulerExample], key) -> list[list[int]]:
+    groups: dict = defaultdict(list)
+    for i, example in enumerate(examples):
+        groups[key(example)].append(i)
+    out = []
+    for k, indices in groups.items():
+        step = ctx.rows_per_batch(k if isinstance(k, int) else k[0])
+        out += [indices[s : s + step] for s in range(0, len(indices), step)]
+    return out
+
+
+@torch.no_grad()
+def teacher_forced_verdicts(ctx: EvalContext, examples: Sequence[RulerExample]) -> list[bool]:
+    """Exact verdicts of byte examples from one forward pass each batch (examples of equal
+    length and answer length batch together)."""
+    verdicts = [False] * len(examples)
+    for batch in _batches(ctx, examples, lambda e: (e.length, len(e.answer_ids))):
+        chosen = [examples[i] for i in batch]
+        length, span = chosen[0].length, len(chosen[0].answer_ids)
+        ids = torch.tensor([e.input_ids for e in chosen], dtype=torch.long)  # [B, L]
+        logits = ctx.forward(ids, logits_from=length - 1 - span).logits  # [B, A + 1, V]
+        predicted = logits[:, :span].argmax(dim=-1).cpu()  # [B, A]
+        after = logits[:, span].argmax(dim=-1).cpu()  # [B]
+        ok = (predicted == ids[:, length - span :]).all(dim=1) & ~torch.isin(after, _ALNUM_IDS)
+        for i, verdict in zip(batch, ok.tolist(), strict=True):
+            verdicts[i] = bool(verdict)
+    return verdicts
+
+
+CONTEXT_TOKENS = 16  # prompt tokens decoded before the generation, so that it decodes in context
+
+
+def _decode_generated(tokenizer, prompt_ids: Sequence[int], generated: Sequence[int]) -> str:
+    if tokenizer is None:
+        return TOK.decode([t for t in generated if t < 256])
+    kw = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+    tail = list(prompt_ids[-CONTEXT_TOKENS:])
+    before = tokenizer.decode(tail, **kw)
+    whole = tokenizer.decode(tail + list(generated), **kw)
+    return whole[len(before) :] if whole.startswith(before) else tokenizer.decode(generated, **kw)
+
+
+@torch.no_grad()
+def generated_scores(
+    ctx: EvalContext, examples: Sequence[RulerExample], extra_tokens: int, text: bool = False
+) -> tuple[list[bool], list[float]]:
+    """(exact verdicts, match scores) from greedy generation with the KV cache of
+    ``len(answer) + extra_tokens`` tokens after each prompt (one fewer where a learned position
+    table would end). ``text``: decode with ``ctx.tokenizer`` in context."""
+    exact = [False] * len(examples)
+    match = [0.0] * len(examples)
+    tokenizer = ctx.tokenizer if text else None
+    for batch in _batches(ctx, examples, lambda e: (len(e.prompt_ids), len(e.answer_ids))):
+        chosen = [examples[i] for i in batch]
+        prompt_len = len(chosen[0].prompt_ids)
+        new = len(chosen[0].answer_ids) + int(extra_tokens)
+        while new > 1 and ctx.position_range_error(prompt_len + new - 2, prompt_len + new - 1):
+            new -= 1  # at a learned table's end
+        prompts = torch.tensor([e.prompt_ids for e in chosen], device=ctx.device)
+        with ctx.autocast():
+            generated = ctx.model.generate_greedy(prompts, max_new_tokens=new).cpu().tolist()
+        for i, example, row in zip(batch, chosen, generated, strict=True):
+            output = _decode_generated(tokenizer, example.prompt_ids, row)
+            exact[i] = exact_match(output, example.answer_text)
+            match[i] = match_score(output, example.expected)
+    return exact, match
+
+
+def _task_rows(
+    task: str,
+    examples: Sequence[RulerExample],
+    exact: Sequence[bool],
+    match: Sequence[float],
+    length: int,
+    cfg: RulerConfig,
+) -> list[dict]:
+    params = canonical_json({**examples[0].params, "filler": cfg.filler})
+    common = {"task": task, "task_params": params}
+    n = len(examples)
+    k = int(sum(exact))
+    rows = [
+        make_row(task, k / n, n, length, axis="score", axis_value="exact",
+                 **_ci(k, n), **common),
+    ]  # fmt: skip
+    found = sum(round(m * len(e.expected)) for m, e in zip(match, examples, strict=True))
+    strings = sum(len(e.expected) for e in examples)
+    rows.append(
+        make_row(task, float(np.mean(match)), n, length, axis="score", axis_value="match",
+                 **_ci(found, strings), **common)
+    )  # fmt: skip
+    if task in DEPTH_TASKS:
+        by_depth: dict[float, list[bool]] = defaultdict(list)
+        for example, verdict in zip(examples, exact, strict=True):
+            by_depth[float(example.depth)].append(verdict)
+        for depth, verdicts in sorted(by_depth.items()):
+            kd, nd = int(sum(verdicts)), len(verdicts)
+            rows.append(
+                make_row(task, kd / nd, nd, length, axis="depth", axis_value=depth,
+                         **_ci(kd, nd), **common)
+            )  # fmt: skip
+    return rows
+
+
+def _ci(k: int, n: int) -> dict:
+    lo, hi = wilson(k, n)
+    return {"ci_lo": lo, "ci_hi": hi}
+
+
+def effective_length(scores: dict[int, float], threshold: float) -> int:
+    """The largest length of ``scores`` whose score and every shorter length's are >=
+    ``threshold``; 0 when the shortest fails."""
+    best = 0
+    for length in sorted(scores):
+        if scores[length] < threshold:
+            break
+        best = length
+    return best
+
+
+def effective_length_rows(rows: Sequence[dict], cfg: RulerConfig) -> list[dict]:
+    """``effective_length`` rows (module doc) from a run's ``ruler`` task rows."""
+    scores: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r.get("axis") == "score" and r.get("axis_value") == cfg.score:
+            scores[r["task"]][int(r["eval_length"])] = float(r["value"])
+    if not scores:
+        return []
+    common = set.intersection(*(set(s) for s in scores.values()))
+    if common:
+        scores["average"] = {x: float(np.mean([s[x] for s in scores.values()])) for x in common}
+    out = []
+    for task, by_length in scores.items():
+        params = {"score": cfg.score, "rule": RULE}
+        out.append(
+            make_row("effective_length", effective_length(by_length, cfg.threshold),
+                     len(by_length), effective_length(by_length, cfg.threshold),
+                     axis="threshold", axis_value=cfg.threshold, task=task,
+                     task_params=canonical_json(params))
+        )  # fmt: skip
+        reference = by_length.get(int(cfg.reference_length or 0))
+        if reference is None:
+            logger.warning(
+                "ruler: no relative effective length for %s (reference length %s not evaluated).",
+                task, cfg.reference_length,
+            )  # fmt: skip
+            continue
+        # a model that scores 0 at its reference length has no effective length on the task
+        bar = cfg.relative_threshold * reference
+        value = effective_length(by_length, bar) if reference > 0 else 0
+        rel = {
+            **params,
+            "reference_length": int(cfg.reference_length),
+            "reference_score": reference,
+        }
+        out.append(
+            make_row("effective_length", value, len(by_length), value,
+                     axis="relative_threshold", axis_value=cfg.relative_threshold, task=task,
+                     task_params=canonical_json(rel))
+        )  # fmt: skip
+    return out

@@ -1,0 +1,296 @@
+"""RULER-style tasks: generators checked against an independent solver, scores, effective length.
+
+Property tests draw many examples of every task and check them with ``fixtures.ruler.solve``
+(which reads only the prompt text); each has a negative control that breaks one example and
+sees the check fail. Scores are checked on an oracle model (right on some examples, wrong on
+others) and on a tiny trained model, where teacher-forced and greedy verdicts must agree.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from bench.evaluate import evaluate_model
+from bench.metrics.context import EvalContext
+from bench.metrics.ruler import (
+    RulerConfig,
+    effective_length,
+    effective_length_rows,
+    generated_scores,
+    teacher_forced_verdicts,
+)
+from bench.ruler import (
+    DEPTH_TASKS,
+    RULER_TASKS,
+    RulerParams,
+    exact_match,
+    make_ruler_example,
+    match_score,
+    min_ruler_length,
+    params_from,
+    ruler_grid,
+    zipf_counts,
+)
+from models.positions import PositionConfig
+from models.transformer import DecoderLM, ModelConfig
+
+from fixtures.ruler import RulerOracle, solve
+
+CORPUS = ("def f(x):\n    return x + 1\n# a comment with words in it\n" * 40).encode()
+OFF = {"enabled": False}
+ONLY_RULER = {
+    name: OFF
+    for name in ("nll", "passkey", "shift_dnll", "order_dnll", "context_nll", "attn_entropy",
+                 "position_probe_r2")
+}  # fmt: skip
+
+
+def text(ids) -> str:
+    return bytes(ids).decode("latin-1")
+
+
+def examples(task: str, n: int = 30, filler: str = "standard"):
+    rng = random.Random(task)
+    out = []
+    for i in range(n):
+        length = rng.randint(min_ruler_length(task), 700)
+        out.append(
+            make_ruler_example(
+                task,
+                length,
+                rng.random(),
+                rng=rng,
+                filler=filler,
+                filler_source=CORPUS if filler == "corpus" else None,
+                trial=i,
+            )  # fmt: skip
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- generators
+
+
+@pytest.mark.parametrize("filler", ["standard", "corpus"])
+@pytest.mark.parametrize("task", RULER_TASKS)
+def test_examples_have_the_exact_length_and_the_solvers_answer(task, filler):
+    for e in examples(task, filler=filler):
+        assert e.length == len(e.input_ids)
+        assert solve(text(e.prompt_ids)) == e.answer_text == text(e.answer_ids)
+        assert len(e.expected) == len(set(e.expected))
+    # negative control: the solver notices a changed needle value, or a list word that is no
+    # longer frequent (every occurrence but the first replaced by a word of its own)
+    e = examples(task, 1, filler)[0]
+    broken = text(e.prompt_ids)
+    first = e.expected[0]
+    if task in ("cwe", "fwe"):
+        parts = broken.split(first)
+        broken = parts[0] + first + "".join(f"x{i:03d}" + p for i, p in enumerate(parts[2:]))
+        broken = parts[0] + first + parts[1] + broken[len(parts[0] + first) :]
+    else:
+        broken = broken.replace(first, first[::-1] if first[::-1] != first else first + "1", 1)
+    assert solve(broken) != e.answer_text
+
+
+@pytest.mark.parametrize("task", RULER_TASKS)
+def test_lengths_are_exact_for_every_length_from_the_minimum(task):
+    minimum = min_ruler_length(task)
+    for length in range(minimum, minimum + 12):
+        assert make_ruler_example(task, length, 0.5, rng=random.Random(length)).length == length
+    with pytest.raises(ValueError, match=f"too short for task '{task}'; the minimum is {minimum}"):
+        make_ruler_example(task, minimum - 1, 0.5, rng=random.Random(0))
+
+
+@pytest.mark.parametrize("task", [t for t in RULER_TASKS if t not in ("cwe", "fwe")])
+def test_needles_sit_where_the_example_says_and_distractors_differ(task):
+    for e in examples(task):
+        assert e.needles
+        for start, stop in e.needles:
+            assert e.prompt_ids[start - 1] == e.prompt_ids[stop] == ord("\n")
+        answer_text = " ".join(text(e.prompt_ids[a:b]) for a, b in e.needles)
+        assert all(v in answer_text for v in e.expected)
+        for start, stop in e.distractors:
+            statement = text(e.prompt_ids[start:stop])
+            assert not any(v in statement for v in e.expected)
+            assert re.fullmatch(r"value of [a-z]+:\d+\.|VAR [A-Z]+ = (VAR [A-Z]+|\d+)\.", statement)
+        if task == "niah_multikey":
+            assert len(e.distractors) == RulerParams().keys - 1
+            key = re.search(r"value of ([a-z]+):", text(e.prompt_ids[slice(*e.needles[0])])).group(
+                1
+            )
+            assert all(key not in text(e.prompt_ids[a:b]) for a, b in e.distractors)
+    # negative control: a span moved by one token no longer frames a statement
+    e = examples(task, 1)[0]
+    start, stop = e.needles[0]
+    assert not (e.prompt_ids[start] == e.prompt_ids[stop + 1] == ord("\n"))
+
+
+@pytest.mark.parametrize("task", DEPTH_TASKS)
+def test_depth_places_the_asked_needle(task):
+    shallow = make_ruler_example(task, 600, 0.0, rng=random.Random(1))
+    deep = make_ruler_example(task, 600, 1.0, rng=random.Random(1))
+    assert shallow.needles[0][0] < 40  # right after the head line
+    assert deep.needles[0][1] > 600 - 120  # right before the question
+    assert shallow.depth == 0.0 and deep.depth == 1.0
+
+
+def test_vt_chains_resolve_to_the_stated_variables():
+    params = RulerParams(chains=3, hops=4)
+    for seed in range(20):
+        e = make_ruler_example("vt", 700, rng=random.Random(seed), params=params)
+        prompt = text(e.prompt_ids)
+        assert len(e.expected) == 5 and len(e.distractors) == 10
+        assert solve(prompt) == e.answer_text
+        # every variable of a distractor chain resolves to another value
+        value = re.search(r"vars of (\d+):$", prompt).group(1)
+        assert sum(f"= {value}." in prompt for _ in [0]) == 1
+        assert prompt.count(f"= {value}.") == 1
+    # negative control: cutting a hop breaks the chain after it
+    cut = prompt.replace(f"VAR {e.expected[2]} = VAR {e.expected[1]}.", f"VAR {e.expected[2]} = 1.")
+    assert solve(cut) != e.answer_text
+
+
+def test_word_lists_have_the_stated_frequencies():
+    params = RulerParams()
+    for seed in range(10):
+        e = make_ruler_example("cwe", 500, rng=random.Random(seed))
+        words = text(e.prompt_ids).split("\n")[1].split()
+        counts = {w: words.count(w) for w in set(words)}
+        assert sorted(counts[w] for w in e.expected) == [params.common_freq] * params.common_words
+        assert max(c for w, c in counts.items() if w not in e.expected) <= params.rare_freq
+        f = make_ruler_example("fwe", 500, rng=random.Random(seed))
+        words = text(f.prompt_ids).split("\n")[1].split()
+        top = [words.count(w) for w in f.expected]
+        rest = max(words.count(w) for w in set(words) - set(f.expected))
+        assert top[0] > top[1] > top[2] > rest
+    assert zipf_counts(5, 3, 2.0) is None  # too few words to order the top three
+    counts = zipf_counts(200, 3, 2.0)
+    assert sum(counts) == 200 and counts[0] > counts[1] > counts[2] > counts[3]
+
+
+def test_grid_is_a_function_of_its_cells():
+    a = ruler_grid(["niah_single", "vt"], [300], [0.0, 1.0], 2, seed=5)
+    b = ruler_grid(["vt"], [300, 400], [0.0, 1.0], 2, seed=5)
+    assert [x.input_ids for x in a if x.task == "vt"] == [x.input_ids for x in b if x.length == 300]
+    assert len(a) == 2 * 2 + 4  # depth cells, then depths x trials placements for vt
+    c = ruler_grid(["vt"], [300], [0.0, 1.0], 2, seed=6)
+    assert [x.input_ids for x in c] != [x.input_ids for x in b if x.length == 300]
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="ruler task 'niah' is unknown"):
+        min_ruler_length("niah")
+    with pytest.raises(ValueError, match="rare_freq 6 must be below params.common_freq 6"):
+        RulerParams(rare_freq=6)
+    with pytest.raises(ValueError, match="ruler params hops_ unknown"):
+        params_from({"hops_": 2})
+    with pytest.raises(ValueError, match="eval.ruler.tasks"):
+        RulerConfig(tasks=["niah_single", "needle"])
+    with pytest.raises(ValueError, match="eval.ruler.params"):
+        RulerConfig(params={"keys": 0})
+
+
+def test_scores():
+    assert match_score("12345,67890.", ["12345", "67890"]) == 1.0
+    assert match_score("the 67890", ["12345", "67890"]) == 0.5
+    assert match_score("ABCDE", ["abcde"]) == 1.0  # RULER lower-cases both
+    assert exact_match("12345.", "12345") and exact_match("12345", "12345")
+    assert not exact_match("123456", "12345") and not exact_match("ab,cdx", "ab,cd")
+    assert not exact_match(" 12345", "12345")
+
+
+# --------------------------------------------------------------------------- scoring models
+
+
+def test_oracle_scores_teacher_forced_equal_greedy():
+    oracle = RulerOracle()
+    ctx = EvalContext(oracle, batch_size=4, progress=False)
+    grid = ruler_grid(RULER_TASKS, [300], [0.0, 1.0], 3, seed=0)
+    forced = teacher_forced_verdicts(ctx, grid)
+    greedy, match = generated_scores(ctx, grid, extra_tokens=4)
+    truth = [not RulerOracle.wrong(e.answer_text) for e in grid]
+    assert forced == greedy == truth
+    assert 0 < sum(truth) < len(truth)  # non-vacuous
+    for e, ok, m in zip(grid, truth, match, strict=True):
+        assert m == (1.0 if ok else (len(e.expected) - 1) / len(e.expected))
+
+
+def test_metric_rows_and_effective_length_on_the_oracle():
+    oracle = RulerOracle()
+    cfg = {"lengths": [256, 300], "batch_size": 4, **ONLY_RULER,
+           "ruler": {"enabled": True, "depths": 2, "trials": 2}}  # fmt: skip
+    rows = evaluate_model(oracle, cfg, [], train_length=256, progress=False)
+    by = {(r["metric"], r["eval_length"], r.get("axis"), str(r.get("axis_value"))): r for r in rows}
+    for task in RULER_TASKS:
+        for length in (256, 300):
+            grid = ruler_grid([task], [length], [0.0, 1.0], 2, seed=0)
+            truth = [not RulerOracle.wrong(e.answer_text) for e in grid]
+            row = by[(task, length, "score", "exact")]
+            assert row["value"] == pytest.approx(np.mean(truth)) and row["n"] == len(grid)
+            assert row["ci_lo"] <= row["value"] <= row["ci_hi"]
+            assert row["task"] == task and '"filler":"standard"' in row["task_params"]
+            if task in DEPTH_TASKS:
+                assert (task, length, "depth", "0.0") in by and (task, length, "depth", "1.0") in by
+            else:
+                assert (task, length, "depth", "0.0") not in by
+    effective = [r for r in rows if r["metric"] == "effective_length"]
+    assert {r["task"] for r in effective} == {*RULER_TASKS, "average"}
+    assert {r["axis"] for r in effective} == {"threshold", "relative_threshold"}
+
+
+def test_effective_length_rule():
+    assert effective_length({256: 0.9, 512: 0.9, 1024: 0.5}, 0.856) == 512
+    assert effective_length({256: 0.9, 512: 0.5, 1024: 0.9}, 0.856) == 256  # no gaps
+    assert effective_length({256: 0.5, 512: 0.9}, 0.856) == 0
+    cfg = RulerConfig(enabled=True, reference_length=256)
+    rows = [
+        {"metric": "vt", "axis": "score", "axis_value": "match", "task": "vt", "eval_length": x, "value": v}
+        for x, v in ((256, 0.6), (512, 0.55), (1024, 0.3))
+    ]  # fmt: skip
+    out = {(r["task"], r["axis"]): r["value"] for r in effective_length_rows(rows, cfg)}
+    assert out[("vt", "threshold")] == 0  # below 0.856 everywhere
+    assert out[("vt", "relative_threshold")] == 512  # >= 0.85 x 0.6 = 0.51
+    zero = [dict(r, value=0.0) for r in rows]
+    out = {(r["task"], r["axis"]): r["value"] for r in effective_length_rows(zero, cfg)}
+    assert out[("vt", "relative_threshold")] == 0  # no score at L: no effective length
+
+
+def test_trained_model_teacher_forced_and_greedy_agree():
+    """A tiny model trained briefly on niah_single (it learns the answer's form, not retrieval):
+    its teacher-forced verdicts equal the exact verdicts read from its greedy generation (KV
+    cache), example by example. Half the examples get the model's own greedy answer as their
+    answer, so that some verdicts are true (non-vacuous)."""
+    torch.manual_seed(0)
+    model = DecoderLM(
+        ModelConfig(n_layers=2, d_model=32, n_heads=2), PositionConfig(kind="rope"), 128
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    rng = random.Random(0)
+    for _ in range(60):
+        batch = [make_ruler_example("niah_single", 128, rng.random(), rng=rng) for _ in range(8)]
+        ids = torch.tensor([e.input_ids + [ord(".")] for e in batch])
+        logits = model(ids[:, :-1]).logits[:, -7:]  # the answer and the "." after it
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, -7:].reshape(-1)
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    ctx = EvalContext(model, batch_size=8, progress=False)
+    grid = ruler_grid(["niah_single"], [128], [0.0, 0.5, 1.0], 8, seed=3)
+    own = model.generate_greedy(torch.tensor([e.prompt_ids for e in grid]), 5).tolist()
+    grid = [
+        replace(e, answer_ids=answer, expected=(text(answer),)) if i % 2 else e
+        for i, (e, answer) in enumerate(zip(grid, own, strict=True))
+    ]
+    forced = teacher_forced_verdicts(ctx, grid)
+    greedy, _ = generated_scores(ctx, grid, extra_tokens=2)
+    assert forced == greedy
+    assert 0 < sum(forced) < len(forced)
