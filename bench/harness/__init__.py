@@ -16,6 +16,9 @@ from bench.harness.tasks import (
     passkey_process_results,
     perplexity_dataset,
     perplexity_docs,
+    ruler_dataset,
+    ruler_docs,
+    ruler_process_results,
     task_names,
 )
 
@@ -31,6 +34,9 @@ __all__ = [
     "passkey_process_results",
     "perplexity_dataset",
     "perplexity_docs",
+    "ruler_dataset",
+    "ruler_docs",
+    "ruler_process_results",
     "run_harness",
     "scaling_presets",
     "task_names",

@@ -1,7 +1,9 @@
 """lenbench's lm-eval tasks: the YAML definitions in ``tasks/`` and the data builders they name.
 
-Passkey prompts and held-out corpus documents are generated locally (no hub download) from each
-task's ``metadata``; the YAMLs reach these builders through ``tasks/utils.py``.
+Passkey prompts, RULER-style examples and held-out corpus documents are generated locally (no hub
+download) from each task's ``metadata``; the YAMLs reach these builders through
+``tasks/utils.py``. The ``lenbench_ruler_<task>_<L>`` YAMLs are written by
+:func:`write_ruler_task_files` (a test checks the committed files equal its output).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from bench.passkey import (
     passkey_grid,
     passkey_template,
 )
+from bench.ruler import RULER_TASKS, exact_match, match_score, params_from, ruler_grid
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
@@ -113,8 +116,118 @@ def passkey_process_results(doc: Mapping, results: Sequence[str]) -> dict[str, i
     }
 
 
+def ruler_docs(
+    task: str,
+    length: int,
+    depths: Any = 3,
+    trials: int = 4,
+    seed: int = 0,
+    params: Mapping | None = None,
+    **_: Any,
+) -> list[dict]:
+    """One document per example of the native ``ruler`` metric's grid for ``task`` at ``length``
+    (``bench.ruler.ruler_grid``, standard filler): ``prompt``, ``answer`` (comma-separated),
+    ``expected`` (the strings RULER's score looks for), ``task``, ``depth`` (-1 where the task has
+    none), ``trial``, ``eval_length`` (prompt + answer, in bytes)."""
+    length = positive_int(length, "ruler length")
+    examples = ruler_grid(
+        [task],
+        [length],
+        _depth_list(depths) if not isinstance(depths, int) or depths != 1 else [0.5],
+        positive_int(trials, "ruler trials"),
+        int(seed),
+        params_from(params),
+    )
+    return [
+        {
+            "prompt": bytes(e.prompt_ids).decode("utf-8"),
+            "answer": e.answer_text,
+            "expected": list(e.expected),
+            "task": task,
+            "depth": -1.0 if e.depth is None else float(e.depth),
+            "trial": int(e.trial),
+            "eval_length": length,
+        }
+        for e in examples
+    ]
+
+
+def ruler_dataset(**metadata: Any) -> dict:
+    """lm-eval ``custom_dataset``: ``{"test": Dataset}`` of :func:`ruler_docs`."""
+    import datasets
+
+    return {"test": datasets.Dataset.from_list(ruler_docs(**metadata))}
+
+
+def ruler_process_results(doc: Mapping, results: Sequence[str]) -> dict[str, float]:
+    """Scores of one generation: ``acc`` (the native exact verdict: the whole answer, then no
+    letter or digit) and ``match`` (RULER's fraction of expected strings present)."""
+    generation = results[0]
+    return {
+        "acc": float(exact_match(generation, doc["answer"])),
+        "match": match_score(generation, doc["expected"]),
+    }
+
+
+#: Lengths of the ``lenbench_passkey_<L>``, ``lenbench_ruler_<task>_<L>`` and
+#: ``lenbench_ppl_<L>`` tasks.
+TASK_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def ruler_task_files() -> dict[str, str]:
+    """File name -> YAML text of every ``lenbench_ruler_<task>_<L>`` task and of the groups
+    ``lenbench_ruler_<task>`` and ``lenbench_ruler``."""
+    files = {}
+    for task in RULER_TASKS:
+        names = []
+        for length in TASK_LENGTHS:
+            name = f"lenbench_ruler_{task}_{length}"
+            names.append(name)
+            files[f"{name}.yaml"] = (
+                "# written by bench.harness.tasks.write_ruler_task_files; do not edit\n"
+                "include: _lenbench_ruler.yaml\n"
+                f"task: {name}\n"
+                "metadata:\n"
+                "  version: 1.0\n"
+                f"  task: {task}\n"
+                f"  length: {length}      # prompt + answer, in bytes (= lenbench tokens)\n"
+                "  depths: 3         # a count (evenly spaced in [0, 1]) or a list of depths\n"
+                "  trials: 4         # examples per depth (depths x trials for tasks without depth)\n"
+                "  seed: 0           # ruler_grid seed (the native evaluation uses the job seed)\n"
+            )
+        files[f"lenbench_ruler_{task}.yaml"] = _group_yaml(f"lenbench_ruler_{task}", names)
+    files["lenbench_ruler.yaml"] = _group_yaml(
+        "lenbench_ruler", [f"lenbench_ruler_{task}" for task in RULER_TASKS]
+    )
+    return files
+
+
+def _group_yaml(group: str, tasks: Sequence[str]) -> str:
+    lines = [
+        "# written by bench.harness.tasks.write_ruler_task_files; do not edit",
+        f"group: {group}",
+        "task:",
+    ]
+    lines += [f"  - {t}" for t in tasks]
+    lines += ["aggregate_metric_list:"]
+    for metric in ("acc", "match"):
+        lines += [f"  - metric: {metric}", "    aggregation: mean", "    weight_by_size: true"]
+    lines += ["metadata:", "  version: 1.0"]
+    return "\n".join(lines) + "\n"
+
+
+def write_ruler_task_files(folder: Path = TASKS_DIR) -> list[Path]:
+    """Write :func:`ruler_task_files` into ``folder``; returns the paths written."""
+    paths = []
+    for name, text in ruler_task_files().items():
+        path = Path(folder) / name
+        path.write_text(text)
+        paths.append(path)
+    return paths
+
+
 #: Lengths of the ``lenbench_ppl_<L>`` tasks; their default ``span`` is the longest.
-PPL_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+PPL_LENGTHS = TASK_LENGTHS
 
 
 def perplexity_docs(

@@ -22,3 +22,17 @@ def passkey_process_results(doc, results):
 def perplexity_dataset(**metadata):
     """custom_dataset of lenbench_ppl_<L>: {"test": Dataset} of held-out documents cut to L bytes."""
     return _perplexity_dataset(**metadata)
+
+
+def ruler_dataset(**metadata):
+    """custom_dataset of lenbench_ruler_<task>_<L>: {"test": Dataset} built locally from the metadata."""
+    from bench.harness.tasks import ruler_dataset as _ruler_dataset
+
+    return _ruler_dataset(**metadata)
+
+
+def ruler_process_results(doc, results):
+    """acc (the whole answer, then no letter or digit) and match (RULER's string_match_all)."""
+    from bench.harness.tasks import ruler_process_results as _ruler_process_results
+
+    return _ruler_process_results(doc, results)

@@ -949,3 +949,61 @@ def test_harness_cli_bad_model_argument_value_is_one_sentence(tmp_path, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("lenbench-harness: error: ") and "batch_size" in err, err
+
+
+# --------------------------------------------------------------------------- RULER-style tasks
+
+
+def test_ruler_docs_match_the_native_grid():
+    from bench.harness import ruler_docs
+    from bench.ruler import RULER_TASKS, ruler_grid
+
+    for task in RULER_TASKS:
+        docs = ruler_docs(task=task, length=300, depths=2, trials=2, seed=4, version=1.0)
+        native = ruler_grid([task], [300], [0.0, 1.0], 2, 4)
+        assert [d["prompt"] for d in docs] == [bytes(e.prompt_ids).decode() for e in native]
+        assert [d["answer"] for d in docs] == [e.answer_text for e in native]
+        assert all(d["eval_length"] == 300 for d in docs)
+    other = ruler_docs(task="niah_multikey", length=300, params={"keys": 2})
+    assert other[0]["prompt"].count("\nvalue of ") == 2  # two needles (the question has its own)
+
+
+def test_ruler_task_files_are_the_generated_ones():
+    from bench.harness.tasks import TASK_LENGTHS, ruler_task_files
+    from bench.ruler import RULER_TASKS
+
+    files = ruler_task_files()
+    for name, text in files.items():
+        assert (TASKS_DIR / name).read_text() == text, f"{name}: rerun write_ruler_task_files"
+    names = set(task_names())
+    for task in RULER_TASKS:
+        assert {f"lenbench_ruler_{task}_{x}" for x in TASK_LENGTHS} <= names
+        assert f"lenbench_ruler_{task}" in names
+    assert "lenbench_ruler" in names
+
+
+def test_harness_ruler_scores_equal_native():
+    """The oracle (right on some examples, wrong on others) through lm-eval: acc and match per
+    example equal the native teacher-forced verdicts and greedy match scores."""
+    from bench.metrics.context import EvalContext
+    from bench.metrics.ruler import generated_scores, teacher_forced_verdicts
+    from bench.ruler import ruler_grid
+
+    from fixtures.ruler import RulerOracle
+
+    oracle = RulerOracle()
+    ctx = EvalContext(oracle, batch_size=4, progress=False)
+    limit = 6
+    for task in ("niah_multikey", "vt", "fwe"):
+        name = f"lenbench_ruler_{task}_256"
+        results = run_harness(oracle, name, limit=limit, batch_size=4, log_samples=True)
+        samples = samples_by_doc(results, name)
+        examples = ruler_grid([task], [256], [0.0, 0.5, 1.0], 4, 0)[:limit]
+        assert [s["arguments"][0][0] for s in samples] == [
+            bytes(e.prompt_ids).decode() for e in examples
+        ]
+        forced = teacher_forced_verdicts(ctx, examples)
+        _, match = generated_scores(ctx, examples, extra_tokens=8)
+        assert [bool(s["acc"]) for s in samples] == forced
+        assert [s["match"] for s in samples] == pytest.approx(match)
+        assert 0 < sum(forced) < limit or task != "niah_multikey"
