@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -25,6 +25,7 @@ from bench.passkey import (
     random_key,
 )
 from bench.passkey import passkey_template as passkey_template_of
+from bench.ruler import RULER_END, RulerExample, make_ruler_example, min_ruler_length, params_from
 from bench.tokenizer import ByteTokenizer
 from bench.train_config import PASSKEY_LENGTHS, PASSKEY_LOSSES, POSITION_SAMPLINGS
 
@@ -117,6 +118,9 @@ class TrainingStream:
     template's minimum and seq_len+1, at the start of the row, the rest of the row keeping its
     training text (a short example is a long one's easier case: less filler to search, so a
     small model finds the needle by content before it has to do so over the whole window).
+    ``ruler_tasks`` (names of ``bench.ruler.RULER_TASKS`` and ``"passkey"``) makes each of these
+    rows an example of a task drawn uniformly from the list (``ruler_params`` its parameters),
+    of a length drawn as for passkey rows, followed by ".".
     ``passkey_filler="corpus"`` fills them with a random window of the training
     text instead of the standard sentences. ``passkey_loss="answer"`` restricts the
     loss of passkey rows to the answer tokens (and the end text after it); "all" (default)
@@ -138,6 +142,8 @@ class TrainingStream:
         passkey_length: str = "full",
         position_sampling: str = "contiguous",
         max_position: int | None = None,
+        ruler_tasks: Sequence[str] = (),
+        ruler_params: Mapping | None = None,
     ) -> None:
         if int(seq_len) < 1 or int(batch_size) < 1:
             raise ValueError(
@@ -183,14 +189,22 @@ class TrainingStream:
         self.passkey_template = passkey_template
         self.passkey_length = passkey_length
         self._end_ids = self.tokenizer.encode(passkey_template_of(passkey_template).end)
+        self.ruler_tasks = list(ruler_tasks)
+        self.ruler_params = params_from(ruler_params)
+        self._ruler_end = self.tokenizer.encode(RULER_END)
         self._min_example = min_passkey_length(template=passkey_template)  # any key fits
         needed = self._min_example + len(self._end_ids)
+        what = f"passkey training examples with the {passkey_template!r} template"
+        for task in self.ruler_tasks:
+            if task != "passkey":
+                minimum = min_ruler_length(task, self.ruler_params) + len(self._ruler_end)
+                if minimum > needed:
+                    needed, what = minimum, f"ruler task {task!r} training examples"
         if self.passkey_fraction > 0 and self.seq_len + 1 < needed:
             # Checked against the longest key now, rather than failing at a random later step.
             raise ValueError(
-                f"seq_len {self.seq_len} is too short for passkey training examples with the "
-                f"{passkey_template!r} template; seq_len + 1 must be at least {needed} (or set "
-                "passkey_fraction=0)."
+                f"seq_len {self.seq_len} is too short for {what}; seq_len + 1 must be at least "
+                f"{needed} (or set passkey_fraction=0)."
             )
         self._stream = torch.from_numpy(concat_documents(docs))
         if self._stream.numel() < self.seq_len + 1:
@@ -219,8 +233,8 @@ class TrainingStream:
         n_passkey = self.passkey_rows_at(step)
         rows = torch.randperm(self.batch_size, generator=gen)[:n_passkey].sort().values
         for row in rows.tolist():
-            example = self._passkey_example(rng)
-            ids = example.input_ids + self._end_ids
+            example, end = self._task_example(rng)
+            ids = example.input_ids + end
             tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             if self.passkey_loss == "answer":
                 loss_mask[row] = False
@@ -237,6 +251,26 @@ class TrainingStream:
         gen = torch.Generator().manual_seed((step_seed + 1) % 2**63)
         sample = randomized_positions if self.position_sampling == "randomized" else pose_positions
         return sample(self.batch_size, self.seq_len, int(self.max_position), gen)
+
+    def _task_example(self, rng: random.Random) -> tuple[PasskeyExample | RulerExample, list[int]]:
+        """A task row's example and the end text that follows it."""
+        if not self.ruler_tasks:
+            return self._passkey_example(rng), self._end_ids
+        task = rng.choice(self.ruler_tasks)
+        if task == "passkey":
+            return self._passkey_example(rng), self._end_ids
+        total = self.seq_len + 1 - len(self._ruler_end)
+        if self.passkey_length == "uniform":
+            total = rng.randint(min_ruler_length(task, self.ruler_params), total)
+        source = None
+        if self.passkey_filler == "corpus":
+            start = rng.randrange(self._stream.numel() - total + 1)
+            source = self._stream[start : start + total].numpy()
+        example = make_ruler_example(
+            task, total, rng.random(), rng=rng, params=self.ruler_params,
+            filler=self.passkey_filler, filler_source=source,
+        )  # fmt: skip
+        return example, self._ruler_end
 
     def _passkey_example(self, rng: random.Random) -> PasskeyExample:
         """An example that leaves room for the template's end text after the answer."""

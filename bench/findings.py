@@ -826,7 +826,12 @@ FINDINGS: dict[str, Callable[[pd.DataFrame], FindingResult]] = {
 
 #: Modules whose import registers more findings (loaded on first use, by name: they import this
 #: module's helpers).
-FINDING_MODULES = ("bench.findings_zoo", "bench.findings_training_free", "bench.findings_train")
+FINDING_MODULES = (
+    "bench.findings_zoo",
+    "bench.findings_training_free",
+    "bench.findings_train",
+    "bench.findings_ruler",
+)
 
 
 def register_finding(key: str) -> Callable:

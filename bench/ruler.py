@@ -47,6 +47,7 @@ from bench.passkey import SEPARATOR, _check_depth, _corpus_filler, _source_ids, 
 from bench.tokenizer import ByteTokenizer
 
 __all__ = [
+    "RULER_END",
     "RULER_FILLERS",
     "RULER_TASKS",
     "TASK_FIELDS",
@@ -76,6 +77,8 @@ VALUE_DIGITS = 5
 KEY_LETTERS = 4
 VAR_LETTERS = 5
 WORD = 4  # letters of a cwe/fwe list word
+#: what follows the answer in training examples, so that a model learns where the answer ends
+RULER_END = "."
 _TOKENIZER = ByteTokenizer()
 
 

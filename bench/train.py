@@ -260,6 +260,8 @@ class Trainer:
             passkey_loss=spec.passkey_loss,
             passkey_template=spec.passkey_template,
             passkey_length=spec.passkey_length,
+            ruler_tasks=spec.ruler_tasks,
+            ruler_params=spec.ruler_params,
             position_sampling=spec.position_sampling,
             max_position=spec.sampled_positions,
         )

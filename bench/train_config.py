@@ -9,8 +9,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.checks import NOT_IN_KEY, WEIGHTS, boolean, choice, integer, number, parse_length
+from bench.checks import (
+    IF_SET,
+    NOT_IN_KEY,
+    WEIGHTS,
+    boolean,
+    choice,
+    integer,
+    number,
+    parse_length,
+)
 from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES
+from bench.ruler import RULER_TASKS, params_from
 from bench.runtime import PRECISIONS
 from models.scaling import SCALING_METHODS
 
@@ -85,6 +95,11 @@ class TrainConfig:
             )
         },
     )
+    # the task rows (passkey_fraction of the rows) are examples of these RULER-style tasks
+    # (bench.ruler; "passkey" = a passkey example), drawn uniformly, with passkey_filler,
+    # passkey_loss and passkey_length; empty = passkey only. In the key only when set.
+    ruler_tasks: list[str] = field(default_factory=list, metadata={WEIGHTS: IF_SET})
+    ruler_params: dict[str, Any] = field(default_factory=dict, metadata={WEIGHTS: IF_SET})
     # position ids of each training window (POSITION_SAMPLINGS); in the key only where not
     # contiguous (so the keys of models trained before the field existed hold)
     position_sampling: str = field(
@@ -142,6 +157,14 @@ class TrainConfig:
         choice("train.passkey_template", self.passkey_template, tuple(PASSKEY_TEMPLATES))
         choice("train.passkey_loss", self.passkey_loss, PASSKEY_LOSSES)
         choice("train.passkey_length", self.passkey_length, PASSKEY_LENGTHS)
+        self.ruler_tasks = [
+            choice("train.ruler_tasks", t, ("passkey", *RULER_TASKS)) for t in self.ruler_tasks
+        ]
+        try:
+            params_from(self.ruler_params)
+        except ValueError as exc:
+            raise ValueError(f"train.ruler_params: {exc}") from None
+        self.ruler_params = dict(self.ruler_params)
         choice("train.position_sampling", self.position_sampling, POSITION_SAMPLINGS)
         self.max_position = integer(
             "train.max_position", self.max_position, self.length, optional=True

@@ -21,6 +21,7 @@ from bench.report.sections.nll import bucket_section, perplexity_section
 from bench.report.sections.other import other_section
 from bench.report.sections.passkey import passkey_section
 from bench.report.sections.probes import probe_section
+from bench.report.sections.ruler import ruler_section
 from bench.results import DOC_COLUMNS, load_results
 
 
@@ -47,6 +48,7 @@ def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str |
             perplexity_section(rep, df, style),
             bucket_section(rep, df, style),
             passkey_section(rep, df, style),
+            ruler_section(rep, df),
             probe_section(rep, df, style),
             other_section(rep, df),
         ]

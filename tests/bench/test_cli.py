@@ -73,8 +73,9 @@ GROUPS = {
         "zoo",
         "training_free",
         "train_for_length",
+        "ruler",
     ],
-    "arm": ["all", "lm", "retrieval", "lm_sampling", "lm_hybrid", "lm_sinks"],
+    "arm": ["all", "lm", "retrieval", "lm_sampling", "lm_hybrid", "lm_sinks", "ruler"],
     "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct"],
 }
 # hydra/launcher options: the plugins' ConfigStore nodes, two with lenbench's values (bench.schema)
@@ -218,6 +219,8 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     # per seed (3): lm_sampling 4 positions x 3 samplings, lm_hybrid 3 positions, lm_sinks rope
     # x 3 sinks; each arm skips the rest of 6 positions x 3 samplings x 3 sinks
     "train_for_length": (54, 432),
+    # per seed (3): ruler arm rope x 5 scalings, + the pi and yarn tunes (scaling none)
+    "ruler": (21, 24),
 }
 
 

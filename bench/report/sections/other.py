@@ -12,6 +12,8 @@ from bench.results import ROW_METRICS
 
 def other_section(rep: ReportDir, df: pd.DataFrame) -> str:
     rows = df[~df["metric"].isin(ROW_METRICS)]
+    if "task" in rows.columns:  # RULER rows have their own section
+        rows = rows[rows["task"].isna()]
     if rows.empty:
         return ""
     keys = [

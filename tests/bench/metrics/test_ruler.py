@@ -294,3 +294,65 @@ def test_trained_model_teacher_forced_and_greedy_agree():
     greedy, _ = generated_scores(ctx, grid, extra_tokens=2)
     assert forced == greedy
     assert 0 < sum(forced) < len(forced)
+
+
+# --------------------------------------------------------------------------- training rows
+
+
+def _stream(**kw):
+    from bench.batches import TrainingStream
+    from bench.corpora import Document
+
+    tokens = np.frombuffer(CORPUS * 4, dtype=np.uint8).astype(np.int16)
+    docs = [Document(id="d", tokens=tokens)]
+    base = dict(seq_len=256, batch_size=8, seed=1, passkey_fraction=0.75, passkey_loss="answer",
+                passkey_length="uniform", passkey_template="short")  # fmt: skip
+    return TrainingStream(docs, **{**base, **kw})
+
+
+def test_training_rows_are_task_examples_with_the_loss_on_the_answer():
+    stream = _stream(ruler_tasks=[*RULER_TASKS, "passkey"])
+    seen = set()
+    for step in range(30):
+        batch = stream.batch(step)
+        for row in batch.passkey_rows.tolist():
+            ids = batch.tokens[row].tolist()
+            scored = [ids[j + 1] for j in range(256) if batch.loss_mask[row, j]]
+            prompt_end = next(j for j in range(256) if batch.loss_mask[row, j])
+            prompt = text(ids[: prompt_end + 1])
+            if "pass key" in prompt:
+                seen.add("passkey")
+                continue
+            answer = solve(prompt)
+            assert answer is not None, prompt
+            assert text(scored) == answer + "."  # the answer, then the end text
+            seen.add(re.sub(r"\d", "", prompt.split("\n")[0]))
+    assert len(seen) == 5  # passkey and the four head lines (niah, vt, cwe, fwe)
+    # negative control: without ruler_tasks every task row is a passkey example
+    batch = _stream().batch(0)
+    row = batch.passkey_rows[0]
+    assert "pass key" in text(batch.tokens[row, :80].tolist())
+
+
+def test_training_examples_are_never_evaluation_examples():
+    stream = _stream(ruler_tasks=list(RULER_TASKS), passkey_length="full")
+    train = {tuple(batch.tokens[r, :-1].tolist()) for s in range(40)
+             for batch in [stream.batch(s)] for r in batch.passkey_rows.tolist()}  # fmt: skip
+    assert len(train) == 40 * 6
+    for seed in range(3):
+        grid = ruler_grid(RULER_TASKS, [256], [0.0, 0.5, 1.0], 4, seed)
+        assert not train & {tuple(e.input_ids) for e in grid}
+    # the check can fail: the same generator with the evaluation's cell rng gives its example
+    e = grid[0]
+    again = make_ruler_example(e.task, 256, e.depth, rng=random.Random(
+        f"lenbench-ruler:2:{e.task}:256:{e.depth!r}:{e.trial}"))  # fmt: skip
+    assert tuple(again.input_ids) == tuple(e.input_ids)
+
+
+def test_training_rows_too_long_for_the_window_are_refused():
+    with pytest.raises(ValueError, match="seq_len 128 is too short for ruler task 'vt'"):
+        _stream(seq_len=128, ruler_tasks=["niah_single", "vt"])
+    with pytest.raises(ValueError, match="train.ruler_tasks"):
+        from bench.train_config import TrainConfig
+
+        TrainConfig(ruler_tasks=["needle"])

@@ -1,0 +1,188 @@
+"""RULER findings (issue #28), registered beside F1-F6, Z1-Z2, T1-T3 and L1-L3.
+
+R1-R2 restate RULER's claims (Hsieh et al. 2024) as checks on a results table, with thresholds
+fixed before the study's reference run (``+experiment=ruler``; reports/ruler/README.md):
+
+- **R1**: multi-key and multi-value needle retrieval are harder than single-needle retrieval at
+  every evaluated length beyond L. Per model and method (series) and length > L: the exact
+  accuracy of ``niah_single`` minus that of ``niah_multikey`` (and of ``niah_multivalue``),
+  trials of all seeds pooled, with Newcombe's interval for a difference of two proportions (from
+  the two Wilson intervals), widened to the t-interval of the per-seed differences where that is
+  wider; each difference must be above 0.
+- **R2** (RULER's "perplexity does not show it", in the spirit of LongPPL): a method's effective
+  length is below the length up to which its perplexity stays flat. Per series and seed: the
+  effective length of the tasks' mean at the relative threshold (``effective_length`` rows,
+  task ``average``, axis ``relative_threshold``) against the largest evaluated length with
+  ppl(x) / ppl(L) <= :data:`FLAT_RATIO` (F2's bar) at it and every shorter length. Checked for
+  the series whose perplexity stays flat beyond L on every seed (where the claim can show);
+  holds when the effective length is below on every seed, fails when it is below on none.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from bench.findings import (
+    ALIBI_MAX_RATIO,
+    LEVEL,
+    UNDECIDED,
+    Check,
+    Estimate,
+    FindingResult,
+    _col,
+    _status,
+    _window_nll,
+    _with_series,
+    decide,
+    register_finding,
+    wilson,
+)
+from bench.series import series_labels
+
+#: R1: the tasks compared with niah_single.
+R1_HARDER = ("niah_multikey", "niah_multivalue")
+#: R2: "flat" = ppl(x) / ppl(L) at most this (F2's bar, fixed before the run).
+FLAT_RATIO = ALIBI_MAX_RATIO
+NEWCOMBE_CI = (
+    "difference of pooled accuracies: Newcombe's interval from the two Wilson intervals, widened "
+    "to the t-interval of the per-seed differences where wider"
+)
+
+
+def _task_rows(df: pd.DataFrame) -> pd.DataFrame:
+    task = _col(df, "task")
+    return _with_series(df[task.notna() & (df["metric"] != "effective_length")])
+
+
+def _exact(rows: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Per seed: successes and trials of ``task``'s exact score."""
+    r = rows[(rows["task"] == task) & (rows["axis"] == "score") & (rows["axis_value"] == "exact")]
+    n = r["n"].astype(float)
+    return r.assign(k=(r["value"].astype(float) * n).round(), n=n).groupby("seed")[["k", "n"]].sum()
+
+
+def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Estimate:
+    """Accuracy of ``a`` minus ``b`` (per-seed successes/trials, seeds paired) with Newcombe's
+    interval, widened by the seeds' t-interval (module doc)."""
+    seeds = a.index.intersection(b.index)
+    if len(seeds) == 0:
+        return Estimate(name, math.nan)
+    a, b = a.loc[seeds], b.loc[seeds]
+    ka, na, kb, nb = a["k"].sum(), a["n"].sum(), b["k"].sum(), b["n"].sum()
+    pa, pb = ka / na, kb / nb
+    (la, ua), (lb, ub) = wilson(ka, na), wilson(kb, nb)
+    d = pa - pb
+    lo = d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)
+    hi = d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
+    if len(seeds) >= 2:
+        per_seed = (a["k"] / a["n"] - b["k"] / b["n"]).to_numpy(dtype=float)
+        half = stats.t.ppf(0.5 + LEVEL / 2, len(per_seed) - 1) * per_seed.std(ddof=1)
+        half /= math.sqrt(len(per_seed))
+        lo, hi = min(lo, per_seed.mean() - half), max(hi, per_seed.mean() + half)
+    return Estimate(name, d, lo, hi, len(seeds), NEWCOMBE_CI)
+
+
+@register_finding("R1")
+def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
+    rows = _task_rows(df)
+    est, checks, missing = [], [], []
+    labels = series_labels(sorted(rows["_series"].unique())) if not rows.empty else {}
+    for key, g in rows.groupby("_series", sort=True):
+        label = labels.get(key, "")
+        beyond = sorted(x for x in g["eval_length"].unique() if x > g["train_length"].iloc[0])
+        for length in beyond:
+            at = g[g["eval_length"] == length]
+            single = _exact(at, "niah_single")
+            for task in R1_HARDER:
+                other = _exact(at, task)
+                x = int(length // g["train_length"].iloc[0])
+                name = f"niah_single - {task} acc at {x}L" + (f" [{label}]" if label else "")
+                if single.empty or other.empty:
+                    missing.append(name)
+                    checks.append(None)
+                    continue
+                e = difference_of_accuracies(single, other, name)
+                est.append(e)
+                checks.append(decide(e, 0.0, "above"))
+    if rows.empty:
+        missing.append("ruler rows")
+        checks.append(None)
+    return FindingResult(
+        "R1",
+        "multi-key and multi-value needle retrieval are harder than single-needle retrieval at "
+        "every evaluated length beyond L (exact accuracy difference, Newcombe CI > 0)",
+        _status(checks),
+        "Hsieh et al. 2024, RULER: What's the Real Context Size of Your Long-Context Language "
+        "Models?, Section 5 / Figure 2 (multi-key NIAH and multi-value degrade first)",
+        est,
+        missing,
+    )
+
+
+def flat_length(nll: pd.DataFrame) -> int | None:
+    """The largest evaluated length with ppl(x)/ppl(L) <= :data:`FLAT_RATIO` at it and every
+    shorter one (one seed's whole-window rows); None without a row at L."""
+    by_length = nll.groupby("eval_length")["value"].mean()
+    train = int(nll["train_length"].iloc[0])
+    if train not in by_length.index:
+        return None
+    best = train
+    for length in sorted(x for x in by_length.index if x > train):
+        if math.exp(by_length[length] - by_length[train]) > FLAT_RATIO:
+            break
+        best = int(length)
+    return best
+
+
+@register_finding("R2")
+def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
+    df = _with_series(df)
+    eff = df[
+        (df["metric"] == "effective_length")
+        & (_col(df, "task") == "average")
+        & (_col(df, "axis") == "relative_threshold")
+    ]
+    nll = _window_nll(df)
+    est, checks, missing = [], [], []
+    labels = series_labels(sorted(eff["_series"].unique())) if not eff.empty else {}
+    for key, g in eff.groupby("_series", sort=True):
+        label = labels.get(key, "")
+        pairs = []
+        for seed, e in g.groupby("seed"):
+            rows = nll[(nll["_series"] == key) & (nll["seed"] == seed)]
+            flat = flat_length(rows) if not rows.empty else None
+            if flat is not None:
+                pairs.append((int(e["value"].iloc[0]), flat))
+        name = "effective length (relative) vs ppl-flat length" + (f" [{label}]" if label else "")
+        if not pairs:
+            missing.append(name)
+            continue
+        effective, flat = np.array(pairs).T
+        below = int((effective < flat).sum())
+        est.append(Estimate(f"{name}: effective median", float(np.median(effective)),
+                            n_seeds=len(pairs), digits=0))  # fmt: skip
+        est.append(Estimate(f"{name}: flat median", float(np.median(flat)), n_seeds=len(pairs),
+                            digits=0))  # fmt: skip
+        train = int(g["train_length"].iloc[0])
+        if (flat > train).all():  # perplexity flat beyond L on every seed: the claim can show
+            check: Check = True if below == len(pairs) else (False if below == 0 else UNDECIDED)
+            checks.append(check)
+    if not checks:
+        missing.append("a series whose perplexity stays flat beyond L on every seed")
+        checks.append(None)
+    return FindingResult(
+        "R2",
+        f"a method's effective length (tasks' mean, >= 0.85 x its score at L) is below the "
+        f"length up to which its perplexity stays flat (ppl(x)/ppl(L) <= {FLAT_RATIO}), on every "
+        "seed, for the series whose perplexity stays flat beyond L",
+        _status(checks),
+        "Hsieh et al. 2024, RULER, Section 1 (perplexity and passkey do not show the effective "
+        "context); Fang et al. 2025, What is Wrong with Perplexity for Long-context Language "
+        "Modeling? (LongPPL)",
+        est,
+        missing,
+    )

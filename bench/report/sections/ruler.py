@@ -1,0 +1,205 @@
+"""RULER section: task x length scores per model and method (RULER's layout), a figure per model,
+the effective lengths, and the passkey accuracy of the same models beside them.
+
+Scores are the seed mean of each run's ``match`` (RULER's string match) and ``exact`` rows; the
+effective lengths are the ones each run stored (``effective_length`` rows, computed once by the
+evaluation), shown as the median over seeds with the smallest and largest.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from bench.report.figures import save_figure
+from bench.report.frame import GROUP_KEYS, aggregate, sort_series
+from bench.report.markdown import ReportDir, figure_md, note, write_table
+from bench.ruler import RULER_TASKS
+
+#: panels of the per-model figure at most (the table has every series)
+MAX_PANELS = 12
+
+
+def ruler_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the ``ruler`` metric (a ``task`` column set), ``effective_length`` included."""
+    if "task" not in df.columns:
+        return df.iloc[:0]
+    return df[df["task"].notna()]
+
+
+def score_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per series, task and eval length: the seed mean of ``match`` and ``exact``, seeds and row
+    ids; the tasks' mean as task ``average`` (lengths where every task ran)."""
+    scores = rows[(rows["metric"] != "effective_length") & (rows["axis"] == "score")]
+    per_seed = aggregate(scores, [*GROUP_KEYS, "task", "axis_value", "eval_length", "seed"])
+    keys = [*GROUP_KEYS, "task", "eval_length"]
+    t = (
+        per_seed.groupby([*keys, "axis_value"], dropna=False)
+        .agg(value=("value", "mean"), n_seeds=("seed", "nunique"), row_ids=("row_ids", ";".join))
+        .reset_index()
+    )
+    wide = t.pivot_table(index=keys, columns="axis_value", values="value", dropna=False)
+    wide = wide.reindex(columns=["match", "exact"]).reset_index()
+    meta = t.groupby(keys, dropna=False).agg(
+        n_seeds=("n_seeds", "max"), row_ids=("row_ids", ";".join)
+    )
+    wide = wide.merge(meta.reset_index(), on=keys)
+    tasks = wide.groupby([*GROUP_KEYS, "eval_length"], dropna=False)["task"].transform("nunique")
+    full = tasks == wide.groupby(GROUP_KEYS, dropna=False)["task"].transform("nunique")
+    mean = (
+        wide[full]
+        .groupby([*GROUP_KEYS, "eval_length"], dropna=False)
+        .agg(match=("match", "mean"), exact=("exact", "mean"), n_seeds=("n_seeds", "min"),
+             row_ids=("row_ids", ";".join))
+        .reset_index()
+        .assign(task="average")
+    )  # fmt: skip
+    out = pd.concat([wide, mean], ignore_index=True)
+    out["_task"] = out["task"].map(task_rank)
+    return sort_series(out, ["_task", "eval_length"]).drop(columns=["_task"])
+
+
+def task_rank(task: str) -> int:
+    """RULER's task order, then the mean (``average``), then any other name."""
+    order = [*RULER_TASKS, "average"]
+    return order.index(task) if task in order else len(order)
+
+
+def effective_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per series, task and threshold kind: the stored effective length's median over seeds, its
+    smallest and largest, seeds and row ids."""
+    eff = rows[rows["metric"] == "effective_length"]
+    if eff.empty:
+        return pd.DataFrame()
+    keys = [*GROUP_KEYS, "task", "axis", "axis_value"]
+    t = (
+        eff.groupby(keys, dropna=False)
+        .agg(
+            median=("value", "median"),
+            seed_min=("value", "min"),
+            seed_max=("value", "max"),
+            n_seeds=("seed", "nunique"),
+            row_ids=("row_id", lambda s: ";".join(map(str, s))),
+        )
+        .reset_index()
+    )
+    t["_task"] = t["task"].map(task_rank)
+    return sort_series(t, ["_task", "axis"]).drop(columns=["_task"])
+
+
+def ruler_figure(t: pd.DataFrame, threshold: float | None) -> Figure:
+    """One panel per series (at most :data:`MAX_PANELS`): match score vs eval length, one line per
+    task, the tasks' mean in black."""
+    series = list(dict.fromkeys(t["series"]))[:MAX_PANELS]
+    cols = min(3, len(series))
+    rows_n = math.ceil(len(series) / cols)
+    fig = Figure(figsize=(3.4 * cols + 0.8, 2.8 * rows_n), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows_n, cols, sharey=True, squeeze=False)).ravel()
+    tasks = [x for x in dict.fromkeys(t["task"]) if x != "average"]
+    for ax, name in zip(axes, series, strict=False):
+        s = t[t["series"] == name]
+        for i, task in enumerate([*tasks, "average"]):
+            c = s[s["task"] == task].sort_values("eval_length")
+            if c.empty:
+                continue
+            style = {"color": "black", "lw": 2.0} if task == "average" else {"color": f"C{i % 10}"}
+            ax.plot(c["eval_length"], c["match"], "o-", ms=3, label=task, **style)
+        if threshold is not None:
+            ax.axhline(threshold, color="grey", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.04, 1.06)
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("eval length")
+    for ax in axes[len(series) :]:
+        ax.set_visible(False)
+    axes[0].set_ylabel("RULER score (match)")
+    axes[0].legend(fontsize=6, frameon=False, loc="lower left")
+    fig.suptitle("RULER-style tasks vs length", fontsize=10)
+    return fig
+
+
+def _cell(match: float, exact: float) -> str:
+    return "" if pd.isna(match) else f"{match:.2f} / {exact:.2f}"
+
+
+def ruler_section(rep: ReportDir, df: pd.DataFrame) -> str:
+    head = "## RULER-style tasks"
+    rows = ruler_rows(df)
+    if rows.empty:
+        return ""  # the section exists only for runs with eval.ruler enabled
+    t = score_table(rows)
+    if t.empty:
+        return head + "\n\n" + note("ruler", "the RULER tables and figures are omitted")
+    t["cell"] = [_cell(m, e) for m, e in zip(t["match"], t["exact"], strict=True)]
+    shown = t.set_index(["series", "task", "eval_length"])["cell"].unstack("eval_length")
+    shown = shown.reindex(list(dict.fromkeys(zip(t["series"], t["task"], strict=True))))
+    md = write_table(rep, "ruler_scores", t.drop(columns=["cell"]), shown, index=True)
+    eff_rows = rows[rows["metric"] == "effective_length"]
+    threshold = None
+    absolute = eff_rows[eff_rows["axis"] == "threshold"]["axis_value"]
+    if not absolute.empty:
+        threshold = float(absolute.iloc[0])
+    save_figure(ruler_figure(t, threshold), rep.plots_dir, "ruler_scores")
+    parts = [
+        head,
+        "Each task's score per model and method: RULER's string match (the fraction of expected "
+        "strings in the greedy output) / the exact verdict (the whole answer, then no letter or "
+        "digit; teacher-forced on byte tokens), seed means; `average` is the tasks' mean. "
+        "Source: `tables/ruler_scores.csv`.",
+        md,
+        figure_md(
+            "ruler_scores",
+            "RULER score vs eval length, one panel per model and method, one line per task, the "
+            "tasks' mean in black; dotted: the effective-length threshold.",
+        ),
+    ]
+    e = effective_table(rows)
+    if not e.empty:
+        e["cell"] = [
+            f"{int(m)}" if lo == hi else f"{m:g} ({int(lo)}-{int(hi)})"
+            for m, lo, hi in zip(e["median"], e["seed_min"], e["seed_max"], strict=True)
+        ]
+        e["threshold"] = [
+            f">= {float(v):g}" if a == "threshold" else f">= {float(v):g} x score at reference"
+            for a, v in zip(e["axis"], e["axis_value"], strict=True)
+        ]
+        shown_e = e.set_index(["series", "threshold", "task"])["cell"].unstack("task")
+        shown_e = shown_e[sorted(shown_e.columns, key=task_rank)]
+        md_e = write_table(rep, "ruler_effective_length", e.drop(columns=["cell"]), shown_e, True)
+        parts += [
+            "### Effective length",
+            "The largest evaluated length at which the score (RULER's match unless the run set "
+            "`eval.ruler.score=exact`) passes the threshold, every shorter evaluated length "
+            "passing too; not interpolated between lengths; 0 when the shortest fails. Median "
+            "over seeds (smallest-largest). Source: `tables/ruler_effective_length.csv`.",
+            md_e,
+        ]
+    parts += _passkey_beside(rep, df, set(t["series"]))
+    return "\n\n".join(parts)
+
+
+def _passkey_beside(rep: ReportDir, df: pd.DataFrame, series: set) -> list[str]:
+    acc = df[
+        (df["metric"] == "passkey_acc") & (df["axis"] == "template") & df["series"].isin(series)
+    ]
+    if acc.empty:
+        return []
+    per_seed = aggregate(acc, [*GROUP_KEYS, "eval_length", "seed"])
+    t = (
+        per_seed.groupby([*GROUP_KEYS, "eval_length"], dropna=False)
+        .agg(passkey_acc=("value", "mean"), n_seeds=("seed", "nunique"),
+             row_ids=("row_ids", ";".join))
+        .reset_index()
+    )  # fmt: skip
+    t = sort_series(t, ["eval_length"])
+    shown = t.set_index(["series", "eval_length"])["passkey_acc"].unstack("eval_length").round(2)
+    md = write_table(rep, "ruler_passkey", t, shown, index=True)
+    return [
+        "### Passkey beside them",
+        "Passkey accuracy of the same models and methods (seed mean). "
+        "Source: `tables/ruler_passkey.csv`.",
+        md,
+    ]

@@ -1,0 +1,59 @@
+"""The RULER section: task x length table (match / exact), the tasks' mean, effective lengths from
+the stored rows, the passkey accuracy beside them; no section without ruler rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from bench.report import generate_report
+from bench.results import write_results
+from bench.ruler import RULER_TASKS
+
+from fixtures.rows import row
+
+L = 256
+
+
+def ruler_rows(seed: int) -> list[dict]:
+    common = dict(experiment="ruler", run_id=f"r{seed}", model_id=f"m{seed}", seed=seed,
+                  train_length=L)  # fmt: skip
+    rows = []
+    for i, task in enumerate(RULER_TASKS):
+        for length in (L, 2 * L):
+            score = 1.0 - 0.1 * i - (0.3 if length > L else 0.0) + 0.02 * seed
+            for kind, value in (("match", score), ("exact", score / 2)):
+                rows.append(row(metric=task, value=value, n=24, eval_length=length, axis="score",
+                                axis_value=kind, task=task, task_params="{}", **common))  # fmt: skip
+        rows.append(row(metric="effective_length", value=L * (seed - 3), eval_length=L * (seed - 3),
+                        n=2, axis="threshold", axis_value=0.856, task=task,
+                        task_params="{}", **common))  # fmt: skip
+    rows.append(row(metric="passkey_acc", value=0.75, n=40, eval_length=2 * L, axis="template",
+                    axis_value="short", template="short", **common))  # fmt: skip
+    return rows
+
+
+def test_ruler_section(tmp_path: Path) -> None:
+    write_results([*ruler_rows(4), *ruler_rows(5)], tmp_path / "results" / "r.parquet")
+    md = generate_report(tmp_path / "results", tmp_path / "report").read_text()
+    assert "## RULER-style tasks" in md and "### Effective length" in md
+    scores = pd.read_csv(tmp_path / "report" / "tables" / "ruler_scores.csv")
+    single = scores[(scores["task"] == "niah_single") & (scores["eval_length"] == L)].iloc[0]
+    assert single["match"] == 1.0 + 0.02 * 4.5 and single["exact"] == (1.0 + 0.02 * 4.5) / 2
+    mean = scores[(scores["task"] == "average") & (scores["eval_length"] == 2 * L)].iloc[0]
+    expected = sum(0.7 - 0.1 * i + 0.09 for i in range(len(RULER_TASKS))) / len(RULER_TASKS)
+    assert abs(mean["match"] - expected) < 1e-9
+    assert list(scores["task"].drop_duplicates()) == [*RULER_TASKS, "average"]
+    eff = pd.read_csv(tmp_path / "report" / "tables" / "ruler_effective_length.csv")
+    assert set(eff["median"]) == {L * 1.5} and set(eff["seed_min"]) == {L}
+    assert "| 384 (256-512) |" in md
+    assert "### Passkey beside them" in md
+    assert (tmp_path / "report" / "plots" / "ruler_scores.png").stat().st_size > 0
+    assert "## Other metrics" not in md  # the task rows are not repeated as "other" metrics
+
+
+def test_no_ruler_rows_no_section(tmp_path: Path) -> None:
+    write_results([row()], tmp_path / "results" / "r.parquet")
+    md = generate_report(tmp_path / "results", tmp_path / "report").read_text()
+    assert "## RULER-style tasks" not in md

@@ -1,0 +1,62 @@
+"""#28 through the benchmark: the issue's smoke command, the RULER arm and study as a user types
+them (checkpoint keys, training rows), and the eval section's bad values."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+
+from bench.cache import weights_key
+from bench.ruler import RULER_TASKS
+from bench.schema import JobConfig
+from bench.train_config import TrainConfig
+
+
+def study_job(*overrides: str) -> JobConfig:
+    with initialize_config_module("conf", version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=ruler", *overrides])
+    return JobConfig.from_hydra(cfg)
+
+
+def test_smoke_with_ruler_lands_rows_for_every_task(in_tmp, quiet_training, capsys):
+    """The issue's command (one cell of it: rope, raw): ruler rows for every task at both
+    lengths and effective_length rows for every task and the mean."""
+    from bench.cli import main
+
+    argv = ["+experiment=smoke", "train.length=256", "eval.ruler.enabled=true", "position=rope",
+            "scaling=none", f"paths.cache={in_tmp / 'cache'}",
+            "hydra.callbacks.report.enabled=false"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    df = pd.concat(pd.read_parquet(f) for f in (in_tmp / "results" / "smoke").glob("*.parquet"))
+    tasks = df[df["task"].notna() & (df["metric"] != "effective_length")]
+    assert set(tasks["metric"]) == set(RULER_TASKS)
+    assert set(tasks["eval_length"]) == {256, 512}
+    scores = tasks[tasks["axis"] == "score"]
+    assert scores.groupby("metric")["axis_value"].apply(set).to_dict() == {
+        t: {"exact", "match"} for t in RULER_TASKS
+    }
+    eff = df[df["metric"] == "effective_length"]
+    assert set(eff["task"]) == {*RULER_TASKS, "average"}
+    assert set(eff["axis"]) == {"threshold", "relative_threshold"}
+
+
+def test_ruler_arm_trains_on_the_task_mixture():
+    job = study_job("arm=ruler", "seed=4")
+    assert set(job.train.ruler_tasks) == {"passkey", *RULER_TASKS}
+    assert job.train.passkey_fraction == 0.9 and job.train.length == 256
+    assert job.eval.ruler.enabled and job.eval.nll.enabled
+    # the task mixture is in the checkpoint key; a model trained without it keeps its old key
+    retrieval = study_job("arm=retrieval", "seed=4")
+    assert weights_key(job, corpus=None) != weights_key(retrieval, corpus=None)
+    from bench.checks import weights_dict
+
+    assert "ruler_tasks" not in weights_dict(TrainConfig())
+    assert weights_dict(TrainConfig(ruler_tasks=["vt"]))["ruler_tasks"] == ["vt"]
+
+
+def test_ruler_section_bad_values_are_named():
+    with pytest.raises(ValueError, match="eval.ruler.score"):
+        study_job("eval.ruler.score=best")
+    with pytest.raises(ValueError, match="eval.ruler.threshold"):
+        study_job("eval.ruler.threshold=2")
