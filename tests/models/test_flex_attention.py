@@ -8,7 +8,6 @@ negative control that must differ. Skips with the reason when flex attention doe
 from __future__ import annotations
 
 import functools
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -31,11 +30,10 @@ from models.positions import (
     ScoreBias,
     alibi_bias,
     alibi_slopes,
-    position_ids_from_attention_mask,
 )
 from models.transformer import ModelConfig
 
-from fixtures.attention import dense_reference
+from fixtures.attention import attention_case, block_matrix, dense_reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -78,36 +76,10 @@ def bucket_bias(h: int, buckets: int = 6, seed: int = 1) -> ScoreBias:
 def make_case(
     n=2, h=4, g=4, length=7, past=0, d=8, alibi=True, pad=None, seed=0, shift=0, spread=1, bias=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionInputs]:
-    """Random q, k, v and the AttentionInputs DecoderLM would build for them.
-
-    ``past`` cached keys then ``length`` new ones; ``pad[i]`` left-padding keys of row i (the
-    first keys, cached or new); position ids counted over real keys as in the model, times
-    ``spread``, plus ``shift`` (ALiBi is shift-invariant, so only a spread tells position ids from
-    indices).
-    """
-    gen = torch.Generator().manual_seed(seed)
-    s = past + length
-    valid = torch.ones(n, s, dtype=torch.bool)
-    for row, count in enumerate(pad or ()):
-        valid[row, :count] = False
-    k_pos = position_ids_from_attention_mask(valid) * spread + shift  # [N, S]
-    q = torch.randn(n, h, length, d, generator=gen) * 2
-    k = torch.randn(n, g, s, d, generator=gen) * 2
-    v = torch.randn(n, g, s, d, generator=gen)
-    inputs = AttentionInputs(
-        cos=None,
-        sin=None,
-        layout="half",
-        score_bias=bias or (alibi_bias(alibi_slopes(h)) if alibi else None),
-        q_scale=None,
-        q_pos=k_pos[:, past:],
-        k_pos=k_pos,
-        k_valid=None if bool(valid.all()) else valid,
-        past_len=past,
-        scale=1.0 / math.sqrt(d),  # as DecoderLM computes it: the compiled kernel keys on it
-        want_entropy=False,
-    )
-    return q, k, v, inputs
+    """:func:`fixtures.attention.attention_case` with ALiBi's bias by default (ALiBi is
+    shift-invariant, so only a ``spread`` tells position ids from indices)."""
+    bias = bias or (alibi_bias(alibi_slopes(h)) if alibi else None)
+    return attention_case(n, h, g, length, past, d, pad, seed, shift, spread, score_bias=bias)
 
 
 def tiled(q, k, v, inputs):
@@ -191,14 +163,6 @@ def test_entropy_requests_are_refused(flex_cpu):
 # ------------------------------------------------------------------ the block mask
 
 
-def _dense_blocks(count: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
-    """(blocks per row, indices) -> [B, H, Q blocks, K blocks] bool."""
-    if count is None:
-        return None
-    listed = torch.arange(indices.shape[-1]) < count[..., None]
-    return torch.zeros(indices.shape, dtype=torch.bool).scatter(-1, indices.long(), listed)
-
-
 BLOCK_CASES = {
     "causal": dict(length=21),
     "causal-cache": dict(length=13, past=11),
@@ -231,10 +195,10 @@ def test_block_mask_equals_create_block_mask(flex_cpu, case, block_size):
     )
     assert ours.seq_lengths == theirs.seq_lengths == (length, s)
     assert ours.BLOCK_SIZE == theirs.BLOCK_SIZE
-    partial = _dense_blocks(ours.kv_num_blocks, ours.kv_indices)
-    full = _dense_blocks(ours.full_kv_num_blocks, ours.full_kv_indices)
-    assert torch.equal(partial, _dense_blocks(theirs.kv_num_blocks, theirs.kv_indices))
-    assert torch.equal(full, _dense_blocks(theirs.full_kv_num_blocks, theirs.full_kv_indices))
+    partial = block_matrix(ours.kv_num_blocks, ours.kv_indices)
+    full = block_matrix(ours.full_kv_num_blocks, ours.full_kv_indices)
+    assert torch.equal(partial, block_matrix(theirs.kv_num_blocks, theirs.kv_indices))
+    assert torch.equal(full, block_matrix(theirs.full_kv_num_blocks, theirs.full_kv_indices))
     if case.get("past", 0) == 0 and length > block_size:
         assert full.any() and partial.any()  # both kinds occur, so the comparison means something
 
@@ -282,8 +246,8 @@ def test_compiled_flex_with_block_sparsity_equals_the_tiled_path(compiled_flex_c
     # negative control: the compiled kernel trusts the block mask; calling every visible block
     # full skips the mask inside blocks, so future and padding keys leak in
     good = flex_block_mask(inputs, 2, 13, 23, q.device, BLOCK)
-    partial = _dense_blocks(good.kv_num_blocks, good.kv_indices)
-    full = _dense_blocks(good.full_kv_num_blocks, good.full_kv_indices)
+    partial = block_matrix(good.kv_num_blocks, good.kv_indices)
+    full = block_matrix(good.full_kv_num_blocks, good.full_kv_indices)
     assert partial.any()
     leaky = BlockMask.from_kv_blocks(
         *_dense_to_kv_blocks(torch.zeros_like(partial)),

@@ -16,37 +16,15 @@ import torch
 import models.attention as attention
 from models.attention import AttentionInputs, _attend_tiled, attend, attend_flex, span_mask
 from models.hybrid import layer_pattern, llama4_query_temperature
-from models.positions import PositionConfig, position_ids_from_attention_mask
+from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
+
+from fixtures.attention import attention_case, visited_blocks
 
 
 def make_case(n=2, h=2, length=13, past=0, d=8, pad=(), window=None, chunk=None, seed=0):
     """Random q, k, v and AttentionInputs with ``pad[i]`` left-padding keys in row i."""
-    gen = torch.Generator().manual_seed(seed)
-    s = past + length
-    valid = torch.ones(n, s, dtype=torch.bool)
-    for row, count in enumerate(pad):
-        valid[row, :count] = False
-    k_pos = position_ids_from_attention_mask(valid)  # [N, S]
-    q = torch.randn(n, h, length, d, generator=gen) * 2
-    k = torch.randn(n, h, s, d, generator=gen) * 2
-    v = torch.randn(n, h, s, d, generator=gen)
-    inputs = AttentionInputs(
-        cos=None,
-        sin=None,
-        layout="half",
-        score_bias=None,
-        q_scale=None,
-        q_pos=k_pos[:, past:],
-        k_pos=k_pos,
-        k_valid=None if bool(valid.all()) else valid,
-        past_len=past,
-        scale=1.0 / math.sqrt(d),
-        want_entropy=False,
-        window=window,
-        chunk=chunk,
-    )
-    return q, k, v, inputs
+    return attention_case(n, h, None, length, past, d, pad, seed, window=window, chunk=chunk)
 
 
 def dense_reference(q, k, v, inputs, sink=None):
@@ -393,22 +371,6 @@ def test_hybrid_fields_are_checked():
     assert "window" not in PositionConfig(kind="irope").params()
 
 
-def _visited_blocks(mask) -> torch.Tensor:
-    """[N, H, Q blocks, K blocks] bool: the blocks a flex BlockMask computes (partial or full)."""
-
-    def dense(num, indices):
-        out = torch.zeros(*indices.shape, dtype=torch.bool)
-        for pos in range(indices.shape[-1]):
-            hit = pos < num[..., None]  # [N, H, Q, 1]
-            out.scatter_(-1, indices[..., pos : pos + 1].long(), hit, reduce="add")
-        return out
-
-    visited = dense(mask.kv_num_blocks, mask.kv_indices)
-    if mask.full_kv_num_blocks is not None:
-        visited |= dense(mask.full_kv_num_blocks, mask.full_kv_indices)
-    return visited
-
-
 @pytest.mark.parametrize(
     "case",
     [
@@ -442,7 +404,7 @@ def test_flex_block_mask_skips_blocks_outside_the_span(case):
         )
     except Exception as error:  # pragma: no cover - a torch whose create_block_mask fails here
         pytest.skip(f"create_block_mask fails on CPU: {type(error).__name__}")
-    visited, needed = _visited_blocks(ours), _visited_blocks(theirs)
+    visited, needed = visited_blocks(ours), visited_blocks(theirs)
     assert bool((visited | ~needed).all())  # never skips a block with a visible entry
     if "pad" not in case:
         assert torch.equal(visited, needed)
@@ -450,4 +412,4 @@ def test_flex_block_mask_skips_blocks_outside_the_span(case):
     # negative control: the causal block mask alone visits blocks the span leaves out
     causal = AttentionInputs(**{**vars(inputs), "window": None, "chunk": None, "flex_cache": {}})
     plain = attention.flex_block_mask(causal, 2, length, s, q.device, block_size=4)
-    assert int(_visited_blocks(plain).sum()) > int(visited.sum())
+    assert int(visited_blocks(plain).sum()) > int(visited.sum())
