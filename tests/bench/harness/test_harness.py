@@ -1007,3 +1007,29 @@ def test_harness_ruler_scores_equal_native():
         assert [bool(s["acc"]) for s in samples] == forced
         assert [s["match"] for s in samples] == pytest.approx(match)
         assert 0 < sum(forced) < limit or task != "niah_multikey"
+
+
+def test_harness_ruler_on_a_checkpoint_equals_native(tmp_path):
+    """A saved lenbench checkpoint (a real network, through the cache) scored by lm-eval and by
+    the native greedy path: the same acc and match per example."""
+    from bench.cache import key_of, save_checkpoint
+    from bench.metrics.context import EvalContext
+    from bench.metrics.ruler import generated_scores
+    from bench.ruler import ruler_grid
+    from bench.schema import PositionSchema, weights_dict
+
+    model = tiny_model(seed=5, train_length=256)
+    config = {
+        "model": dataclasses.asdict(model.model_cfg),
+        "position": weights_dict(PositionSchema(**dataclasses.asdict(model.position_cfg))),
+        "train": {"length": model.train_length},
+    }
+    key = key_of(config)
+    save_checkpoint(model, key, config, tmp_path)
+    name = "lenbench_ruler_vt_256"
+    results = run_harness(key, name, cache_root=tmp_path, limit=4, log_samples=True)
+    samples = samples_by_doc(results, name)
+    examples = ruler_grid(["vt"], [256], [0.0, 0.5, 1.0], 4, 0)[:4]
+    exact, match = generated_scores(EvalContext(model, batch_size=4, progress=False), examples, 40)
+    assert [bool(s["acc"]) for s in samples] == exact
+    assert [s["match"] for s in samples] == pytest.approx(match)
