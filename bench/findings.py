@@ -847,10 +847,19 @@ def register_finding(key: str) -> Callable:
 
 
 def findings() -> dict[str, Callable[[pd.DataFrame], FindingResult]]:
-    """Every registered finding (:data:`FINDINGS` after importing :data:`FINDING_MODULES`)."""
+    """Every registered finding (:data:`FINDINGS` after importing :data:`FINDING_MODULES`), this
+    module's first, then each module's in :data:`FINDING_MODULES` order (whichever was imported
+    first), then any other module's."""
     for name in FINDING_MODULES:
         importlib.import_module(name)
-    return FINDINGS
+    modules = [__name__, *FINDING_MODULES]
+
+    def rank(item: tuple[int, tuple[str, Callable]]) -> tuple[int, int]:
+        index, (_, fn) = item
+        module = fn.__module__
+        return (modules.index(module) if module in modules else len(modules), index)
+
+    return {key: fn for _, (key, fn) in sorted(enumerate(FINDINGS.items()), key=rank)}
 
 
 def check_findings(df: pd.DataFrame) -> list[FindingResult]:

@@ -54,9 +54,11 @@ __all__ = [
     "RulerExample",
     "RulerParams",
     "exact_match",
+    "fit_ruler_example",
     "make_ruler_example",
     "match_score",
     "min_ruler_length",
+    "ruler_examples",
     "ruler_grid",
     "task_params",
 ]
@@ -481,12 +483,7 @@ def ruler_grid(
     out = []
     for task in tasks:
         for length in lengths:
-            cells = (
-                [(d, t) for d in depths for t in range(int(trials))]
-                if task in DEPTH_TASKS
-                else [(0.5, t) for t in range(int(trials) * len(depths))]
-            )
-            for depth, trial in cells:
+            for depth, trial in _cells(task, depths, trials):
                 rng = _cell_rng(seed, task, length, depth, trial)
                 out.append(
                     make_ruler_example(
@@ -501,6 +498,96 @@ def ruler_grid(
                     )  # fmt: skip
                 )
     return out
+
+
+def _cells(task: str, depths: list[float], trials: int) -> list[tuple[float, int]]:
+    if task in DEPTH_TASKS:
+        return [(d, t) for d in depths for t in range(int(trials))]
+    return [(0.5, t) for t in range(int(trials) * len(depths))]
+
+
+def fit_ruler_example(
+    task: str,
+    total_length: int,
+    depth: float,
+    trial: int,
+    seed: int,
+    tokenizer,
+    params: RulerParams | None = None,
+    filler: str = "standard",
+    filler_source: object = None,
+) -> RulerExample:
+    """The example of cell (seed, task, ``total_length``, depth, trial) in a pretrained model's
+    tokens (a transformers ``tokenizer``): built at a byte length n, its text tokenized (the
+    prompt with the tokenizer's special tokens, e.g. BOS, the answer without), n searched so that
+    prompt + answer has exactly ``total_length`` tokens; where no n hits it (a merge can skip a
+    count), the largest count below, and its ``length`` says so. Raises ValueError when even the
+    shortest example is longer."""
+    params = params or RulerParams()
+
+    def build(n: int) -> RulerExample:
+        rng = _cell_rng(seed, task, total_length, depth, trial)
+        e = make_ruler_example(
+            task, n, depth, rng=rng, params=params, filler=filler,
+            filler_source=filler_source, trial=trial,
+        )  # fmt: skip
+        prompt = bytes(e.prompt_ids).decode("utf-8", errors="replace")
+        return replace(
+            e,
+            prompt_ids=list(tokenizer.encode(prompt, add_special_tokens=True)),
+            answer_ids=list(tokenizer.encode(e.answer_text, add_special_tokens=False)),
+            needles=(),
+            distractors=(),
+        )
+
+    cache: dict[int, RulerExample] = {}
+
+    def count(n: int) -> int:
+        if n not in cache:
+            cache[n] = build(n)
+        return cache[n].length
+
+    low, target = min_ruler_length(task, params), int(total_length)
+    if count(low) > target:
+        raise ValueError(
+            f"ruler total_length {target} is too short for task {task!r} in this tokenizer; the "
+            f"minimum is {count(low)} tokens."
+        )
+    per_token = 4096 / max(count(low + 4096) - count(low), 1)  # bytes per token
+    n = low
+    for _ in range(8):  # Newton steps on the byte length, then a local scan
+        step = round((target - count(n)) * per_token)
+        if step == 0:
+            break
+        n = max(low, n + step)
+    while count(n) > target and n > low:
+        n -= 1
+    while count(n + 1) <= target and count(n) < target:
+        n += 1
+    return cache[n]
+
+
+def ruler_examples(
+    task: str,
+    length: int,
+    depths: Iterable[float],
+    trials: int,
+    seed: int,
+    params: RulerParams | None = None,
+    filler: str = "standard",
+    filler_source: object = None,
+    tokenizer=None,
+) -> list[RulerExample]:
+    """The grid of one task at one length: :func:`ruler_grid` on byte tokens, or with a
+    transformers ``tokenizer`` every cell fitted to ``length`` of its tokens
+    (:func:`fit_ruler_example`)."""
+    if tokenizer is None:
+        return ruler_grid([task], [length], depths, trials, seed, params, filler, filler_source)
+    depths = [_check_depth(d) for d in depths]
+    return [
+        fit_ruler_example(task, length, d, t, seed, tokenizer, params, filler, filler_source)
+        for d, t in _cells(task, depths, trials)
+    ]
 
 
 def params_from(mapping: Mapping[str, Any] | None) -> RulerParams:

@@ -3,7 +3,8 @@
 Two scores per example. The **exact** verdict is passkey's: the whole answer, then no letter or
 digit. On byte tokens it is teacher-forced (one forward pass of prompt + answer: every answer
 token is the argmax, and the argmax after it is not a letter or digit); on a pretrained model's
-tokenizer it is read from the greedy generation. The **match** score is RULER's
+tokenizer it is read from the greedy generation, and every example is fitted to the eval length in
+that tokenizer's tokens (``bench.ruler.fit_ruler_example``). The **match** score is RULER's
 ``string_match_all``: the fraction of expected strings present in the greedy generation of
 ``len(answer) + extra_tokens`` tokens (KV cache). On byte tokens the greedy generation's exact
 verdict is the teacher-forced one (tested), so the two scores are two readings of one run.
@@ -45,7 +46,7 @@ from bench.ruler import (
     match_score,
     min_ruler_length,
     params_from,
-    ruler_grid,
+    ruler_examples,
 )
 from bench.tokenizer import ByteTokenizer
 
@@ -70,8 +71,8 @@ class RulerConfig(MetricConfig):
     """``eval.ruler``: RULER-style tasks at each eval length; rows per task and length and
     ``effective_length`` rows. Off by default (``eval.ruler.enabled=true``)."""
 
-    enabled: bool = False
-    tasks: list = field(default_factory=lambda: list(RULER_TASKS))
+    enabled: bool = False  # off by default: eval.ruler.enabled=true
+    tasks: list = field(default_factory=lambda: list(RULER_TASKS))  # bench.ruler.RULER_TASKS
     depths: int = 3  # depths of the asked needle (niah_single, niah_multikey), evenly in [0, 1]
     trials: int = 4  # examples per depth; the other tasks get depths x trials per length
     filler: str = "standard"  # haystack of the needle tasks and vt: standard | corpus
@@ -142,11 +143,18 @@ def ruler_metric(
                 task, length, minimum,
             )  # fmt: skip
             continue
-        examples = ruler_grid(
-            [task], [length], cfg.depth_list, cfg.trials, ctx.seed, params, cfg.filler, source
-        )
+        try:
+            examples = ruler_examples(
+                task, length, cfg.depth_list, cfg.trials, ctx.seed, params, cfg.filler, source,
+                ctx.tokenizer,
+            )  # fmt: skip
+        except ValueError as exc:
+            if ctx.tokenizer is None:
+                raise
+            logger.warning("ruler task %s at eval length %d skipped: %s", task, length, exc)
+            continue
         if ctx.tokenizer is not None:
-            examples = [_as_text_example(ctx.tokenizer, e) for e in examples]
+            _warn_short(examples, task, length)
             exact, match = generated_scores(ctx, examples, cfg.extra_tokens, text=True)
         else:
             exact = teacher_forced_verdicts(ctx, examples)
@@ -161,18 +169,14 @@ def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:
     return passkey_source(docs, length)
 
 
-def _as_text_example(tokenizer, example: RulerExample) -> RulerExample:
-    """The byte example's text in a pretrained model's tokens (its length is then in that
-    tokenizer's tokens, not the byte length the grid was built at)."""
-    prompt = bytes(example.prompt_ids).decode("utf-8", errors="replace")
-    answer = bytes(example.answer_ids).decode()
-    return replace(
-        example,
-        prompt_ids=list(tokenizer.encode(prompt, add_special_tokens=True)),
-        answer_ids=list(tokenizer.encode(answer, add_special_tokens=False)),
-        needles=(),
-        distractors=(),
-    )
+def _warn_short(examples: Sequence[RulerExample], task: str, length: int) -> None:
+    off = sum(e.length != length for e in examples)
+    if off:
+        logger.warning(
+            "ruler task %s at eval length %d: %d of %d examples have fewer tokens (no byte length "
+            "gives exactly %d tokens with this tokenizer).",
+            task, length, off, len(examples), length,
+        )  # fmt: skip
 
 
 def _batches(ctx: EvalContext, examples: Sequence[RulerExample], key) -> list[list[int]]:

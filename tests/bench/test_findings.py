@@ -72,6 +72,20 @@ NLL_TRAIN = {
     ("rope", "contiguous", "learned", "lm_sinks"): (2.002, 2.1, 2.5),
     ("rope", "contiguous", "token", "lm_sinks"): (1.998, 2.1, 2.6),
 }
+#: the RULER arm (R1, R2, ``rows(zoo=True)``), on p_rope (a family whose nll and passkey rows no
+#: other finding reads): exact accuracy at 1x, 2x, 4x L per (scaling, task), TRIALS trials each
+RULER = {
+    ("none", "niah_single"): (1.0, 0.6, 0.3),
+    ("none", "niah_multikey"): (0.9, 0.2, 0.0),
+    ("none", "niah_multivalue"): (0.9, 0.1, 0.0),
+    ("yarn", "niah_single"): (1.0, 0.9, 0.8),
+    ("yarn", "niah_multikey"): (0.9, 0.5, 0.3),
+    ("yarn", "niah_multivalue"): (0.9, 0.4, 0.2),
+}
+#: per scaling: the relative effective length of the tasks' mean (in L) and the NLL at 1x, 2x, 4x
+#: L (YaRN: flat to 4L, where its effective length is 2L; raw: no NLL rows, so that F1-F3's
+#: figure of raw ratios stays as it was: R2 lists it as not measured)
+RULER_FLAT = {"none": (1, None), "yarn": (2, (2.0, 2.01, 2.015))}
 #: passkey accuracy at 1x, 2x, 4x L per (position, scaling), zero-shot
 PASSKEY = {("rope", "none"): (1.0, 0.0, 0.0), ("rope", "self_extend"): (1.0, 0.95, 0.9)}
 #: passkey accuracy at 4L per depth (T3): StreamingLLM finds only needles inside its window
@@ -88,7 +102,7 @@ TRIALS = 200
 SHIFT = {"rope": 1e-7, "alibi": 0.0, "nope": 0.0, "sinusoidal": 0.5, "learned": 0.4}
 SHIFT_ZOO = {**dict.fromkeys(RELATIVE_FAMILIES, 1e-7), "fire": 0.3}
 #: every registered finding, in report order
-KEYS = [*(f"F{i}" for i in range(1, 7)), "Z1", "Z2", "T1", "T2", "T3", "L1", "L2", "L3"]
+KEYS = [*(f"F{i}" for i in range(1, 7)), "Z1", "Z2", "T1", "T2", "T3", "L1", "L2", "L3", "R1", "R2"]
 
 
 def _base(pos: str, scaling: str, seed: int, tuned: str | None = None, steps: int = 0) -> dict:
@@ -124,12 +138,41 @@ def _passkey_rows(base: dict, accs) -> list[dict]:
     ]  # fmt: skip
 
 
+def _ruler_rows(seed: int, ruler: dict, flat: dict) -> list[dict]:
+    """The RULER arm's rows of one seed: exact task rows, effective lengths, NLL (no seed jitter)."""
+    out = []
+    for scal, (effective, nll) in flat.items():
+        b = {**_base("p_rope", scal, seed), "arm": "ruler", "model_config_id": "c-ruler"}
+        b["model_id"] = f"ruler-s{seed}"
+        b["run_id"] = f"ruler-{scal}-s{seed}"
+        for (s, task), accs in ruler.items():
+            out += [
+                {**b, "eval_length": k * L, "metric": task, "value": acc, "n": TRIALS,
+                 "axis": "score", "axis_value": "exact", "task": task, "task_params": "{}"}
+                for k, acc in zip((1, 2, 4), accs or (), strict=False)
+                if s == scal and acc is not None
+            ]  # fmt: skip
+        if effective is not None:
+            out.append(
+                {**b, "eval_length": effective * L, "metric": "effective_length",
+                 "value": effective * L, "n": 3, "axis": "relative_threshold",
+                 "axis_value": 0.85, "task": "average", "task_params": "{}"}
+            )  # fmt: skip
+        out += [
+            {**b, "eval_length": k * L, "metric": "nll", "value": v, "n": 8 * k * L}
+            for k, v in zip((1, 2, 4), nll or (), strict=False)
+        ]  # fmt: skip
+    return out
+
+
 def rows(
-    seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None, zoo=False, depths=None, train=None
-) -> list[dict]:
+    seeds=SEEDS, nll=None, passkey=None, shift=None, curves=None, zoo=False, depths=None,
+    train=None, ruler=None, ruler_flat=None,
+) -> list[dict]:  # fmt: skip
     """Rows of the world in NLL / PASSKEY / DEPTHS / CURVES / SHIFT (overridden per key by the
-    arguments), with the zoo's families (NLL_ZOO, SHIFT_ZOO) and the train-for-length arms
-    (NLL_TRAIN, overridden by ``train``; a value None drops the series) when ``zoo``.
+    arguments), with the zoo's families (NLL_ZOO, SHIFT_ZOO), the train-for-length arms
+    (NLL_TRAIN, overridden by ``train``; a value None drops the series) and the RULER arm (RULER,
+    RULER_FLAT, overridden by ``ruler`` / ``ruler_flat``) when ``zoo``.
 
     Seed s adds 0.01 * (s - 1) nats beyond L, so ratios vary across seeds."""
     nll = {**NLL, **(NLL_ZOO if zoo else {}), **(nll or {})}
@@ -137,8 +180,11 @@ def rows(
     passkey, curves = {**PASSKEY, **(passkey or {})}, {**CURVES, **(curves or {})}
     depths = {**DEPTHS, **(depths or {})}
     trained = {**NLL_TRAIN, **(train or {})} if zoo else {}
+    ruler = {**RULER, **(ruler or {})} if zoo else {}
+    ruler_flat = {**RULER_FLAT, **(ruler_flat or {})} if zoo else {}
     out = []
     for seed in seeds:
+        out += _ruler_rows(seed, ruler, ruler_flat)
         for (pos, sampling, sink, arm), values in trained.items():
             b = {**_base(pos, "none", seed), "arm": arm}
             b["run_id"] = b["model_id"] = f"{arm}-{pos}-{sampling}-{sink}-s{seed}"
@@ -274,6 +320,10 @@ NEGATIVE = {
     "L3 sink token gains 5% at L": (
         ("L3",), {"train": {("rope", "contiguous", "token", "lm_sinks"): (1.95, 2.1, 2.6)}}
     ),
+    "R1 multikey easier than single": (
+        ("R1",), {"ruler": {("yarn", "niah_multikey"): (1.0, 1.0, 0.95)}}
+    ),
+    "R2 effective reaches the flat length": (("R2",), {"ruler_flat": {"yarn": (4, (2.0, 2.01, 2.015))}}),
 }  # fmt: skip
 
 
@@ -347,6 +397,8 @@ ABSENT = {
     "L1": {"train": {("sinusoidal", "randomized", "none", "lm_sampling"): None}},
     "L2": {"train": {("rope", "contiguous", "none", "lm_hybrid"): None}},
     "L3": {"train": {("rope", "contiguous", "token", "lm_sinks"): None}},
+    "R1": {"ruler": {("none", "niah_multivalue"): (0.9, 0.1, None)}},
+    "R2": {"ruler_flat": {"yarn": (2, None)}},
 }
 
 

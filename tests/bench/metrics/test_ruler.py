@@ -356,3 +356,25 @@ def test_training_rows_too_long_for_the_window_are_refused():
         from bench.train_config import TrainConfig
 
         TrainConfig(ruler_tasks=["needle"])
+
+
+def test_examples_fitted_to_a_subword_tokenizer():
+    """With a BPE tokenizer every example has the eval length in its tokens (or the largest count
+    below where a merge skips it), holds the byte example's text, and the answer's ids are the
+    answer's text; too short a length is refused with the tokenizer's minimum."""
+    from bench.ruler import fit_ruler_example, ruler_examples
+
+    from fixtures.hf import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer()
+    for task in RULER_TASKS:
+        grid = ruler_examples(task, 300, [0.0, 1.0], 1, seed=2, tokenizer=tok)
+        assert len(grid) == 2
+        for e in grid:
+            assert 300 - 3 <= e.length <= 300
+            prompt = tok.decode(e.prompt_ids, skip_special_tokens=True)
+            assert solve(prompt) == e.answer_text
+            assert tok.decode(e.answer_ids) == e.answer_text
+        assert sum(e.length == 300 for e in grid) >= 1
+    with pytest.raises(ValueError, match="too short for task 'vt' in this tokenizer"):
+        fit_ruler_example("vt", 20, 0.5, 0, 0, tok)
