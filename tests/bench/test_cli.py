@@ -235,23 +235,31 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, req
     assert cfg.experiment_name == experiment
     header = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()[:12]
     assert any("runtime" in line.lower() for line in header), "runtime comment at the top"
-    # Compose and parse once per cell without its scaling and seed (composing is slow), then
-    # swap the typed scaling and the seed of the cell in.
+    # Compose and parse once per cell without its scaling, seed and plain values such as
+    # train.position_sampling=pose (composing is slow), then swap the typed scaling, the seed and
+    # those values of the cell in (each section rebuilt, so its checks run again).
     composed = {}
     valid = skipped = 0
     for cell in sweep_cells(cfg):
-        rest = tuple(c for c in cell if not c.startswith(("scaling=", "seed=")))
+        rest = tuple(c for c in cell if not c.startswith(("scaling=", "seed=")) and "." not in c)
         if rest not in composed:
             composed[rest] = JobConfig.from_hydra(
                 compose_cfg([f"+experiment={experiment}", *extra, *rest])
             )
         job = composed[rest]
         for c in cell:
-            if c.startswith("scaling="):
-                option = yaml.safe_load((CONF / "scaling" / f"{c.split('=')[1]}.yaml").read_text())
+            key, value = c.split("=", 1)
+            if key == "scaling":
+                option = yaml.safe_load((CONF / "scaling" / f"{value}.yaml").read_text())
                 job = dataclasses.replace(job, scaling=ScalingSchema(**option))
-            if c.startswith("seed="):
-                job = dataclasses.replace(job, seed=int(c.split("=")[1]))
+            elif key == "seed":
+                job = dataclasses.replace(job, seed=int(value))
+            elif "." in key:  # a plain value of one section
+                section, name = key.split(".")
+                changed = dataclasses.replace(
+                    getattr(job, section), **{name: yaml.safe_load(value)}
+                )
+                job = dataclasses.replace(job, **{section: changed})
         try:
             validate_job(job)
             valid += 1
