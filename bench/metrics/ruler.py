@@ -9,7 +9,8 @@ that tokenizer's tokens (``bench.ruler.fit_ruler_example``). The **match** score
 ``len(answer) + extra_tokens`` tokens (KV cache). On byte tokens the greedy generation's exact
 verdict is the teacher-forced one (tested), so the two scores are two readings of one run.
 
-Rows (metric = the task's name, ``task`` and ``task_params`` columns set): per length,
+Rows (metric = the task's name, ``task`` and ``task_params`` columns set; the parameters include
+the filler and ``min_length``, the task's fixed text in byte tokens): per length,
 ``axis="score"`` with ``axis_value`` ``exact`` / ``match`` (``ci_lo``/``ci_hi``: Wilson
 intervals; for ``match``, over the expected strings, which treats them as independent), and for
 the depth tasks one exact row per depth (``axis="depth"``). Once per run ``effective_length``
@@ -255,7 +256,10 @@ def _task_rows(
     length: int,
     cfg: RulerConfig,
 ) -> list[dict]:
-    params = canonical_json({**examples[0].params, "filler": cfg.filler})
+    # the fixed text's length (the shortest example, in byte tokens) as passkey rows name their
+    # template: what is left of the length is haystack
+    fixed = min_ruler_length(task, params_from(cfg.params))
+    params = canonical_json({**examples[0].params, "filler": cfg.filler, "min_length": fixed})
     common = {"task": task, "task_params": params}
     n = len(examples)
     k = int(sum(exact))

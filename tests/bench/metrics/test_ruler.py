@@ -235,6 +235,7 @@ def test_metric_rows_and_effective_length_on_the_oracle():
             assert row["value"] == pytest.approx(np.mean(truth)) and row["n"] == len(grid)
             assert row["ci_lo"] <= row["value"] <= row["ci_hi"]
             assert row["task"] == task and '"filler":"standard"' in row["task_params"]
+            assert f'"min_length":{min_ruler_length(task)}' in row["task_params"]
             if task in DEPTH_TASKS:
                 assert (task, length, "depth", "0.0") in by and (task, length, "depth", "1.0") in by
             else:
