@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +44,7 @@ __all__ = [
     "PasskeyExample",
     "PasskeyTemplate",
     "answer_matches",
+    "fit_filler_length",
     "fit_passkey_example",
     "is_digit_token",
     "passkey_template",
@@ -428,6 +429,24 @@ def is_digit_token(token_id: int, tokenizer: ByteTokenizer | None = None) -> boo
     return tok.decode([int(token_id)]).isdigit()
 
 
+def fit_filler_length(count: Callable[[int], int], target: int, low: int = 0) -> int:
+    """The filler size n >= ``low`` whose example has ``target`` tokens (``count(n)``, a
+    non-decreasing count), or where no n hits it (a merge can skip a count) the largest n whose
+    count is below: Newton steps on n from the tokens per filler unit, then a local scan."""
+    per_unit = 4096 / max(count(low + 4096) - count(low), 1)  # filler units per token
+    n = low
+    for _ in range(8):
+        step = round((target - count(n)) * per_unit)
+        if step == 0:
+            break
+        n = max(low, n + step)
+    while count(n) > target and n > low:
+        n -= 1
+    while count(n + 1) <= target and count(n) < target:
+        n += 1
+    return n
+
+
 def fit_passkey_example(
     total_length: int,
     depth: float,
@@ -482,17 +501,7 @@ def fit_passkey_example(
             f"passkey total_length {target} is too short for the {template.name!r} template with "
             f"key {key} in this tokenizer; the minimum is {count(0)} tokens."
         )
-    per_token = 4096 / max(count(4096) - count(0), 1)  # filler characters per token
-    n = 0
-    for _ in range(8):  # Newton steps on the character count, then a local scan
-        step = round((target - count(n)) * per_token)
-        if step == 0:
-            break
-        n = max(0, n + step)
-    while count(n) > target and n > 0:
-        n -= 1
-    while count(n + 1) <= target and count(n) < target:
-        n += 1
+    n = fit_filler_length(count, target)
     prompt, before = build(n)
     return PasskeyExample(
         prompt_ids=prompt,

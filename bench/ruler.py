@@ -43,7 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.passkey import SEPARATOR, _check_depth, _corpus_filler, _source_ids, standard_filler_text
+from bench.passkey import (
+    SEPARATOR,
+    _check_depth,
+    _corpus_filler,
+    _source_ids,
+    fit_filler_length,
+    standard_filler_text,
+)
 from bench.tokenizer import ByteTokenizer
 
 __all__ = [
@@ -553,18 +560,7 @@ def fit_ruler_example(
             f"ruler total_length {target} is too short for task {task!r} in this tokenizer; the "
             f"minimum is {count(low)} tokens."
         )
-    per_token = 4096 / max(count(low + 4096) - count(low), 1)  # bytes per token
-    n = low
-    for _ in range(8):  # Newton steps on the byte length, then a local scan
-        step = round((target - count(n)) * per_token)
-        if step == 0:
-            break
-        n = max(low, n + step)
-    while count(n) > target and n > low:
-        n -= 1
-    while count(n + 1) <= target and count(n) < target:
-        n += 1
-    return cache[n]
+    return cache[fit_filler_length(count, target, low)]
 
 
 def ruler_examples(
