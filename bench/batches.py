@@ -20,12 +20,13 @@ from bench.passkey import (
     DEFAULT_TEMPLATE,
     PASSKEY_FILLERS,
     PasskeyExample,
+    TaskExample,
     make_passkey_example,
     min_passkey_length,
     random_key,
 )
 from bench.passkey import passkey_template as passkey_template_of
-from bench.ruler import RULER_END, RulerExample, make_ruler_example, min_ruler_length, params_from
+from bench.ruler import RULER_END, make_ruler_example, min_ruler_length, params_from
 from bench.tokenizer import ByteTokenizer
 from bench.train_config import PASSKEY_LENGTHS, PASSKEY_LOSSES, POSITION_SAMPLINGS
 
@@ -252,20 +253,16 @@ class TrainingStream:
         sample = randomized_positions if self.position_sampling == "randomized" else pose_positions
         return sample(self.batch_size, self.seq_len, int(self.max_position), gen)
 
-    def _task_example(self, rng: random.Random) -> tuple[PasskeyExample | RulerExample, list[int]]:
+    def _task_example(self, rng: random.Random) -> tuple[TaskExample, list[int]]:
         """A task row's example and the end text that follows it."""
         if not self.ruler_tasks:
             return self._passkey_example(rng), self._end_ids
         task = rng.choice(self.ruler_tasks)
         if task == "passkey":
             return self._passkey_example(rng), self._end_ids
-        total = self.seq_len + 1 - len(self._ruler_end)
-        if self.passkey_length == "uniform":
-            total = rng.randint(min_ruler_length(task, self.ruler_params), total)
-        source = None
-        if self.passkey_filler == "corpus":
-            start = rng.randrange(self._stream.numel() - total + 1)
-            source = self._stream[start : start + total].numpy()
+        minimum = min_ruler_length(task, self.ruler_params)
+        total = self._example_length(rng, minimum, self._ruler_end)
+        source = self._corpus_window(rng, total)
         example = make_ruler_example(
             task, total, rng.random(), rng=rng, params=self.ruler_params,
             filler=self.passkey_filler, filler_source=source,
@@ -274,24 +271,31 @@ class TrainingStream:
 
     def _passkey_example(self, rng: random.Random) -> PasskeyExample:
         """An example that leaves room for the template's end text after the answer."""
-        total = self.seq_len + 1 - len(self._end_ids)
-        if self.passkey_length == "uniform":
-            total = rng.randint(self._min_example, total)
+        total = self._example_length(rng, self._min_example, self._end_ids)
         key, depth = random_key(rng), rng.random()
-        source = None
-        if self.passkey_filler == "corpus":
-            # Slice a window here; passing the whole stream would copy it for every row.
-            start = rng.randrange(self._stream.numel() - total + 1)
-            source = self._stream[start : start + total].numpy()
         return make_passkey_example(
             total,
             depth,
             key,
             self.tokenizer,
             filler=self.passkey_filler,
-            filler_source=source,
+            filler_source=self._corpus_window(rng, total),
             template=self.passkey_template,
         )
+
+    def _example_length(self, rng: random.Random, minimum: int, end: list[int]) -> int:
+        """A task row's example length: the row less the end text, or (``uniform``) drawn from
+        ``minimum`` up to that."""
+        total = self.seq_len + 1 - len(end)
+        return rng.randint(minimum, total) if self.passkey_length == "uniform" else total
+
+    def _corpus_window(self, rng: random.Random, total: int) -> np.ndarray | None:
+        """``total`` training tokens at a random offset for ``filler: corpus`` (None otherwise):
+        a window, since passing the whole stream would copy it for every row."""
+        if self.passkey_filler != "corpus":
+            return None
+        start = rng.randrange(self._stream.numel() - total + 1)
+        return self._stream[start : start + total].numpy()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         step = self.start_step

@@ -35,6 +35,7 @@ from bench.findings import (
     FindingResult,
     _col,
     _status,
+    _trials,
     _window_nll,
     _with_series,
     decide,
@@ -61,8 +62,7 @@ def _task_rows(df: pd.DataFrame) -> pd.DataFrame:
 def _exact(rows: pd.DataFrame, task: str) -> pd.DataFrame:
     """Per seed: successes and trials of ``task``'s exact score."""
     r = rows[(rows["task"] == task) & (rows["axis"] == "score") & (rows["axis_value"] == "exact")]
-    n = r["n"].astype(float)
-    return r.assign(k=(r["value"].astype(float) * n).round(), n=n).groupby("seed")[["k", "n"]].sum()
+    return _trials(r).set_index("seed")[["k", "n"]]
 
 
 def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Estimate:

@@ -43,6 +43,7 @@ __all__ = [
     "TASK_DESCRIPTION",
     "PasskeyExample",
     "PasskeyTemplate",
+    "TaskExample",
     "answer_matches",
     "fit_filler_length",
     "fit_passkey_example",
@@ -129,8 +130,25 @@ def passkey_template(template: str | PasskeyTemplate = DEFAULT_TEMPLATE) -> Pass
 _DEFAULT_TOKENIZER = ByteTokenizer()
 
 
+class TaskExample:
+    """What every task example (passkey, ``bench.ruler``) has: ``prompt_ids`` and ``answer_ids``
+    (set by the dataclass that subclasses it), its length and its full sequence."""
+
+    prompt_ids: list[int]
+    answer_ids: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.answer_ids)
+
+    @property
+    def input_ids(self) -> list[int]:
+        """Prompt followed by answer: the full sequence for teacher-forced scoring/training."""
+        return self.prompt_ids + self.answer_ids
+
+
 @dataclass(frozen=True)
-class PasskeyExample:
+class PasskeyExample(TaskExample):
     """One passkey prompt; ``len(prompt_ids) + len(answer_ids)`` is the example length.
 
     ``needle_start`` is the token index in ``prompt_ids`` where the needle sentence
@@ -145,15 +163,6 @@ class PasskeyExample:
     trial: int = 0
     filler: str = "standard"
     template: str = DEFAULT_TEMPLATE
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.answer_ids)
-
-    @property
-    def input_ids(self) -> list[int]:
-        """Prompt followed by answer: the full sequence for teacher-forced scoring/training."""
-        return self.prompt_ids + self.answer_ids
 
     @property
     def answer_text(self) -> str:

@@ -34,6 +34,7 @@ verdict (:func:`exact_match`) needs the whole answer, then no letter or digit.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import string
@@ -45,6 +46,7 @@ import numpy as np
 
 from bench.passkey import (
     SEPARATOR,
+    TaskExample,
     _check_depth,
     _corpus_filler,
     _source_ids,
@@ -65,6 +67,7 @@ __all__ = [
     "make_ruler_example",
     "match_score",
     "min_ruler_length",
+    "ruler_depths",
     "ruler_examples",
     "ruler_grid",
     "task_params",
@@ -150,7 +153,7 @@ def _check_task(task: str) -> str:
 
 
 @dataclass(frozen=True)
-class RulerExample:
+class RulerExample(TaskExample):
     """One example; ``len(prompt_ids) + len(answer_ids)`` is its length in tokens.
 
     ``needles`` are the ``(start, stop)`` token spans in ``prompt_ids`` of the statements the
@@ -168,14 +171,6 @@ class RulerExample:
     needles: tuple[tuple[int, int], ...] = ()
     distractors: tuple[tuple[int, int], ...] = ()
     filler: str = "standard"
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.answer_ids)
-
-    @property
-    def input_ids(self) -> list[int]:
-        return self.prompt_ids + self.answer_ids
 
     @property
     def answer_text(self) -> str:
@@ -364,8 +359,10 @@ def _fixed_length(layout: _Layout) -> int:
     return len(text.encode()) + sum(len(s.encode()) + 2 for _, s, _ in layout.statements)
 
 
+@functools.lru_cache(maxsize=64)
 def min_ruler_length(task: str, params: RulerParams | None = None) -> int:
-    """Fewest tokens an example of ``task`` fits in, for any random draw (byte tokens)."""
+    """Fewest tokens an example of ``task`` fits in, for any random draw (byte tokens). Cached:
+    every generated example and training row checks it, and the word lists' is a search."""
     params = params or RulerParams()
     rng = random.Random(0)
     layout = _layout(_check_task(task), params, 0.0, rng)
@@ -505,6 +502,11 @@ def ruler_grid(
                     )  # fmt: skip
                 )
     return out
+
+
+def ruler_depths(count: int) -> list[float]:
+    """``count`` depths of the asked needle, evenly spaced in [0, 1] (one: the middle)."""
+    return [0.5] if int(count) == 1 else np.linspace(0.0, 1.0, int(count)).round(6).tolist()
 
 
 def _cells(task: str, depths: list[float], trials: int) -> list[tuple[float, int]]:

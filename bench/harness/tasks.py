@@ -23,7 +23,14 @@ from bench.passkey import (
     passkey_grid,
     passkey_template,
 )
-from bench.ruler import RULER_TASKS, exact_match, match_score, params_from, ruler_grid
+from bench.ruler import (
+    RULER_TASKS,
+    exact_match,
+    match_score,
+    params_from,
+    ruler_depths,
+    ruler_grid,
+)
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
@@ -116,6 +123,10 @@ def passkey_process_results(doc: Mapping, results: Sequence[str]) -> dict[str, i
     }
 
 
+def _is_count(depths: Any) -> bool:
+    return isinstance(depths, (int, np.integer)) and not isinstance(depths, bool) and depths >= 1
+
+
 def ruler_docs(
     task: str,
     length: int,
@@ -133,7 +144,8 @@ def ruler_docs(
     examples = ruler_grid(
         [task],
         [length],
-        _depth_list(depths) if not isinstance(depths, int) or depths != 1 else [0.5],
+        # a count: the native metric's depths; a list (or a bad value) as passkey reads it
+        ruler_depths(depths) if _is_count(depths) else _depth_list(depths),
         positive_int(trials, "ruler trials"),
         int(seed),
         params_from(params),

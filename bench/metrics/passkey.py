@@ -49,6 +49,8 @@ from bench.tokenizer import ByteTokenizer
 
 __all__ = [
     "PasskeyConfig",
+    "corpus_filler_source",
+    "decode_in_context",
     "generated_answer_matches",
     "greedy_passkey_verdicts",
     "passkey_context",
@@ -168,12 +170,15 @@ def passkey_verdicts(
     batch_size: int,
     device: str | torch.device = "cpu",
     ctx: EvalContext | None = None,
+    continues: torch.Tensor = _DIGIT_IDS,
 ) -> list[bool]:
-    """Teacher-forced exact-match verdicts, in the order of ``examples``.
+    """Teacher-forced exact-match verdicts, in the order of ``examples`` (any
+    :class:`bench.passkey.TaskExample`).
 
     One forward pass of ``prompt + answer`` per batch of equal-length examples; the answer sits at
     the end of every example, so the predictions for it are the logits at positions
-    ``L - 1 - len(answer) .. L - 2``, and the logits at ``L - 1`` say whether the key ends there.
+    ``L - 1 - len(answer) .. L - 2``, and the logits at ``L - 1`` say whether the answer ends
+    there: the argmax is none of the byte tokens ``continues`` (digits, for a key).
     """
     ctx = _context(model, batch_size, device, ctx)
     verdicts = [False] * len(examples)
@@ -189,8 +194,8 @@ def passkey_verdicts(
             predicted = logits[:, :span].argmax(dim=-1).cpu()  # [B, A]
             targets = ids[:, length - span :]
             in_answer = torch.arange(span)[None, :] >= (span - answer_lens)[:, None]
-            after = logits[:, span].argmax(dim=-1).cpu()  # [B]: the token after the key
-            ended = ~torch.isin(after, _DIGIT_IDS)
+            after = logits[:, span].argmax(dim=-1).cpu()  # [B]: the token after the answer
+            ended = ~torch.isin(after, continues)
             ok = ((predicted == targets) | ~in_answer).all(dim=1) & ended
             for i, verdict in zip(indices[start : start + step], ok.tolist(), strict=True):
                 verdicts[i] = bool(verdict)
@@ -248,6 +253,18 @@ def text_passkey_verdicts(ctx: EvalContext, examples: Sequence[PasskeyExample]) 
 CONTEXT_TOKENS = 16
 
 
+def decode_in_context(tokenizer, prompt_ids: Sequence[int], generated: Sequence[int]) -> str | None:
+    """The text of ``generated`` as it reads after the prompt: the prompt's last
+    :data:`CONTEXT_TOKENS` tokens and the generated ones decoded together, minus the text of the
+    prompt tokens alone; None where that text is not a prefix of the joint one (a tokenizer that
+    rewrites across the boundary)."""
+    kw = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+    tail = list(prompt_ids[-CONTEXT_TOKENS:])
+    before = tokenizer.decode(tail, **kw)
+    whole = tokenizer.decode(tail + list(generated), **kw)
+    return whole[len(before) :] if whole.startswith(before) else None
+
+
 def generated_answer_matches(tokenizer, example: PasskeyExample, generated: Sequence[int]) -> bool:
     """Whether ``generated`` (the tokens after ``example``'s prompt) is the key, then no digit.
 
@@ -258,13 +275,12 @@ def generated_answer_matches(tokenizer, example: PasskeyExample, generated: Sequ
     rewrites across the boundary), the verdict is on token ids: the answer's tokens, then a token
     whose text in context does not start with a digit.
     """
+    generated = [int(t) for t in generated]
+    text = decode_in_context(tokenizer, example.prompt_ids, generated)
+    if text is not None:
+        return answer_matches(text, example.answer_text)
     kw = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
     tail = list(example.prompt_ids[-CONTEXT_TOKENS:])
-    generated = [int(t) for t in generated]
-    before = tokenizer.decode(tail, **kw)
-    whole = tokenizer.decode(tail + generated, **kw)
-    if whole.startswith(before):
-        return answer_matches(whole[len(before) :], example.answer_text)
     answer = list(example.answer_ids)
     if generated[: len(answer)] != answer:
         return False
@@ -274,8 +290,11 @@ def generated_answer_matches(tokenizer, example: PasskeyExample, generated: Sequ
     return not rest[:1].isdigit()
 
 
-def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:
-    """Test-document text for ``filler: corpus``, capped so that each example copies little."""
+def corpus_filler_source(
+    docs: Sequence[Document], length: int, metric: str = "passkey"
+) -> np.ndarray:
+    """Test-document text for ``filler: corpus`` (of ``metric``), capped so that each example
+    copies little."""
     budget = max(8 * int(length), 1 << 16)
     parts, total = [], 0
     for doc in docs:
@@ -284,7 +303,7 @@ def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:
         if total >= budget:
             break
     if total == 0:
-        raise ValueError("passkey filler 'corpus' needs test documents, but none were given.")
+        raise ValueError(f"{metric} filler 'corpus' needs test documents, but none were given.")
     return np.concatenate(parts)
 
 
@@ -340,7 +359,7 @@ def _length_examples(
             minimum,
         )
         return None
-    source = _filler_source(docs, length) if filler == "corpus" else None
+    source = corpus_filler_source(docs, length) if filler == "corpus" else None
     if tok is not None and source is not None:
         source = tok.decode(source.tolist(), skip_special_tokens=True)
     try:

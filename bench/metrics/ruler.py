@@ -36,6 +36,7 @@ from bench.checks import choice, integer, number
 from bench.corpora import Document
 from bench.findings import wilson
 from bench.metrics.context import EvalContext, make_row
+from bench.metrics.passkey import corpus_filler_source, decode_in_context, passkey_verdicts
 from bench.metrics.registry import MetricConfig, register_metric
 from bench.results import canonical_json
 from bench.ruler import (
@@ -47,6 +48,7 @@ from bench.ruler import (
     match_score,
     min_ruler_length,
     params_from,
+    ruler_depths,
     ruler_examples,
 )
 from bench.tokenizer import ByteTokenizer
@@ -118,7 +120,7 @@ class RulerConfig(MetricConfig):
 
     @property
     def depth_list(self) -> list[float]:
-        return [0.5] if self.depths == 1 else np.linspace(0, 1, self.depths).round(6).tolist()
+        return ruler_depths(self.depths)
 
     def resolve(self, train_length: int, eval_lengths: Sequence[int]) -> RulerConfig:
         out = super().resolve(train_length, eval_lengths)
@@ -134,7 +136,7 @@ def ruler_metric(
     ctx: EvalContext, cfg: RulerConfig, docs: Sequence[Document], length: int
 ) -> list[dict]:
     params = params_from(cfg.params)
-    source = _filler_source(docs, length) if cfg.filler == "corpus" else None
+    source = corpus_filler_source(docs, length, "ruler") if cfg.filler == "corpus" else None
     rows = []
     for task in cfg.tasks:
         minimum = min_ruler_length(task, params)
@@ -164,12 +166,6 @@ def ruler_metric(
     return rows
 
 
-def _filler_source(docs: Sequence[Document], length: int) -> np.ndarray:
-    from bench.metrics.passkey import _filler_source as passkey_source
-
-    return passkey_source(docs, length)
-
-
 def _warn_short(examples: Sequence[RulerExample], task: str, length: int) -> None:
     off = sum(e.length != length for e in examples)
     if off:
@@ -191,35 +187,20 @@ def _batches(ctx: EvalContext, examples: Sequence[RulerExample], key) -> list[li
     return out
 
 
-@torch.no_grad()
 def teacher_forced_verdicts(ctx: EvalContext, examples: Sequence[RulerExample]) -> list[bool]:
-    """Exact verdicts of byte examples from one forward pass each batch (examples of equal
-    length and answer length batch together)."""
-    verdicts = [False] * len(examples)
-    for batch in _batches(ctx, examples, lambda e: (e.length, len(e.answer_ids))):
-        chosen = [examples[i] for i in batch]
-        length, span = chosen[0].length, len(chosen[0].answer_ids)
-        ids = torch.tensor([e.input_ids for e in chosen], dtype=torch.long)  # [B, L]
-        logits = ctx.forward(ids, logits_from=length - 1 - span).logits  # [B, A + 1, V]
-        predicted = logits[:, :span].argmax(dim=-1).cpu()  # [B, A]
-        after = logits[:, span].argmax(dim=-1).cpu()  # [B]
-        ok = (predicted == ids[:, length - span :]).all(dim=1) & ~torch.isin(after, _ALNUM_IDS)
-        for i, verdict in zip(batch, ok.tolist(), strict=True):
-            verdicts[i] = bool(verdict)
-    return verdicts
-
-
-CONTEXT_TOKENS = 16  # prompt tokens decoded before the generation, so that it decodes in context
+    """Exact verdicts of byte examples, teacher-forced (passkey's, with "the answer ends" = the
+    next token is no letter or digit)."""
+    return passkey_verdicts(ctx.model, examples, ctx.batch_size, ctx.device, ctx, _ALNUM_IDS)
 
 
 def _decode_generated(tokenizer, prompt_ids: Sequence[int], generated: Sequence[int]) -> str:
+    """The generation as text: bytes on byte tokens, else in context (passkey's decoding), or
+    alone where the tokenizer rewrites across the prompt's end."""
     if tokenizer is None:
         return TOK.decode([t for t in generated if t < 256])
+    text = decode_in_context(tokenizer, prompt_ids, generated)
     kw = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
-    tail = list(prompt_ids[-CONTEXT_TOKENS:])
-    before = tokenizer.decode(tail, **kw)
-    whole = tokenizer.decode(tail + list(generated), **kw)
-    return whole[len(before) :] if whole.startswith(before) else tokenizer.decode(generated, **kw)
+    return text if text is not None else tokenizer.decode(generated, **kw)
 
 
 @torch.no_grad()
