@@ -379,3 +379,25 @@ def test_examples_fitted_to_a_subword_tokenizer():
         assert sum(e.length == 300 for e in grid) >= 1
     with pytest.raises(ValueError, match="too short for task 'vt' in this tokenizer"):
         fit_ruler_example("vt", 20, 0.5, 0, 0, tok)
+
+
+def test_a_subword_model_is_not_held_to_the_byte_minimum():
+    """vt needs 178 byte tokens and 158 of the test BPE tokenizer's: at a length between the two a
+    pretrained model's tokenizer still gets vt rows (the fit decides), a byte model gets none
+    (control)."""
+    from fixtures.hf import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer()
+    length = 170
+    assert length < min_ruler_length("vt")
+    cfg = {"lengths": [length], "batch_size": 4, **ONLY_RULER,
+           "ruler": {"enabled": True, "tasks": ["vt"], "depths": 1, "trials": 1}}  # fmt: skip
+    model = DecoderLM(ModelConfig(vocab_size=len(tok), n_layers=1, d_model=16, n_heads=2),
+                      PositionConfig(kind="rope"), 64)  # fmt: skip
+    rows = evaluate_model(model, cfg, [], train_length=64, progress=False, tokenizer=tok)
+    assert {r["metric"] for r in rows} >= {"vt"}
+    byte_model = DecoderLM(
+        ModelConfig(n_layers=1, d_model=16, n_heads=2), PositionConfig(kind="rope"), 64
+    )
+    rows = evaluate_model(byte_model, cfg, [], train_length=64, progress=False)
+    assert "vt" not in {r["metric"] for r in rows}
