@@ -312,7 +312,7 @@ def test_quickstart_rope_reaches_90_percent_passkey_at_its_training_length(in_tm
         & (rows["eval_length"] == train_length)
         & (rows["axis"] == "depth")
     ]
-    assert len(at_l) == 5 and at_l["n"].sum() == 40  # 5 depths x 8 trials
+    assert len(at_l) == 5 and at_l["n"].sum() == 80  # 5 depths x 16 trials
     accuracy = float((at_l["value"] * at_l["n"]).sum() / at_l["n"].sum())
     assert accuracy >= 0.9, f"rope passkey accuracy at L = {train_length}: {accuracy:.2f}"
 
