@@ -17,13 +17,13 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from omegaconf import OmegaConf
 from torch import nn
 
+import bench.schema  # noqa: F401  (stores the typed schema that conf/config.yaml composes)
 from bench.corpora import Document
 from bench.evaluate import evaluate_model, parse_length
 from bench.metrics import METRICS, EvalConfig, EvalContext, as_eval_config
 from bench.metrics.nll import nll_rows, nll_windows
 from bench.metrics.passkey import greedy_passkey_verdicts, passkey_context_row, passkey_verdicts
 from bench.passkey import QUESTION, passkey_grid
-from bench.schema import SCHEMA_NAME
 from models.transformer import ScalingConfig
 
 from fixtures import ROOT
@@ -69,7 +69,6 @@ def composed(name, conf_dir=None):
     CLI composes it (conf/config.yaml: the typed schema, then the eval preset), as plain data.
     ``conf_dir``: a copy of the config tree to compose from instead of the packaged one."""
     overrides = [f"eval={name}"]
-    assert SCHEMA_NAME  # imported: bench.schema stores the typed schema config.yaml composes
     if conf_dir is None:
         with initialize_config_module(config_module="conf", version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
