@@ -608,13 +608,28 @@ def recovery_curves(df: pd.DataFrame) -> list[Curve]:
 
 
 def _recovered_before(first: Curve, other: Curve) -> Check:
-    """``first`` recovers retrieval at an update count where ``other`` decidedly has not (None
-    when ``other`` was not measured at that count)."""
+    """``first`` recovers retrieval with fewer updates than ``other``: True where ``first`` has
+    recovered at a count where ``other`` decidedly has not, at that count or any smaller one;
+    False where ``other`` has recovered by that count; None when ``other`` was not measured at
+    ``first``'s count. ``first`` recovers within its grid."""
     k, _ = first.first_recovered()
     at = other.points.get(k)
     if at is None:
         return None
-    return True if at is False else (False if at is True else UNDECIDED)
+    earlier = [c for j, c in other.points.items() if j <= k]
+    if any(c is True for c in earlier):
+        return False
+    return True if all(c is False for c in earlier) else UNDECIDED
+
+
+def _overtaken(first: Curve, other: Curve) -> bool:
+    """``other`` has recovered retrieval at an update count by which ``first`` decidedly has not
+    (False at that count and at every smaller one): the claim "first is faster" is refuted."""
+    for k, recovered in sorted(other.points.items()):
+        if recovered is True and k in first.points:
+            if all(c is False for j, c in first.points.items() if j <= k):
+                return True
+    return False
 
 
 def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
@@ -680,10 +695,12 @@ def _check_curve_contrasts(curves: list[Curve], checks: list[Check], missing: li
             checks.append(None)
         for a in by_method[earlier]:
             k, decided = a.first_recovered()
-            if k is None:  # it does not recover within its grid: the claim fails on its own
-                checks.append(False if decided else UNDECIDED)
-                continue
             others = [b for b in by_method[later] if b.pair == a.pair]
+            if k is None:  # it does not recover within its grid: the claim fails on its own,
+                # or where the other method decidedly recovered first
+                refuted = decided or any(_overtaken(a, b) for b in others)
+                checks.append(False if refuted else UNDECIDED)
+                continue
             if not others:
                 missing.append(f"{later} ft@{FAR}x next to {earlier}")
                 checks.append(None)

@@ -533,6 +533,43 @@ def test_recovery_curve_finding_reads_each_point() -> None:
     assert first == {"direct": math.inf, "pi": 200, "yarn": 50}
 
 
+#: PI that recovers decidedly late or never: 0.81 on every seed at 200 updates (486 of 600
+#: trials: Wilson [0.78, 0.84] straddles RETRIEVAL_MIN_ACC, so PI's recovery is not decided)
+PI_LATE = ("pi", {0: (0.0,) * 3, 50: (0.3,) * 3, 200: (0.81,) * 3})
+
+
+@pytest.mark.parametrize(
+    "pi, direct_at_50, status",
+    [
+        (PI_LATE, (0.95,) * 3, FAILS),  # direct recovered at 50 where PI decidedly had not
+        (PI_LATE, (0.81,) * 3, NOT_DECIDED),  # control: direct's recovery at 50 not decided
+        # control: PI not decidedly short of recovery at 50, so nothing refutes the claim yet
+        (("pi", {**PI_LATE[1], 50: (0.81,) * 3}), (0.95,) * 3, NOT_DECIDED),
+    ],
+)
+def test_f4_contrast_is_refuted_by_the_other_method_recovering_first(
+    pi: tuple, direct_at_50: tuple, status: str
+) -> None:
+    """PI's recovery within the grid is undecided, yet "PI recovers where direct fine-tuning has
+    not" is refuted when direct fine-tuning recovered at a count by which PI decidedly had not."""
+    direct = ("none", {0: (1.0, 0.0, 0.0), 50: direct_at_50, 200: (1.0,) * 3})
+    result = {
+        r.key: r
+        for r in check_findings(normalize_results(rows(curves={"pi": pi, "direct": direct})))
+    }["F4"]
+    assert result.status == status, result.numbers
+
+
+def test_f4_faster_needs_the_other_method_short_at_every_smaller_count() -> None:
+    """The world's YaRN recovers at 50 updates; PI is short at 50 but had recovered at 0: PI
+    was first, so "YaRN needs fewer updates than PI" fails (it held when only the count 50 was
+    read). The world itself (PI at 0.00 until 50) is the control: it holds there."""
+    pi = ("pi", {**CURVES["pi"][1], 0: (0.95,) * 3})
+    result = {r.key: r for r in check_findings(normalize_results(rows(curves={"pi": pi})))}["F4"]
+    assert result.status == FAILS, result.numbers
+    assert statuses(rows())["F4"] == HOLDS
+
+
 def test_f4_needs_every_length_it_names() -> None:
     """The audit's case: a fine-tune with only its 4L rows was reported as holding."""
     r = [x for x in rows() if not (x.get("finetune_method") == "yarn" and x["eval_length"] < 4 * L)]
