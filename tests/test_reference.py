@@ -19,12 +19,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench import findings as F
 from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings_table
 from bench.results import load_results
 
 from fixtures import ROOT
 from fixtures.markdown import agrees, markdown_table
-from fixtures.reports import assert_report_regenerates
+from fixtures.reports import assert_report_regenerates, committed_rows
 
 RESULTS = ROOT / "results" / "reference"
 REPORT = ROOT / "reports" / "reference"
@@ -104,14 +105,6 @@ def _numbers_text() -> str:
     return _checked_part(NUMBERS.read_text(encoding="utf-8"))
 
 
-@functools.cache
-def _rows(results=RESULTS):
-    """bench.findings and the committed rows with their series (loaded once per session)."""
-    from bench import findings as F
-
-    return F, F._with_series(load_results(results))
-
-
 def _seed_columns(section: str, header_start: str) -> list[int]:
     header = section[section.index(header_start) :].splitlines()[0]
     return [int(c.split()[-1]) for c in header.strip("|").split("|")[1:]]
@@ -123,19 +116,33 @@ def _accuracies(F, rows, seed: int) -> list[float]:
     ]
 
 
+def _zero_shot_models(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """A README row's label (its start) -> that zero-shot model's passkey rows."""
+    return {
+        "raw RoPE": F._passkey(F.select(df, "rope")),
+        "NTK-aware zero-shot": F._passkey(F.select(df, "rope", "ntk")),
+        "YaRN zero-shot": F._passkey(F.select(df, "rope", "yarn")),
+        "PI zero-shot": F._passkey(F.select(df, "rope", "linear")),
+    }
+
+
+def _assert_spread(cell: str, values: list[float], where: tuple) -> int:
+    """``cell`` is "median (smallest-largest)" of ``values``; returns the numbers checked."""
+    med, rng = cell.split(" (")
+    lo, hi = rng.rstrip(")").split("-")
+    for p, v in ((med, np.median(values)), (lo, min(values)), (hi, max(values))):
+        assert agrees(p, v), (*where, p, v)
+    return 3
+
+
 def check_zero_shot_passkey(section: str, results=RESULTS) -> int:
-    F, df = _rows(results)
+    df = committed_rows(results)
     table = markdown_table(section, "| model | seed ")
     seeds = _seed_columns(section, "| model | seed ")
-    models = {
-        "raw RoPE": F.select(df, "rope"),
-        "NTK-aware zero-shot": F.select(df, "rope", "ntk"),
-        "YaRN zero-shot": F.select(df, "rope", "yarn"),
-        "PI zero-shot": F.select(df, "rope", "linear"),
-    }
+    models = _zero_shot_models(df)
     checked = 0
     for label, cells in table.items():
-        rows = F._passkey(next(v for k, v in models.items() if label.startswith(k)))
+        rows = next(v for k, v in models.items() if label.startswith(k))
         for seed, cell in zip(seeds, cells, strict=True):
             for p, v in zip(cell.split(" / "), _accuracies(F, rows, seed), strict=True):
                 assert agrees(p, v), (label, seed, p, v)
@@ -146,7 +153,7 @@ def check_zero_shot_passkey(section: str, results=RESULTS) -> int:
 
 def check_recovery(section: str, results=RESULTS) -> int:
     """Cells: median (smallest-largest) over seeds of the worst accuracy over L, 2L, 4L."""
-    F, df = _rows(results)
+    df = committed_rows(results)
     header = "| fine-tune at 4L, updates |"
     table = markdown_table(section, header)
     steps = _seed_columns(section, header)  # the update counts head the columns
@@ -157,18 +164,13 @@ def check_recovery(section: str, results=RESULTS) -> int:
         rows = F._passkey(F.select(df, "rope", None, tuned=methods[label]))
         for k, cell in zip(steps, cells, strict=True):
             at = rows[rows["finetune_steps"] == k]
-            worst = [min(_accuracies(F, at, s)) for s in seeds]
-            med, rng = cell.split(" (")
-            lo, hi = rng.rstrip(")").split("-")
-            for p, v in ((med, np.median(worst)), (lo, min(worst)), (hi, max(worst))):
-                assert agrees(p, v), (label, k, p, v)
-                checked += 1
+            checked += _assert_spread(cell, [min(_accuracies(F, at, s)) for s in seeds], (label, k))
     assert checked == 3 * len(steps) * 3
     return checked
 
 
 def check_robustness(section: str, results=RESULTS) -> int:
-    F, df = _rows(results)
+    df = committed_rows(results)
     header = section[section.index("| per seed (") :].splitlines()[0]
     seeds = [int(x) for x in header.split("(")[1].split(")")[0].split(" / ")]
     ratios = markdown_table(section, header.split(" | sinusoidal")[0])
@@ -206,10 +208,12 @@ def _computed_findings(results=RESULTS) -> dict:
     return {r.key: r for r in check_findings(load_results(results))}
 
 
-def check_findings_intervals(section: str, results=RESULTS, every: bool = True) -> int:
+def check_findings_intervals(
+    section: str, results=RESULTS, keys: tuple[str, ...] | None = None, least: int = 12
+) -> int:
     """Every "value [lo, hi]" in the Findings table is one the findings computed from the rows
-    give (to the digits printed), under the status the rows give; ``every``: the table has a row
-    for every finding (else for the core findings F1-F6 at least)."""
+    give (to the digits printed), under the status the rows give; the table has a row for every
+    finding (for each of ``keys`` where given), and ``least`` numbers at least."""
     computed = _computed_findings(results)
     table = markdown_table(section, "| finding | status |")
     pattern = re.compile(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]")
@@ -222,11 +226,11 @@ def check_findings_intervals(section: str, results=RESULTS, every: bool = True) 
                 all(agrees(p, v) for p, v in zip(triple, e, strict=True)) for e in estimates
             ), (key, triple, estimates)
             checked += 1
-    if every:
+    if keys is None:
         assert len(table) == len(computed)  # every finding has its row
     else:
-        assert {k for k in computed if k.startswith("F")} <= set(table), sorted(table)
-    assert checked >= 12
+        assert set(keys) <= set(table), sorted(table)
+    assert checked >= least
     return checked
 
 
@@ -280,27 +284,35 @@ def test_reference_readme_check_fails_on_a_missing_row(name, row_start):
 
 # ------------------------------------------- the same seeds on a second machine type (README)
 
+#: the core findings (the LM and retrieval arms')
+CORE = ("F1", "F2", "F3", "F4", "F5", "F6")
 #: the findings experiment re-run from an empty cache on another machine type (its rows)
 SECOND_MACHINE_RESULTS = ROOT / "results" / "reference_xeon"
 SECOND_MACHINE = "### Seeds 4-6 on a second machine type"
 
 
-def _second_machine_text() -> str:
+def _section(heading: str) -> str:
+    """The README's section under ``heading``, up to the next section of any level."""
     text = NUMBERS.read_text(encoding="utf-8")
-    start = text.index(SECOND_MACHINE)
-    return text[start : text.index("\n## ", start)]
+    start = text.index(heading)
+    ends = [i for m in ("\n## ", "\n### ") if (i := text.find(m, start + 1)) != -1]
+    return text[start : min(ends, default=len(text))]
 
 
-def check_reference_statuses(section: str) -> int:
+def _second_machine_text() -> str:
+    return _section(SECOND_MACHINE)
+
+
+def check_reference_statuses(section: str, least: int = len(CORE)) -> int:
     """The bracket that opens each row's numbers is the status the first machine's rows
-    (results/reference) give for that finding."""
+    (results/reference) give for that finding; ``least`` rows at least."""
     computed = _computed_findings()
     checked = 0
     for key, (_, numbers) in markdown_table(section, "| finding | status |").items():
         bracket = re.match(r"\((?:\*\*)?([a-z ]+?)(?:\*\*)?\)", numbers)
         assert bracket and bracket.group(1) == computed[key].status, (key, numbers[:30])
         checked += 1
-    assert checked >= 6  # F1-F6
+    assert checked >= least
     return checked
 
 
@@ -308,7 +320,7 @@ SECOND_MACHINE_CHECKS: dict[str, Callable[[str], int]] = {
     "zero-shot passkey": lambda s: check_zero_shot_passkey(s, SECOND_MACHINE_RESULTS),
     "recovery": lambda s: check_recovery(s, SECOND_MACHINE_RESULTS),
     "robustness": lambda s: check_robustness(s, SECOND_MACHINE_RESULTS),
-    "findings intervals": lambda s: check_findings_intervals(s, SECOND_MACHINE_RESULTS, False),
+    "findings intervals": lambda s: check_findings_intervals(s, SECOND_MACHINE_RESULTS, CORE),
     "reference statuses": check_reference_statuses,
 }
 
