@@ -151,6 +151,27 @@ def check_zero_shot_passkey(section: str, results=RESULTS) -> int:
     return checked
 
 
+#: the header of a zero-shot table that gives the seeds' spread instead of each seed
+SPREAD_HEADER = "| model, median over seeds (smallest-largest) | L | 2L | 4L |"
+
+
+def check_zero_shot_spread(section: str, results=RESULTS) -> int:
+    """Cells: median (smallest-largest) over the seeds of a zero-shot model's accuracy at L,
+    2L, 4L; a row for each zero-shot model."""
+    df = committed_rows(results)
+    table = markdown_table(section, SPREAD_HEADER)
+    seeds = sorted(df["seed"].unique())
+    models = _zero_shot_models(df)
+    checked = 0
+    for label, cells in table.items():
+        rows = next(v for k, v in models.items() if label.startswith(k))
+        per_seed = np.array([_accuracies(F, rows, s) for s in seeds])  # [seeds, 3]
+        for j, cell in enumerate(cells):
+            checked += _assert_spread(cell, list(per_seed[:, j]), (label, j))
+    assert checked == len(models) * 3 * 3
+    return checked
+
+
 def check_recovery(section: str, results=RESULTS) -> int:
     """Cells: median (smallest-largest) over seeds of the worst accuracy over L, 2L, 4L."""
     df = committed_rows(results)
@@ -282,7 +303,7 @@ def test_reference_readme_check_fails_on_a_missing_row(name, row_start):
         CHECKS[name](text.replace(row + "\n", ""))
 
 
-# ------------------------------------------- the same seeds on a second machine type (README)
+# ------------------------------------------------- the same seeds on other machine types (README)
 
 #: the core findings (the LM and retrieval arms')
 CORE = ("F1", "F2", "F3", "F4", "F5", "F6")
@@ -297,10 +318,6 @@ def _section(heading: str) -> str:
     start = text.index(heading)
     ends = [i for m in ("\n## ", "\n### ") if (i := text.find(m, start + 1)) != -1]
     return text[start : min(ends, default=len(text))]
-
-
-def _second_machine_text() -> str:
-    return _section(SECOND_MACHINE)
 
 
 def check_reference_statuses(section: str, least: int = len(CORE)) -> int:
@@ -324,31 +341,65 @@ SECOND_MACHINE_CHECKS: dict[str, Callable[[str], int]] = {
     "reference statuses": check_reference_statuses,
 }
 
-second_machine = pytest.mark.skipif(
-    not any(SECOND_MACHINE_RESULTS.glob("*.parquet")), reason="no second-machine rows"
+#: the findings experiment's retrieval arm on seeds 4-9 from an empty cache on a third machine
+#: type (its rows)
+THIRD_MACHINE_RESULTS = ROOT / "results" / "reference_zen4"
+THIRD_MACHINE = "### The retrieval arm on seeds 4-9 on a third machine type"
+RETRIEVAL = ("F4", "F5")
+
+THIRD_MACHINE_CHECKS: dict[str, Callable[[str], int]] = {
+    "zero-shot passkey": lambda s: check_zero_shot_spread(s, THIRD_MACHINE_RESULTS),
+    "recovery": lambda s: check_recovery(s, THIRD_MACHINE_RESULTS),
+    "findings intervals": lambda s: check_findings_intervals(
+        s, THIRD_MACHINE_RESULTS, RETRIEVAL, least=2
+    ),
+    "reference statuses": lambda s: check_reference_statuses(s, least=len(RETRIEVAL)),
+}
+
+#: the other machine types' sections of the README: heading -> (their rows, their checks)
+OTHER_MACHINES = {
+    SECOND_MACHINE: (SECOND_MACHINE_RESULTS, SECOND_MACHINE_CHECKS),
+    THIRD_MACHINE: (THIRD_MACHINE_RESULTS, THIRD_MACHINE_CHECKS),
+}
+
+
+def _other_machine(heading: str) -> tuple[str, dict[str, Callable[[str], int]]]:
+    """The section under ``heading`` and its checks (skips where its rows are not committed)."""
+    results, checks = OTHER_MACHINES[heading]
+    if not any(results.glob("*.parquet")):
+        pytest.skip(f"no rows in {results.relative_to(ROOT)}")
+    return _section(heading), checks
+
+
+@pytest.mark.parametrize(
+    ("heading", "name"), [(h, n) for h, (_, checks) in OTHER_MACHINES.items() for n in checks]
 )
+def test_other_machine_tables_equal_their_rows(heading, name):
+    text, checks = _other_machine(heading)
+    assert checks[name](text) > 0
 
 
-@second_machine
-@pytest.mark.parametrize("name", SECOND_MACHINE_CHECKS)
-def test_second_machine_tables_equal_its_rows(name):
-    assert SECOND_MACHINE_CHECKS[name](_second_machine_text()) > 0
+#: (section, check, committed text, a wrong text): each check must fail on the wrong one
+OTHER_MACHINE_WRONG = [
+    (SECOND_MACHINE, "zero-shot passkey", "| raw RoPE | 1.00 / 0.03 / 0.00 |",
+     "| raw RoPE | 1.00 / 0.13 / 0.00 |"),
+    (SECOND_MACHINE, "recovery", "| 0.50 (0.10-0.62) |", "| 0.50 (0.10-0.72) |"),
+    (SECOND_MACHINE, "robustness", "2.78 / 3.07 / 2.67", "2.74 / 3.07 / 2.67"),
+    (SECOND_MACHINE, "findings intervals", "| F5 | not decided |", "| F5 | holds |"),
+    (SECOND_MACHINE, "reference statuses", "| (**holds**) RoPE passkey",
+     "| (not decided) RoPE passkey"),
+    (THIRD_MACHINE, "zero-shot passkey", "| YaRN zero-shot (factor 4) | 0.88 (0.00-1.00) |",
+     "| YaRN zero-shot (factor 4) | 0.88 (0.10-1.00) |"),
+    (THIRD_MACHINE, "recovery", "| 0.04 (0.00-0.84) |", "| 0.04 (0.00-0.74) |"),
+    (THIRD_MACHINE, "findings intervals", "| F5 | does not hold |", "| F5 | holds |"),
+    (THIRD_MACHINE, "reference statuses", "| (**holds**) RoPE passkey",
+     "| (does not hold) RoPE passkey"),
+]  # fmt: skip
 
 
-#: (check, committed text, a wrong text): each check must fail on the wrong one
-SECOND_MACHINE_WRONG = [
-    ("zero-shot passkey", "| raw RoPE | 1.00 / 0.03 / 0.00 |", "| raw RoPE | 1.00 / 0.13 / 0.00 |"),
-    ("recovery", "| 0.50 (0.10-0.62) |", "| 0.50 (0.10-0.72) |"),
-    ("robustness", "2.78 / 3.07 / 2.67", "2.74 / 3.07 / 2.67"),
-    ("findings intervals", "| F5 | not decided |", "| F5 | holds |"),
-    ("reference statuses", "| (**holds**) RoPE passkey", "| (not decided) RoPE passkey"),
-]
-
-
-@second_machine
-@pytest.mark.parametrize(("name", "right", "wrong"), SECOND_MACHINE_WRONG)
-def test_second_machine_check_fails_on_a_wrong_number(name, right, wrong):
-    text = _second_machine_text()
+@pytest.mark.parametrize(("heading", "name", "right", "wrong"), OTHER_MACHINE_WRONG)
+def test_other_machine_check_fails_on_a_wrong_number(heading, name, right, wrong):
+    text, checks = _other_machine(heading)
     assert text.count(right) == 1, right
     with pytest.raises(AssertionError):
-        SECOND_MACHINE_CHECKS[name](text.replace(right, wrong))
+        checks[name](text.replace(right, wrong))

