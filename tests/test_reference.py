@@ -20,12 +20,16 @@ import pandas as pd
 import pytest
 
 from bench import findings as F
-from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings_table
-from bench.results import load_results
+from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings
 
 from fixtures import ROOT
 from fixtures.markdown import agrees, markdown_table
-from fixtures.reports import assert_report_regenerates, committed_rows
+from fixtures.reports import (
+    ESTIMATE,
+    assert_committed_findings,
+    assert_report_regenerates,
+    committed_rows,
+)
 
 RESULTS = ROOT / "results" / "reference"
 REPORT = ROOT / "reports" / "reference"
@@ -42,11 +46,7 @@ def committed_findings() -> pd.DataFrame:
 
 
 def test_the_committed_findings_are_what_the_rows_give():
-    computed = findings_table(check_findings(load_results(RESULTS)))
-    committed = committed_findings()
-    assert list(computed["finding"]) == list(committed["finding"])
-    assert list(computed["status"]) == list(committed["status"])
-    assert list(computed["numbers"]) == list(committed["numbers"])
+    assert_committed_findings(committed_rows(RESULTS), REPORT, ())
 
 
 def _join(keys: list[str]) -> str:
@@ -92,8 +92,6 @@ def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monk
 
 # ---------------------------------------------------------- reports/reference/README.md numbers
 
-NUMBER = r"-?\d+\.\d+"
-
 
 def _checked_part(text: str) -> str:
     """The sections whose tables are checked: "## Findings" up to "## Which numbers carry"."""
@@ -110,7 +108,7 @@ def _seed_columns(section: str, header_start: str) -> list[int]:
     return [int(c.split()[-1]) for c in header.strip("|").split("|")[1:]]
 
 
-def _accuracies(F, rows, seed: int) -> list[float]:
+def _accuracies(rows: pd.DataFrame, seed: int) -> list[float]:
     return [
         float(F._trials(F._at(rows[rows["seed"] == seed], k))["acc"].iloc[0]) for k in (1, 2, 4)
     ]
@@ -144,7 +142,7 @@ def check_zero_shot_passkey(section: str, results=RESULTS) -> int:
     for label, cells in table.items():
         rows = next(v for k, v in models.items() if label.startswith(k))
         for seed, cell in zip(seeds, cells, strict=True):
-            for p, v in zip(cell.split(" / "), _accuracies(F, rows, seed), strict=True):
+            for p, v in zip(cell.split(" / "), _accuracies(rows, seed), strict=True):
                 assert agrees(p, v), (label, seed, p, v)
                 checked += 1
     assert checked == len(models) * len(seeds) * 3
@@ -165,7 +163,7 @@ def check_zero_shot_spread(section: str, results=RESULTS) -> int:
     checked = 0
     for label, cells in table.items():
         rows = next(v for k, v in models.items() if label.startswith(k))
-        per_seed = np.array([_accuracies(F, rows, s) for s in seeds])  # [seeds, 3]
+        per_seed = np.array([_accuracies(rows, s) for s in seeds])  # [seeds, 3]
         for j, cell in enumerate(cells):
             checked += _assert_spread(cell, list(per_seed[:, j]), (label, j))
     assert checked == len(models) * 3 * 3
@@ -185,7 +183,7 @@ def check_recovery(section: str, results=RESULTS) -> int:
         rows = F._passkey(F.select(df, "rope", None, tuned=methods[label]))
         for k, cell in zip(steps, cells, strict=True):
             at = rows[rows["finetune_steps"] == k]
-            checked += _assert_spread(cell, [min(_accuracies(F, at, s)) for s in seeds], (label, k))
+            checked += _assert_spread(cell, [min(_accuracies(at, s)) for s in seeds], (label, k))
     assert checked == 3 * len(steps) * 3
     return checked
 
@@ -226,7 +224,7 @@ def check_robustness(section: str, results=RESULTS) -> int:
 
 @functools.cache
 def _computed_findings(results=RESULTS) -> dict:
-    return {r.key: r for r in check_findings(load_results(results))}
+    return {r.key: r for r in check_findings(committed_rows(results))}
 
 
 def check_findings_intervals(
@@ -237,12 +235,11 @@ def check_findings_intervals(
     finding (for each of ``keys`` where given), and ``least`` numbers at least."""
     computed = _computed_findings(results)
     table = markdown_table(section, "| finding | status |")
-    pattern = re.compile(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]")
     checked = 0
     for key, (status, numbers) in table.items():
         assert computed[key].status == status, key
         estimates = [(e.value, e.lo, e.hi) for e in computed[key].estimates]
-        for triple in pattern.findall(numbers):
+        for triple in ESTIMATE.findall(numbers):
             assert any(
                 all(agrees(p, v) for p, v in zip(triple, e, strict=True)) for e in estimates
             ), (key, triple, estimates)
