@@ -46,6 +46,11 @@ RETRIEVAL_MIN_ACC = 0.8
 NEAR_ZERO_ACC = 0.1
 #: F5: RoPE passkey accuracy at L on every seed run.
 IN_DISTRIBUTION_MIN_ACC = 0.9
+#: F4 reads a seed only where its parent model (raw RoPE, not fine-tuned) is not decidedly below
+#: RETRIEVAL_MIN_ACC at L (its Wilson upper end >= that): PI's and YaRN's claims are about
+#: extending a model that retrieves in its window; a seed whose retrieval circuit never formed
+#: has nothing to recover (F5 counts it). Settled 2026-12-02, before the run on seeds 10-15.
+PARENT_MIN_ACC = RETRIEVAL_MIN_ACC
 #: F6: |shift ΔNLL| (nats) at every delta > 0 that counts as "≈ 0" for relative encodings.
 SHIFT_ZERO_TOL = 0.01
 
@@ -384,13 +389,18 @@ def _passkey(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[(rows["metric"] == "passkey_acc") & ((axis == "template") | axis.isna())]
 
 
+def _template(p: pd.DataFrame) -> pd.Series:
+    """The template of per-length passkey rows (older rows have it only as the axis value)."""
+    template = _col(p, "template").astype(object)
+    return template.where(template.notna(), _col(p, "axis_value").astype(object))
+
+
 def _passkey_series(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """Per-length passkey rows per series and template (two templates are two measurements)."""
     p = _passkey(_with_series(rows))
     if p.empty:
         return []
-    template = _col(p, "template").astype(object)
-    template = template.where(template.notna(), _col(p, "axis_value").astype(object))
+    template = _template(p)
     p = p.assign(_series=p["_series"] + "\x1f" + template.where(template.notna(), "").map(str))
     return by_series(p)
 
@@ -569,21 +579,50 @@ class Curve:
         return None, all(c is False for c in self.points.values())
 
 
-def recovery_curves(df: pd.DataFrame) -> list[Curve]:
+def parents_left_out(df: pd.DataFrame) -> dict[tuple[str, str], Estimate]:
+    """The raw RoPE models (not fine-tuned) that F4 leaves out, by (model id, template): their
+    passkey accuracy at L is decidedly below PARENT_MIN_ACC (Wilson upper end below it); the
+    value is that accuracy with its interval, named by seed."""
+    p = _passkey(_at(select(df, "rope"), 1))
+    out = {}
+    for (model, template, seed), rows in p.groupby(
+        [p["model_id"], _template(p).map(str), p["seed"]], sort=True
+    ):
+        t = _trials(rows)
+        lo, hi = wilson(float(t["k"].sum()), float(t["n"].sum()))
+        if hi < PARENT_MIN_ACC:
+            acc = float(t["k"].sum() / t["n"].sum())
+            name = f"left out: seed {seed}, its raw RoPE parent's acc at L"
+            out[(str(model), template)] = Estimate(name, acc, lo, hi, 1, SEED_ACC_CI)
+    return out
+
+
+def _without_parents(p: pd.DataFrame, left_out: dict, id_column: str) -> pd.DataFrame:
+    """Passkey rows ``p`` minus those of models (``id_column``: the model or its parent) that F4
+    leaves out."""
+    if not left_out:
+        return p
+    keys = pd.Series(list(zip(_col(p, id_column).map(str), _template(p).map(str), strict=True)))
+    return p[~keys.isin(list(left_out)).to_numpy()]
+
+
+def recovery_curves(df: pd.DataFrame, left_out: dict | None = None) -> list[Curve]:
     """The recovery curves of the fine-tunes at FAR x L of the F4 methods: at each update count,
     whether every length L..FAR L has accuracy >= RETRIEVAL_MIN_ACC on its interval (None where
-    a length is missing)."""
+    a length is missing). Fine-tunes of a parent in ``left_out`` (:func:`parents_left_out`) are
+    not read."""
     out = []
     for method in F4_METHODS:
         tuned = select(df, "rope", None, tuned=method)
         at_far = _col(tuned, "finetune_length") == tuned["train_length"] * FAR
-        p = _passkey(tuned[at_far.fillna(False).astype(bool)])
+        p = _without_parents(
+            _passkey(tuned[at_far.fillna(False).astype(bool)]), left_out or {}, "parent_model_id"
+        )
         if p.empty:
             continue
-        template = _col(p, "template").astype(object)
         curve_id = _col(p, "finetune_curve_id")
         p = p.assign(
-            template=template.where(template.notna(), _col(p, "axis_value")),
+            template=_template(p),
             # every update count of one recipe: one curve
             model_config_id=curve_id.where(curve_id.notna(), _col(p, "model_config_id")),
         )
@@ -639,16 +678,19 @@ def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
     (Peng et al.); and raw RoPE retrieves <= 0.1 beyond L without fine-tuning."""
     checks: list[Check] = []
     missing: list[str] = []
-    curves = recovery_curves(df)
+    left_out = parents_left_out(df)
+    curves = recovery_curves(df, left_out)
     est = _curve_estimates(curves)
     _check_curve_contrasts(curves, checks, missing)
-    est.extend(_check_raw_rope_beyond(df, checks, missing))
+    est.extend(_check_raw_rope_beyond(df, checks, missing, left_out))
+    est.extend(left_out.values())
     return FindingResult(
         "F4",
         f"fine-tuning at {FAR}L (passkey over L..{FAR}L, acc >= {RETRIEVAL_MIN_ACC} on its "
         "interval, after k updates): PI recovers within the grid where direct fine-tuning has "
         "not; YaRN recovers with fewer updates than PI; raw RoPE <= "
-        f"{NEAR_ZERO_ACC} beyond L (CI upper end)",
+        f"{NEAR_ZERO_ACC} beyond L (CI upper end); on the seeds whose raw RoPE model is not "
+        f"decidedly below {PARENT_MIN_ACC} at L",
         _status(checks),
         "Chen et al. 2023, Position Interpolation, Sec. 3.2 passkey retrieval (PI vs direct "
         "fine-tuning); Peng et al. 2024, YaRN, Sec. 4 (fewer training steps than PI)",
@@ -712,12 +754,15 @@ def _check_curve_contrasts(curves: list[Curve], checks: list[Check], missing: li
 
 
 def _check_raw_rope_beyond(
-    df: pd.DataFrame, checks: list[Check], missing: list[str]
+    df: pd.DataFrame, checks: list[Check], missing: list[str], left_out: dict | None = None
 ) -> list[Estimate]:
     """Append to ``checks`` / ``missing`` whether raw RoPE stays <= NEAR_ZERO_ACC at 2L..FAR L
-    without fine-tuning; return each series' best accuracy there."""
+    without fine-tuning (models in ``left_out`` not read); return each series' best accuracy
+    there."""
     est = []
-    raw = _passkey_series(select(df, "rope"))
+    raw = _passkey_series(
+        _without_parents(_passkey(select(df, "rope")), left_out or {}, "model_id")
+    )
     raw_labels = _passkey_labels([k for k, _ in raw])
     raw_checked = False
     for key, rows in raw:

@@ -133,22 +133,6 @@ def _assert_spread(cell: str, values: list[float], where: tuple) -> int:
     return 3
 
 
-def check_zero_shot_passkey(section: str, results=RESULTS) -> int:
-    df = committed_rows(results)
-    table = markdown_table(section, "| model | seed ")
-    seeds = _seed_columns(section, "| model | seed ")
-    models = _zero_shot_models(df)
-    checked = 0
-    for label, cells in table.items():
-        rows = next(v for k, v in models.items() if label.startswith(k))
-        for seed, cell in zip(seeds, cells, strict=True):
-            for p, v in zip(cell.split(" / "), _accuracies(rows, seed), strict=True):
-                assert agrees(p, v), (label, seed, p, v)
-                checked += 1
-    assert checked == len(models) * len(seeds) * 3
-    return checked
-
-
 #: the header of a zero-shot table that gives the seeds' spread instead of each seed
 SPREAD_HEADER = "| model, median over seeds (smallest-largest) | L | 2L | 4L |"
 
@@ -252,11 +236,39 @@ def check_findings_intervals(
     return checked
 
 
+#: how a README names F4's methods
+F4_NAMES = {"YaRN": "yarn", "PI": "pi", "direct": "direct"}
+_METHOD = "|".join(F4_NAMES)
+#: "YaRN 100": recovered after 100 updates; "PI and YaRN not decidedly within 800": not recovered
+F4_COUNT = re.compile(rf"\b({_METHOD}) (\d+)\b")
+F4_NONE = re.compile(rf"\b((?:{_METHOD})(?:(?:, | and )(?:{_METHOD}))*) not (?:decidedly )?within")
+
+
+def check_f4_update_counts(section: str, results=RESULTS) -> int:
+    """The Findings table's F4 row names, for every method, the update count at which the rows'
+    recovery curve first recovers retrieval (or says it does not within the grid)."""
+    computed = {
+        e.name.split()[0]: e.value
+        for e in _computed_findings(results)["F4"].estimates
+        if "updates to retrieve" in e.name
+    }
+    numbers = markdown_table(section, "| finding | status |")["F4"][1]
+    # the curves' part (before raw RoPE's accuracy), asides in brackets left out
+    counts = re.sub(r"\([^)]*\)", "", numbers[: numbers.index("raw RoPE")])
+    stated = [(F4_NAMES[m], float(k)) for m, k in F4_COUNT.findall(counts)]
+    for group in F4_NONE.findall(counts):
+        stated += [(F4_NAMES[m], float("inf")) for m in re.split(", | and ", group)]
+    assert len(stated) == len(dict(stated)), stated  # each method once
+    assert dict(stated) == computed, (stated, computed)
+    return len(stated)
+
+
 CHECKS: dict[str, Callable[[str], int]] = {
-    "zero-shot passkey": check_zero_shot_passkey,
+    "zero-shot passkey": check_zero_shot_spread,
     "recovery": check_recovery,
     "robustness": check_robustness,
     "findings intervals": check_findings_intervals,
+    "F4 update counts": check_f4_update_counts,
 }
 
 
@@ -267,13 +279,19 @@ def test_reference_readme_table_equals_the_rows(name):
 
 #: (check, committed text, a wrong text): each check must fail on the wrong one
 WRONG = [
-    ("zero-shot passkey", "| raw RoPE | 1.00 / 0.07 / 0.00 |", "| raw RoPE | 1.00 / 0.17 / 0.00 |"),
+    (
+        "zero-shot passkey",
+        "| raw RoPE | 1.00 (1.00-1.00) | 0.07 (0.03-0.10) |",
+        "| raw RoPE | 1.00 (1.00-1.00) | 0.07 (0.03-0.17) |",
+    ),
     ("recovery", "| 0.75 (0.57-0.75) |", "| 0.75 (0.57-0.80) |"),
     ("recovery", "| 0.00 (0.00-0.23) |", "| 0.10 (0.00-0.23) |"),
     ("robustness", "1.49 / 2.02 / 2.01", "1.49 / 2.02 / 2.11"),
     ("robustness", "-0.17 / -0.38 / -0.46", "-0.17 / -0.38 / -0.36"),
     ("findings intervals", "sinusoidal 2.82 [2.35, 3.40]", "sinusoidal 2.82 [2.35, 3.50]"),
     ("findings intervals", "| F3 | not decided |", "| F3 | holds |"),
+    ("F4 update counts", "direct 800, PI and YaRN", "direct 400, PI and YaRN"),
+    ("F4 update counts", "PI and YaRN not decidedly", "PI not decidedly"),
 ]
 
 
@@ -331,10 +349,11 @@ def check_reference_statuses(section: str, least: int = len(CORE)) -> int:
 
 
 SECOND_MACHINE_CHECKS: dict[str, Callable[[str], int]] = {
-    "zero-shot passkey": lambda s: check_zero_shot_passkey(s, SECOND_MACHINE_RESULTS),
+    "zero-shot passkey": lambda s: check_zero_shot_spread(s, SECOND_MACHINE_RESULTS),
     "recovery": lambda s: check_recovery(s, SECOND_MACHINE_RESULTS),
     "robustness": lambda s: check_robustness(s, SECOND_MACHINE_RESULTS),
     "findings intervals": lambda s: check_findings_intervals(s, SECOND_MACHINE_RESULTS, CORE),
+    "F4 update counts": lambda s: check_f4_update_counts(s, SECOND_MACHINE_RESULTS),
     "reference statuses": check_reference_statuses,
 }
 
@@ -351,6 +370,7 @@ THIRD_MACHINE_CHECKS: dict[str, Callable[[str], int]] = {
         s, THIRD_MACHINE_RESULTS, RETRIEVAL, least=2
     ),
     "reference statuses": lambda s: check_reference_statuses(s, least=len(RETRIEVAL)),
+    "F4 update counts": lambda s: check_f4_update_counts(s, THIRD_MACHINE_RESULTS),
 }
 
 #: the other machine types' sections of the README: heading -> (their rows, their checks)
@@ -378,8 +398,8 @@ def test_other_machine_tables_equal_their_rows(heading, name):
 
 #: (section, check, committed text, a wrong text): each check must fail on the wrong one
 OTHER_MACHINE_WRONG = [
-    (SECOND_MACHINE, "zero-shot passkey", "| raw RoPE | 1.00 / 0.03 / 0.00 |",
-     "| raw RoPE | 1.00 / 0.13 / 0.00 |"),
+    (SECOND_MACHINE, "zero-shot passkey", "| raw RoPE | 1.00 (0.97-1.00) |",
+     "| raw RoPE | 1.00 (0.93-1.00) |"),
     (SECOND_MACHINE, "recovery", "| 0.50 (0.10-0.62) |", "| 0.50 (0.10-0.72) |"),
     (SECOND_MACHINE, "robustness", "2.78 / 3.07 / 2.67", "2.74 / 3.07 / 2.67"),
     (SECOND_MACHINE, "findings intervals", "| F5 | not decided |", "| F5 | holds |"),
@@ -388,7 +408,12 @@ OTHER_MACHINE_WRONG = [
     (THIRD_MACHINE, "zero-shot passkey", "| YaRN zero-shot (factor 4) | 0.88 (0.00-1.00) |",
      "| YaRN zero-shot (factor 4) | 0.88 (0.10-1.00) |"),
     (THIRD_MACHINE, "recovery", "| 0.04 (0.00-0.84) |", "| 0.04 (0.00-0.74) |"),
+    (SECOND_MACHINE, "F4 update counts", "YaRN 100, direct 400", "YaRN 100, direct 200"),
+    (THIRD_MACHINE, "F4 update counts", "YaRN 50, PI 800", "YaRN 50, PI 400"),
     (THIRD_MACHINE, "findings intervals", "| F5 | does not hold |", "| F5 | holds |"),
+    (THIRD_MACHINE, "findings intervals", "| F4 | does not hold |", "| F4 | not decided |"),
+    (THIRD_MACHINE, "findings intervals", "raw RoPE at 2L 0.06 [0.00, 0.15]",
+     "raw RoPE at 2L 0.06 [0.00, 0.12]"),
     (THIRD_MACHINE, "reference statuses", "| (**holds**) RoPE passkey",
      "| (does not hold) RoPE passkey"),
 ]  # fmt: skip

@@ -123,7 +123,7 @@ def _base(pos: str, scaling: str, seed: int, tuned: str | None = None, steps: in
     if tuned:
         row.update(
             finetune_method=tuned, finetune_length=4 * L, finetune_steps=steps,
-            parent_model_id=f"p-s{seed}", model_config_id=f"c-{tuned}-{steps}",
+            parent_model_id=f"m-rope-None-0-s{seed}", model_config_id=f"c-{tuned}-{steps}",
             finetune_curve_id=f"c-{tuned}",
         )  # fmt: skip
     return row
@@ -576,6 +576,51 @@ def test_f4_needs_every_length_it_names() -> None:
     result = {f.key: f for f in check_findings(normalize_results(r))}["F4"]
     assert result.status == NOT_MEASURED
     assert "yarn ft@4x: L..4L at 0/50/200 updates" in result.numbers, result.numbers
+
+
+#: a seed whose base model never retrieves: 0 at every length, raw and after every fine-tune
+NO_CIRCUIT = {m: (scal, dict.fromkeys(points, (0.0,) * 3)) for m, (scal, points) in CURVES.items()}
+
+
+def _with_seed_9(parent_at_l: float) -> list[dict]:
+    """The world plus the retrieval rows of a seed 9 whose raw RoPE model retrieves
+    ``parent_at_l`` at L and nothing beyond it, and whose fine-tunes never retrieve."""
+    nine = rows(seeds=(9,), passkey={("rope", "none"): (parent_at_l, 0.0, 0.0)}, curves=NO_CIRCUIT)
+    return rows() + [
+        r for r in nine if r["metric"] == "passkey_acc" and r["position"] == "rope"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "parent_at_l, status",
+    [
+        (0.0, HOLDS),  # 0 of 200 at L: left out, the other seeds decide
+        (0.78, NOT_DECIDED),  # control: Wilson [0.72, 0.83] reaches 0.8, so the seed is read
+    ],
+)
+def test_f4_leaves_out_seeds_whose_parent_never_retrieves(parent_at_l: float, status: str) -> None:
+    """F4 is about extending a model that retrieves at L: a seed whose raw RoPE model is
+    decidedly below 0.8 there is left out (and named); F5 still counts it."""
+    results = {r.key: r for r in check_findings(normalize_results(_with_seed_9(parent_at_l)))}
+    assert results["F4"].status == status, results["F4"].numbers
+    assert results["F5"].status == FAILS
+    left_out = [e for e in results["F4"].estimates if e.name.startswith("left out")]
+    if parent_at_l == 0.0:
+        assert [e.name for e in left_out] == ["left out: seed 9, its raw RoPE parent's acc at L"]
+        assert {e.n_seeds for e in results["F4"].estimates if "updates" in e.name} == {3}
+    else:
+        assert left_out == []
+        assert {e.n_seeds for e in results["F4"].estimates if "updates" in e.name} == {4}
+
+
+def test_f4_left_out_parent_is_matched_by_model_id() -> None:
+    """Seed 9's fine-tunes name another parent (one with no rows): nothing links them to the
+    failing raw model, so they are read and F4 is not decided (the gate is by parent, not seed)."""
+    r = [
+        {**x, "parent_model_id": "elsewhere"} if x["seed"] == 9 and x.get("finetune_method") else x
+        for x in _with_seed_9(0.0)
+    ]  # fmt: skip
+    assert statuses(r)["F4"] == NOT_DECIDED
 
 
 # --------------------------------------------------------------------------- binomial intervals
