@@ -373,10 +373,26 @@ THIRD_MACHINE_CHECKS: dict[str, Callable[[str], int]] = {
     "F4 update counts": lambda s: check_f4_update_counts(s, THIRD_MACHINE_RESULTS),
 }
 
+#: the retrieval arm on seeds 10-15 on the third machine type, run after F4's parent rule was
+#: fixed (its rows)
+HELD_OUT_RESULTS = ROOT / "results" / "reference_zen4_s10"
+HELD_OUT = "### The retrieval arm on seeds 10-15, after the parent rule"
+
+HELD_OUT_CHECKS: dict[str, Callable[[str], int]] = {
+    "zero-shot passkey": lambda s: check_zero_shot_spread(s, HELD_OUT_RESULTS),
+    "recovery": lambda s: check_recovery(s, HELD_OUT_RESULTS),
+    "findings intervals": lambda s: check_findings_intervals(
+        s, HELD_OUT_RESULTS, RETRIEVAL, least=2
+    ),
+    "reference statuses": lambda s: check_reference_statuses(s, least=len(RETRIEVAL)),
+    "F4 update counts": lambda s: check_f4_update_counts(s, HELD_OUT_RESULTS),
+}
+
 #: the other machine types' sections of the README: heading -> (their rows, their checks)
 OTHER_MACHINES = {
     SECOND_MACHINE: (SECOND_MACHINE_RESULTS, SECOND_MACHINE_CHECKS),
     THIRD_MACHINE: (THIRD_MACHINE_RESULTS, THIRD_MACHINE_CHECKS),
+    HELD_OUT: (HELD_OUT_RESULTS, HELD_OUT_CHECKS),
 }
 
 
@@ -411,6 +427,12 @@ OTHER_MACHINE_WRONG = [
     (SECOND_MACHINE, "F4 update counts", "YaRN 100, direct 400", "YaRN 100, direct 200"),
     (THIRD_MACHINE, "F4 update counts", "YaRN 50, PI 800", "YaRN 50, PI 400"),
     (THIRD_MACHINE, "findings intervals", "| F5 | does not hold |", "| F5 | holds |"),
+    (HELD_OUT, "zero-shot passkey", "| raw RoPE | 1.00 (0.30-1.00) |", "| raw RoPE | 1.00 (0.20-1.00) |"),
+    (HELD_OUT, "recovery", "| 0.43 (0.00-0.91) |", "| 0.43 (0.00-0.81) |"),
+    (HELD_OUT, "findings intervals", "| F4 | not decided |", "| F4 | does not hold |"),
+    (HELD_OUT, "findings intervals", "0.30 [0.21, 0.41] at L", "0.30 [0.21, 0.51] at L"),
+    (HELD_OUT, "F4 update counts", "YaRN 50, direct 800", "YaRN 100, direct 800"),
+    (HELD_OUT, "reference statuses", "| (**holds**) RoPE passkey", "| (does not hold) RoPE passkey"),
     (THIRD_MACHINE, "findings intervals", "| F4 | does not hold |", "| F4 | not decided |"),
     (THIRD_MACHINE, "findings intervals", "raw RoPE at 2L 0.06 [0.00, 0.15]",
      "raw RoPE at 2L 0.06 [0.00, 0.12]"),
