@@ -589,17 +589,17 @@ def parents_left_out(df: pd.DataFrame) -> dict[tuple[str, str], Estimate]:
         [p["model_id"], _template(p).map(str), p["seed"]], sort=True
     ):
         t = _trials(rows)
-        lo, hi = wilson(float(t["k"].sum()), float(t["n"].sum()))
+        k, n = float(t["k"].sum()), float(t["n"].sum())
+        lo, hi = wilson(k, n)
         if hi < PARENT_MIN_ACC:
-            acc = float(t["k"].sum() / t["n"].sum())
             name = f"left out: seed {seed}, its raw RoPE parent's acc at L"
-            out[(str(model), template)] = Estimate(name, acc, lo, hi, 1, SEED_ACC_CI)
+            out[(str(model), template)] = Estimate(name, k / n, lo, hi, 1, SEED_ACC_CI)
     return out
 
 
-def _without_parents(p: pd.DataFrame, left_out: dict, id_column: str) -> pd.DataFrame:
-    """Passkey rows ``p`` minus those of models (``id_column``: the model or its parent) that F4
-    leaves out."""
+def _without_parents(p: pd.DataFrame, left_out: dict | None, id_column: str) -> pd.DataFrame:
+    """Passkey rows ``p`` minus those of models (``id_column``: the model or its parent) in
+    ``left_out`` (:func:`parents_left_out`; None: none)."""
     if not left_out:
         return p
     keys = pd.Series(list(zip(_col(p, id_column).map(str), _template(p).map(str), strict=True)))
@@ -616,7 +616,7 @@ def recovery_curves(df: pd.DataFrame, left_out: dict | None = None) -> list[Curv
         tuned = select(df, "rope", None, tuned=method)
         at_far = _col(tuned, "finetune_length") == tuned["train_length"] * FAR
         p = _without_parents(
-            _passkey(tuned[at_far.fillna(False).astype(bool)]), left_out or {}, "parent_model_id"
+            _passkey(tuned[at_far.fillna(False).astype(bool)]), left_out, "parent_model_id"
         )
         if p.empty:
             continue
@@ -760,9 +760,7 @@ def _check_raw_rope_beyond(
     without fine-tuning (models in ``left_out`` not read); return each series' best accuracy
     there."""
     est = []
-    raw = _passkey_series(
-        _without_parents(_passkey(select(df, "rope")), left_out or {}, "model_id")
-    )
+    raw = _passkey_series(_without_parents(_passkey(select(df, "rope")), left_out, "model_id"))
     raw_labels = _passkey_labels([k for k, _ in raw])
     raw_checked = False
     for key, rows in raw:
