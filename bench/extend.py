@@ -96,6 +96,7 @@ def finetune_recipe(job: JobConfig) -> TrainConfig:
         # a fine-tune at length reads contiguous positions, as practitioners fine-tune
         position_sampling="contiguous",
         max_position=None,
+        until_retrieves=None,  # a fine-tune runs its updates: its curve is the measurement
     )
 
 

@@ -520,8 +520,12 @@ class TrainedSource:
 
         module, meta, trained = get_or_train(self.job, corpus, spec.cache_root, device=spec.device)
         # the end-of-sweep summary counts trainings that went on from a saved state
-        resumed = bool(trained and (meta.get("train_stats") or {}).get("resumed_from"))
-        return SourceModel(module, trained=trained, labels={"resumed": resumed})
+        stats = meta.get("train_stats") or {}
+        resumed = bool(trained and stats.get("resumed_from"))
+        columns = {}
+        if self.job.train.until_retrieves is not None and not self.job.extend.active:
+            columns["train_steps"] = int(stats["steps"])  # where the retrieval check ended it
+        return SourceModel(module, trained=trained, labels={"resumed": resumed}, columns=columns)
 
     def test_docs(self, corpus: Corpus, model: SourceModel) -> Sequence[Document]:
         return corpus.split("test")
@@ -577,6 +581,7 @@ class TrainedSource:
             columns["position_sampling"] = job.train.position_sampling
         if job.model.attention_sink != "none":
             columns["attention_sink"] = job.model.attention_sink
+        columns.update(model.columns)
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
             # one id for every update count of this fine-tune recipe: the points of one curve

@@ -337,16 +337,19 @@ def make_passkey_example(
     )
 
 
-def _cell_rng(seed: int, length: int, depth: float, trial: int) -> random.Random:
-    """An rng that depends only on (seed, length, depth, trial).
+def _cell_rng(
+    seed: int, length: int, depth: float, trial: int, purpose: str = "eval"
+) -> random.Random:
+    """An rng that depends only on (seed, length, depth, trial) and the examples' ``purpose``
+    ("eval": the evaluation's; another name gives other examples, e.g. the training's retrieval
+    check, so that no check example is an evaluation example).
 
     A string seed goes through SHA-512 inside ``random.Random``, so it is stable
     across processes (unlike ``hash()``), and adding cells to a grid never changes
     the examples of the other cells.
     """
-    return random.Random(
-        f"lenbench-passkey:{int(seed)}:{int(length)}:{float(depth)!r}:{int(trial)}"
-    )
+    prefix = "lenbench-passkey" if purpose == "eval" else f"lenbench-passkey-{purpose}"
+    return random.Random(f"{prefix}:{int(seed)}:{int(length)}:{float(depth)!r}:{int(trial)}")
 
 
 def passkey_grid(
@@ -358,10 +361,12 @@ def passkey_grid(
     filler: str = "standard",
     filler_source: object = None,
     template: str | PasskeyTemplate = DEFAULT_TEMPLATE,
+    purpose: str = "eval",
 ) -> list[PasskeyExample]:
     """Examples for every (length, depth, trial), ordered length-major, then depth, then trial.
 
-    Each example (key, corpus offset) is a function of (seed, length, depth, trial) only. With a
+    Each example (key, corpus offset) is a function of (seed, length, depth, trial) and
+    ``purpose`` only ("eval": the evaluation's examples; any other name draws others). With a
     transformers ``tokenizer`` (not a ByteTokenizer) the examples are built as text and fitted to
     each length in its tokens (:func:`fit_passkey_example`); ``filler_source`` is then text.
     """
@@ -376,7 +381,7 @@ def passkey_grid(
     for length in lengths:
         for depth in depths:
             for trial in range(int(trials)):
-                rng = _cell_rng(seed, length, depth, trial)
+                rng = _cell_rng(seed, length, depth, trial, purpose)
                 key = random_key(rng)
                 if subword:  # a transformers tokenizer: built as text (fit_passkey_example)
                     text = str(filler_source or "")

@@ -33,6 +33,8 @@ class SourceModel:
     trained: bool = False  # a training ran for this job (the sweep summary counts them)
     labels: dict[str, Any] = field(default_factory=dict)  # summary labels learnt on the way
     tokenizer: Any = None  # the model's own tokenizer; None = lenbench's bytes
+    # columns of every row of this model learnt on the way (e.g. the updates its training ran)
+    columns: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelSource(Protocol):

@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -28,6 +28,8 @@ from tqdm.auto import tqdm
 from bench.batches import TrainingStream, validation_batches
 from bench.corpora import Corpus
 from bench.extend import finetune_recipe, finetune_scaling
+from bench.metrics.passkey import corpus_filler_source, passkey_verdicts
+from bench.passkey import PasskeyExample, passkey_grid
 from bench.optim import ADAM_EPS, lm_loss, lr_at, param_groups
 from bench.resume import SaveClock, rng_state, set_rng_state
 from bench.runtime import autocast, make_accelerator, warn_if_emulated_bf16
@@ -74,6 +76,35 @@ def check_progress(final_loss: float, steps: int, vocab_size: int) -> None:
             step=steps,
             loss=final_loss,
         )
+
+
+#: The retrieval check of ``train.until_retrieves``: this many depths from 0 to 1 times this many
+#: examples each (the retrieval arm's evaluation grid: 80 examples), drawn for this purpose only,
+#: so that no check example is an evaluation example.
+CHECK_DEPTHS = 5
+CHECK_TRIALS = 16
+CHECK_PURPOSE = "train-check"
+
+
+def retrieval_check_examples(
+    spec: TrainConfig, seed: int, corpus: Corpus
+) -> list[PasskeyExample]:
+    """The passkey examples at ``spec.length`` that ``train.until_retrieves`` scores: the
+    training's template and filler (a corpus filler from the validation split)."""
+    source = None
+    if spec.passkey_filler == "corpus":
+        source = corpus_filler_source(corpus.split("validation"), spec.length)
+    depths = [i / (CHECK_DEPTHS - 1) for i in range(CHECK_DEPTHS)]
+    return passkey_grid(
+        [spec.length],
+        depths,
+        CHECK_TRIALS,
+        seed,
+        filler=spec.passkey_filler,
+        filler_source=source,
+        template=spec.passkey_template,
+        purpose=CHECK_PURPOSE,
+    )
 
 
 def make_model(job: JobConfig) -> DecoderLM:
@@ -156,12 +187,16 @@ class TrainStats:
     num_processes: int
     # the update a resumed run started at (0: from scratch); None when no loop ran (zero updates)
     resumed_from: int | None = None
+    # train.until_retrieves: {update: passkey accuracy at L of the check after it}; None = off
+    retrieval_checks: dict[int, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The dict stored in checkpoints; a zero-update fine-tune's has no ``resumed_from``."""
+        """The dict stored in checkpoints; a zero-update fine-tune's has no ``resumed_from``, a
+        run without the retrieval check no ``retrieval_checks``."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.resumed_from is None:
-            del out["resumed_from"]
+        for name in ("resumed_from", "retrieval_checks"):
+            if out[name] is None:
+                del out[name]
         return out
 
 
@@ -266,6 +301,9 @@ class Trainer:
             max_position=spec.sampled_positions,
         )
         self.validator = _Validator(self.corpus, spec, self.rank, self.world, stacklevel=5)
+        self.check_examples = None
+        if spec.until_retrieves is not None:
+            self.check_examples = retrieval_check_examples(spec, self.job.seed, self.corpus)
 
     def _setup_optimizer(self) -> None:
         spec = self.spec
@@ -316,6 +354,10 @@ class Trainer:
             self.train_time, self.tokens_done = float(state["train_time_s"]), int(state["tokens"])
             set_rng_state(state["rng"])
         self.checked = self.start  # losses[:checked] are known to be finite
+        self.retrieval_checks: dict[int, float] = {}
+        if state is not None and "end" in state:  # train.until_retrieves ended the run early
+            self.retrieval_checks = {int(k): float(v) for k, v in state["retrieval_checks"].items()}
+            self._end_at(int(state["end"]))
         self.clock = SaveClock(self.spec.save_every, self.spec.save_every_minutes, self.accelerator)
 
     def _setup_bar(self) -> None:
@@ -337,14 +379,17 @@ class Trainer:
     # ----------------------------------------------------------------------- training
 
     def train(self) -> tuple[DecoderLM, TrainStats]:
-        """Run the updates start..steps-1, with logging, validation, snapshots and saves after
-        each as due; return (model in eval mode, stats)."""
+        """Run the updates start..steps-1, with logging, validation, snapshots, the retrieval
+        check and saves after each as due; return (model in eval mode, stats). The retrieval
+        check (``train.until_retrieves``) may bring the end (``self.spec.steps``) forward."""
         self.tick = time.perf_counter()  # start of the current timed stretch of updates
-        for step in range(self.start, self.spec.steps):
+        step = self.start
+        while step < self.spec.steps:
             lr = self.train_step(step)
-            done = step + 1
+            done = step = step + 1
             self._log_and_validate(done, lr)
             self._snapshot(done)
+            self._check_retrieval(done)
             self._save_if_due(done)
             self.bar.update(1)
         self.train_time += time.perf_counter() - self.tick
@@ -439,6 +484,46 @@ class Trainer:
                 tok_s=f"{self.tokens_done / self.train_time:,.0f}",
             )
 
+    # ----------------------------------------------------------------------- retrieval check
+
+    def _check_retrieval(self, done: int) -> None:
+        """``train.until_retrieves``: after every ``retrieval_check_every`` updates of the constant
+        lr, passkey accuracy at L on the check examples; the first time its Wilson interval's
+        lower end reaches the threshold the run ends ``decay_steps`` updates later, the lr
+        decaying over them. Every rank scores
+        the same weights, so all agree."""
+        spec = self.spec
+        if self.check_examples is None or done % spec.retrieval_check_every:
+            return
+        decay = spec.decay_steps
+        if done <= spec.warmup_steps or done + decay >= spec.steps:
+            return  # warming up, already decaying, or the end was brought forward
+        with self._untimed():
+            model = self.accelerator.unwrap_model(self.model)
+            model.eval()
+            verdicts = passkey_verdicts(
+                model, self.check_examples, batch_size=spec.batch_size, device=self.device
+            )
+            model.train()
+        from bench.findings import wilson  # F5's interval; pandas only when a check runs
+
+        hits, n = sum(verdicts), len(verdicts)
+        self.retrieval_checks[done] = hits / n
+        low, _ = wilson(hits, n)
+        if low >= spec.until_retrieves:  # decidedly: the interval's lower end, as F5 reads it
+            logger.info(
+                "lenbench: passkey at L %d/%d (Wilson lower end %.3f >= train.until_retrieves "
+                "%g) after %d updates: decaying the lr over %d updates, ending at %d.",
+                hits, n, low, spec.until_retrieves, done, decay, done + decay,
+            )
+            self._end_at(done + decay)
+
+    def _end_at(self, end: int) -> None:
+        """Make update ``end`` the run's last: the schedule decays over the updates before it."""
+        self.spec = replace(self.spec, steps=end)
+        if hasattr(self, "bar"):
+            self.bar.total = end
+
     # ----------------------------------------------------------------------- snapshot / save
 
     def _snapshot(self, done: int) -> None:
@@ -490,9 +575,16 @@ class Trainer:
                     "val_losses": self.val_losses,
                     "train_time_s": self.train_time,
                     "tokens": self.tokens_done,
+                    **self._check_state(),
                 }
             )
         self.clock.saved()
+
+    def _check_state(self) -> dict[str, Any]:
+        """What a saved state needs of the retrieval check: its accuracies and the run's end."""
+        if self.check_examples is None:
+            return {}
+        return {"retrieval_checks": dict(self.retrieval_checks), "end": self.spec.steps}
 
     def _finish(self) -> tuple[DecoderLM, TrainStats]:
         """The unwrapped model in eval mode and the run's stats; raises TrainingDiverged when a
@@ -501,7 +593,8 @@ class Trainer:
         model = self.accelerator.unwrap_model(self.model)
         model.eval()
         self.optimizer.zero_grad(set_to_none=True)
-        tail = self.losses[steps - max(1, min(spec.log_every, steps)) :]  # [last log window]
+        # [last log window]; losses may be longer than the run (until_retrieves ended it early)
+        tail = self.losses[steps - max(1, min(spec.log_every, steps)) : steps]
         if self.world > 1:
             tail = self.accelerator.gather(tail[None])  # [world, window]
         final_loss = float(tail.mean().cpu())
@@ -521,6 +614,9 @@ class Trainer:
             device=str(self.device),
             num_processes=self.world,
             resumed_from=self.start,
+            retrieval_checks=(
+                None if self.check_examples is None else dict(self.retrieval_checks)
+            ),
         )
 
 

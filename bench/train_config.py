@@ -19,7 +19,7 @@ from bench.checks import (
     number,
     parse_length,
 )
-from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES
+from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES, min_passkey_length
 from bench.ruler import RULER_TASKS, params_from
 from bench.runtime import PRECISIONS
 from models.scaling import SCALING_METHODS
@@ -119,6 +119,21 @@ class TrainConfig:
             )
         },
     )
+    # train until the passkey circuit has formed (the retrieval arm; bench.train): after every
+    # retrieval_check_every updates, passkey accuracy at train.length on examples that are not the
+    # evaluation's; the first time it is decidedly >= until_retrieves (the lower end of its
+    # Wilson interval, as F5 decides), the lr decays over the next
+    # decay_steps updates and the run ends there (train.steps is then the most it runs).
+    # null = train for train.steps. In the key only when set.
+    until_retrieves: float | None = field(default=None, metadata={WEIGHTS: IF_SET})
+    retrieval_check_every: int = field(
+        default=250,
+        metadata={
+            WEIGHTS: lambda train: (
+                train.retrieval_check_every if train.until_retrieves is not None else NOT_IN_KEY
+            )
+        },
+    )
     # what is measured and shown, never the weights:
     eval_every: int = field(default=100, metadata={WEIGHTS: False})  # 0 = after the last only
     eval_batches: int = field(default=4, metadata={WEIGHTS: False})  # validation batches; 0 = none
@@ -169,12 +184,42 @@ class TrainConfig:
         self.max_position = integer(
             "train.max_position", self.max_position, self.length, optional=True
         )
+        self._check_until_retrieves()
         self.eval_every = integer("train.eval_every", self.eval_every, 0)
         self.eval_batches = integer("train.eval_batches", self.eval_batches, 0)
         self.log_every = integer("train.log_every", self.log_every, 1)
         self.save_every = integer("train.save_every", self.save_every, 0)
         self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
         self.compile = boolean("train.compile", self.compile)
+
+    def _check_until_retrieves(self) -> None:
+        """``until_retrieves`` in (0, 1] needs passkey rows to learn from and a decay to end with."""
+        self.retrieval_check_every = integer(
+            "train.retrieval_check_every", self.retrieval_check_every, 1
+        )
+        if self.until_retrieves is None:
+            return
+        self.until_retrieves = number(
+            "train.until_retrieves", self.until_retrieves, 0.0, 1.0, interval="(]"
+        )
+        if self.passkey_fraction == 0.0 or (self.ruler_tasks and "passkey" not in self.ruler_tasks):
+            raise ValueError(
+                "train.until_retrieves needs passkey rows to learn from: set "
+                "train.passkey_fraction > 0 (with train.ruler_tasks empty or naming passkey), "
+                "or set train.until_retrieves=null."
+            )
+        if self.decay_steps is None:
+            raise ValueError(
+                "train.until_retrieves needs train.decay_steps (the updates over which the lr "
+                "decays once the model retrieves), got null."
+            )
+        minimum = min_passkey_length(template=self.passkey_template)
+        if self.length < minimum:
+            raise ValueError(
+                f"train.until_retrieves checks passkey at train.length = {self.length}, shorter "
+                f"than the {self.passkey_template} template's {minimum} tokens; use a longer "
+                "train.length or set train.until_retrieves=null."
+            )
 
     @property
     def sampled_positions(self) -> int:
