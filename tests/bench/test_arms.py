@@ -36,6 +36,9 @@ def test_each_quickstart_arm_gets_its_own_presets():
         "uniform",
     )
     assert retrieval.eval.passkey.enabled and not retrieval.eval.nll.enabled
+    # it trains until it retrieves at L (at most train.steps), then decays and stops
+    assert (retrieval.train.until_retrieves, retrieval.train.decay_steps) == (0.9, 500)
+    assert lm.train.until_retrieves is None  # the LM arm runs its updates
     # the two arms train different models: their checkpoint-relevant values differ
     assert lm.train.length != retrieval.train.length
 
