@@ -29,8 +29,8 @@ from bench.batches import TrainingStream, validation_batches
 from bench.corpora import Corpus
 from bench.extend import finetune_recipe, finetune_scaling
 from bench.metrics.passkey import corpus_filler_source, passkey_verdicts
-from bench.passkey import PasskeyExample, passkey_grid
 from bench.optim import ADAM_EPS, lm_loss, lr_at, param_groups
+from bench.passkey import PasskeyExample, passkey_grid
 from bench.resume import SaveClock, rng_state, set_rng_state
 from bench.runtime import autocast, make_accelerator, warn_if_emulated_bf16
 from bench.schema import JobConfig, TrainConfig
@@ -86,9 +86,7 @@ CHECK_TRIALS = 16
 CHECK_PURPOSE = "train-check"
 
 
-def retrieval_check_examples(
-    spec: TrainConfig, seed: int, corpus: Corpus
-) -> list[PasskeyExample]:
+def retrieval_check_examples(spec: TrainConfig, seed: int, corpus: Corpus) -> list[PasskeyExample]:
     """The passkey examples at ``spec.length`` that ``train.until_retrieves`` scores: the
     training's template and filler (a corpus filler from the validation split)."""
     source = None
@@ -514,7 +512,13 @@ class Trainer:
             logger.info(
                 "lenbench: passkey at L %d/%d (Wilson lower end %.3f >= train.until_retrieves "
                 "%g) after %d updates: decaying the lr over %d updates, ending at %d.",
-                hits, n, low, spec.until_retrieves, done, decay, done + decay,
+                hits,
+                n,
+                low,
+                spec.until_retrieves,
+                done,
+                decay,
+                done + decay,
             )
             self._end_at(done + decay)
 
@@ -614,9 +618,7 @@ class Trainer:
             device=str(self.device),
             num_processes=self.world,
             resumed_from=self.start,
-            retrieval_checks=(
-                None if self.check_examples is None else dict(self.retrieval_checks)
-            ),
+            retrieval_checks=(None if self.check_examples is None else dict(self.retrieval_checks)),
         )
 
 

@@ -6,11 +6,11 @@ row column and the config's sentences."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
 import bench.train as train_mod
 from bench.cache import get_or_train, weights_key
 from bench.corpora import Corpus, load_corpus
@@ -167,7 +167,9 @@ def test_check_examples_are_not_the_evaluation_examples(corpus) -> None:
 def test_the_check_is_in_the_weights_key_only_when_set() -> None:
     on, off = job(), job(until_retrieves=None)
     assert weights_key(on, "fp") != weights_key(off, "fp")
-    assert weights_key(off, "fp") == weights_key(job(until_retrieves=None, retrieval_check_every=7), "fp")
+    assert weights_key(off, "fp") == weights_key(
+        job(until_retrieves=None, retrieval_check_every=7), "fp"
+    )
     assert weights_key(on, "fp") != weights_key(job(retrieval_check_every=7), "fp")
 
 

@@ -79,11 +79,21 @@ class CheckedTrainer(Trainer):
             low, high = wilson(hits, n)
             loss = float(self.losses[max(0, done - self.spec.log_every) : done].mean())
             self.checks.append(
-                {"update": done, "hits": hits, "n": n, "acc": hits / n, "low": low, "high": high,
-                 "train_loss": loss}
+                {
+                    "update": done,
+                    "hits": hits,
+                    "n": n,
+                    "acc": hits / n,
+                    "low": low,
+                    "high": high,
+                    "train_loss": loss,
+                }
             )
-            print(f"  seed {self.job.seed} update {done:5d}: passkey at L {hits:3d}/{n} "
-                  f"[{low:.2f}, {high:.2f}], loss {loss:.3f}", flush=True)
+            print(
+                f"  seed {self.job.seed} update {done:5d}: passkey at L {hits:3d}/{n} "
+                f"[{low:.2f}, {high:.2f}], loss {loss:.3f}",
+                flush=True,
+            )
 
 
 def formed_at(checks: list[dict], retrieves: float) -> int | None:
@@ -107,8 +117,16 @@ def run(seed: int, steps: int, every: int, retrieves: float, overrides: list[str
     )
     started = time.perf_counter()
     trainer = CheckedTrainer(
-        job, corpus, progress=False, accelerator=None, init=None, resume=None, snapshot=None,
-        started=started, every=every, examples=examples,
+        job,
+        corpus,
+        progress=False,
+        accelerator=None,
+        init=None,
+        resume=None,
+        snapshot=None,
+        started=started,
+        every=every,
+        examples=examples,
     )
     trainer.setup()
     _, stats = trainer.train()
@@ -151,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|")
     for r in results:
         last = r["checks"][-1]
-        print(f"| {r['seed']} | {r['formed_at']} | {last['hits']}/{last['n']} | "
-              f"{r['train_time_s']:.0f} |")
+        print(
+            f"| {r['seed']} | {r['formed_at']} | {last['hits']}/{last['n']} | "
+            f"{r['train_time_s']:.0f} |"
+        )
     return 0
 
 
