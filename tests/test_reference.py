@@ -264,13 +264,34 @@ def check_f4_update_counts(section: str, results=RESULTS) -> int:
     return len(stated)
 
 
+#: the header of a table of the updates each seed's base model trained and its raw accuracies
+BUDGET_HEADER = "| seed | updates trained | passkey at L | 2L | 4L |"
+
+
+def check_budget(section: str, results: Path = RESULTS) -> int:
+    """Per seed: the updates its training ran (``train_steps``) and raw RoPE's passkey accuracy
+    at L, 2L, 4L on the evaluation's examples; a row for every seed in the rows."""
+    df = committed_rows(results)
+    raw = F._passkey(F.select(df, "rope"))
+    table = markdown_table(section, BUDGET_HEADER)
+    assert sorted(int(s) for s in table) == sorted(int(s) for s in raw["seed"].unique())
+    checked = 0
+    for seed, (steps, *accs) in table.items():
+        rows = raw[raw["seed"] == int(seed)]
+        assert set(rows["train_steps"]) == {int(steps)}, (seed, steps)
+        for printed, value in zip(accs, _accuracies(rows, int(seed)), strict=True):
+            assert agrees(printed, value), (seed, printed, value)
+        checked += 4
+    return checked
+
+
 CHECKS: dict[str, Callable[[str], int]] = {
     "zero-shot passkey": check_zero_shot_spread,
     "recovery": check_recovery,
     "robustness": check_robustness,
     "findings intervals": check_findings_intervals,
     "F4 update counts": check_f4_update_counts,
-    "updates trained": lambda s: check_budget(s, RESULTS),
+    "updates trained": check_budget,
 }
 
 
@@ -356,12 +377,20 @@ def check_reference_statuses(section: str, least: int = len(CORE)) -> int:
     return checked
 
 
+def findings_run_checks(results: Path) -> dict[str, Callable[[str], int]]:
+    """The checks of a section that gives a whole findings run (both arms, F1-F6) from
+    ``results``."""
+    return {
+        "zero-shot passkey": lambda s: check_zero_shot_spread(s, results),
+        "recovery": lambda s: check_recovery(s, results),
+        "robustness": lambda s: check_robustness(s, results),
+        "findings intervals": lambda s: check_findings_intervals(s, results, CORE),
+        "F4 update counts": lambda s: check_f4_update_counts(s, results),
+    }
+
+
 SECOND_MACHINE_CHECKS: dict[str, Callable[[str], int]] = {
-    "zero-shot passkey": lambda s: check_zero_shot_spread(s, SECOND_MACHINE_RESULTS),
-    "recovery": lambda s: check_recovery(s, SECOND_MACHINE_RESULTS),
-    "robustness": lambda s: check_robustness(s, SECOND_MACHINE_RESULTS),
-    "findings intervals": lambda s: check_findings_intervals(s, SECOND_MACHINE_RESULTS, CORE),
-    "F4 update counts": lambda s: check_f4_update_counts(s, SECOND_MACHINE_RESULTS),
+    **findings_run_checks(SECOND_MACHINE_RESULTS),
     "reference statuses": check_reference_statuses,
 }
 
@@ -397,39 +426,12 @@ UNTIL_RETRIEVES = "### The retrieval arm on seeds 24-29, trained until it retrie
 #: before the reference was re-run with it (their rows)
 BUDGET_RESULTS = ROOT / "results" / "retrieval_budget"
 BUDGET = "### The retrieval arm's base budget"
-BUDGET_HEADER = "| seed | updates trained | passkey at L | 2L | 4L |"
-
-
-def check_budget(section: str, results: Path = BUDGET_RESULTS) -> int:
-    """Per seed: the updates its training ran (``train_steps``) and raw RoPE's passkey accuracy
-    at L, 2L, 4L on the evaluation's examples; a row for every seed in the rows."""
-    df = committed_rows(results)
-    raw = F._passkey(F.select(df, "rope"))
-    table = markdown_table(section, BUDGET_HEADER)
-    assert sorted(int(s) for s in table) == sorted(int(s) for s in raw["seed"].unique())
-    checked = 0
-    for seed, (steps, *accs) in table.items():
-        rows = raw[raw["seed"] == int(seed)]
-        assert set(rows["train_steps"]) == {int(steps)}, (seed, steps)
-        for printed, value in zip(accs, _accuracies(rows, int(seed)), strict=True):
-            assert agrees(printed, value), (seed, printed, value)
-        checked += 4
-    return checked
 
 
 #: the sections of the README that have their own rows (other machine types, other seeds):
 #: heading -> (their rows, their checks)
 OTHER_MACHINES = {
-    ZEN3: (
-        ZEN3_RESULTS,
-        {
-            "zero-shot passkey": lambda s: check_zero_shot_spread(s, ZEN3_RESULTS),
-            "recovery": lambda s: check_recovery(s, ZEN3_RESULTS),
-            "robustness": lambda s: check_robustness(s, ZEN3_RESULTS),
-            "findings intervals": lambda s: check_findings_intervals(s, ZEN3_RESULTS, CORE),
-            "F4 update counts": lambda s: check_f4_update_counts(s, ZEN3_RESULTS),
-        },
-    ),
+    ZEN3: (ZEN3_RESULTS, findings_run_checks(ZEN3_RESULTS)),
     SECOND_MACHINE: (SECOND_MACHINE_RESULTS, SECOND_MACHINE_CHECKS),
     THIRD_MACHINE: (THIRD_MACHINE_RESULTS, retrieval_arm_checks(THIRD_MACHINE_RESULTS)),
     HELD_OUT: (HELD_OUT_RESULTS, retrieval_arm_checks(HELD_OUT_RESULTS)),
@@ -440,7 +442,10 @@ OTHER_MACHINES = {
             "updates trained": functools.partial(check_budget, results=UNTIL_RETRIEVES_RESULTS),
         },
     ),
-    BUDGET: (BUDGET_RESULTS, {"updates trained": check_budget}),
+    BUDGET: (
+        BUDGET_RESULTS,
+        {"updates trained": functools.partial(check_budget, results=BUDGET_RESULTS)},
+    ),
 }
 
 
