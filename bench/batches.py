@@ -121,7 +121,9 @@ class TrainingStream:
     small model finds the needle by content before it has to do so over the whole window).
     ``ruler_tasks`` (names of ``bench.ruler.RULER_TASKS`` and ``"passkey"``) makes each of these
     rows an example of a task drawn uniformly from the list (``ruler_params`` its parameters),
-    of a length drawn as for passkey rows, followed by ".".
+    of a length drawn as for passkey rows, followed by ".". ``ruler_stages`` (``(steps, tasks)``
+    pairs) is a curriculum: the first ``steps`` updates draw from the first stage's ``tasks``, the
+    next from the second's, and the updates after the stages from ``ruler_tasks``.
     ``passkey_filler="corpus"`` fills them with a random window of the training
     text instead of the standard sentences. ``passkey_loss="answer"`` restricts the
     loss of passkey rows to the answer tokens (and the end text after it); "all" (default)
@@ -145,6 +147,7 @@ class TrainingStream:
         max_position: int | None = None,
         ruler_tasks: Sequence[str] = (),
         ruler_params: Mapping | None = None,
+        ruler_stages: Sequence[tuple[int, Sequence[str]]] = (),
     ) -> None:
         if int(seq_len) < 1 or int(batch_size) < 1:
             raise ValueError(
@@ -192,11 +195,24 @@ class TrainingStream:
         self._end_ids = self.tokenizer.encode(passkey_template_of(passkey_template).end)
         self.ruler_tasks = list(ruler_tasks)
         self.ruler_params = params_from(ruler_params)
+        if ruler_stages and not self.ruler_tasks:
+            raise ValueError("ruler_stages needs ruler_tasks (the task rows after the stages).")
+        # (first update after the stage, its tasks); updates from the last end read ruler_tasks
+        self._stage_ends: list[tuple[int, list[str]]] = []
+        for steps, tasks in ruler_stages:
+            if int(steps) < 1 or not tasks:
+                raise ValueError(
+                    f"ruler stage ({steps!r}, {tasks!r}) is invalid; each stage needs steps >= 1 "
+                    "and a non-empty list of tasks."
+                )
+            end = int(steps) + (self._stage_ends[-1][0] if self._stage_ends else 0)
+            self._stage_ends.append((end, list(tasks)))
         self._ruler_end = self.tokenizer.encode(RULER_END)
         self._min_example = min_passkey_length(template=passkey_template)  # any key fits
         needed = self._min_example + len(self._end_ids)
         what = f"passkey training examples with the {passkey_template!r} template"
-        for task in self.ruler_tasks:
+        every_task = {*self.ruler_tasks, *(t for _, tasks in self._stage_ends for t in tasks)}
+        for task in sorted(every_task):
             if task != "passkey":
                 minimum = min_ruler_length(task, self.ruler_params) + len(self._ruler_end)
                 if minimum > needed:
@@ -233,8 +249,9 @@ class TrainingStream:
 
         n_passkey = self.passkey_rows_at(step)
         rows = torch.randperm(self.batch_size, generator=gen)[:n_passkey].sort().values
+        tasks = self.tasks_at(step)
         for row in rows.tolist():
-            example, end = self._task_example(rng)
+            example, end = self._task_example(rng, tasks)
             ids = example.input_ids + end
             tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             if self.passkey_loss == "answer":
@@ -253,11 +270,19 @@ class TrainingStream:
         sample = randomized_positions if self.position_sampling == "randomized" else pose_positions
         return sample(self.batch_size, self.seq_len, int(self.max_position), gen)
 
-    def _task_example(self, rng: random.Random) -> tuple[TaskExample, list[int]]:
-        """A task row's example and the end text that follows it."""
-        if not self.ruler_tasks:
+    def tasks_at(self, step: int) -> list[str]:
+        """The task list update ``step`` draws its task rows from (its stage's, else ruler_tasks)."""
+        for end, tasks in self._stage_ends:
+            if step < end:
+                return tasks
+        return self.ruler_tasks
+
+    def _task_example(self, rng: random.Random, tasks: list[str]) -> tuple[TaskExample, list[int]]:
+        """A task row's example (of a task drawn from ``tasks``; none: passkey) and the end text
+        that follows it."""
+        if not tasks:
             return self._passkey_example(rng), self._end_ids
-        task = rng.choice(self.ruler_tasks)
+        task = rng.choice(tasks)
         if task == "passkey":
             return self._passkey_example(rng), self._end_ids
         minimum = min_ruler_length(task, self.ruler_params)

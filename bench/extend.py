@@ -97,6 +97,7 @@ def finetune_recipe(job: JobConfig) -> TrainConfig:
         position_sampling="contiguous",
         max_position=None,
         until_retrieves=None,  # a fine-tune runs its updates: its curve is the measurement
+        ruler_stages=[],  # the parent's curriculum is behind it: a fine-tune reads its last rows
     )
 
 

@@ -295,6 +295,7 @@ class Trainer:
             passkey_length=spec.passkey_length,
             ruler_tasks=spec.ruler_tasks,
             ruler_params=spec.ruler_params,
+            ruler_stages=[(stage["steps"], stage["tasks"]) for stage in spec.ruler_stages],
             position_sampling=spec.position_sampling,
             max_position=spec.sampled_positions,
         )

@@ -100,6 +100,10 @@ class TrainConfig:
     # passkey_loss and passkey_length; empty = passkey only. In the key only when set.
     ruler_tasks: list[str] = field(default_factory=list, metadata={WEIGHTS: IF_SET})
     ruler_params: dict[str, Any] = field(default_factory=dict, metadata={WEIGHTS: IF_SET})
+    # a curriculum: the first updates draw their task rows from these lists in turn
+    # ([{steps: N, tasks: [...]}, ...]), the updates after them from ruler_tasks (a circuit that
+    # forms alone may not form in the whole mixture). In the key only when set.
+    ruler_stages: list[dict[str, Any]] = field(default_factory=list, metadata={WEIGHTS: IF_SET})
     # position ids of each training window (POSITION_SAMPLINGS); in the key only where not
     # contiguous (so the keys of models trained before the field existed hold)
     position_sampling: str = field(
@@ -180,6 +184,7 @@ class TrainConfig:
         except ValueError as exc:
             raise ValueError(f"train.ruler_params: {exc}") from None
         self.ruler_params = dict(self.ruler_params)
+        self._check_ruler_stages()
         choice("train.position_sampling", self.position_sampling, POSITION_SAMPLINGS)
         self.max_position = integer(
             "train.max_position", self.max_position, self.length, optional=True
@@ -191,6 +196,45 @@ class TrainConfig:
         self.save_every = integer("train.save_every", self.save_every, 0)
         self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
         self.compile = boolean("train.compile", self.compile)
+
+    def _check_ruler_stages(self) -> None:
+        """Each stage is ``{steps, tasks}``; the stages end before the last update, and the rows
+        after them are ``ruler_tasks``."""
+        stages = []
+        for i, stage in enumerate(self.ruler_stages):
+            name = f"train.ruler_stages[{i}]"
+            if not isinstance(stage, Mapping) or set(stage) != {"steps", "tasks"}:
+                raise ValueError(
+                    f"{name} must be a mapping with exactly the keys steps and tasks, got {stage!r}."
+                )
+            tasks = stage["tasks"]
+            if isinstance(tasks, str) or not isinstance(tasks, (list, tuple)) or not tasks:
+                raise ValueError(
+                    f"{name}.tasks must be a non-empty list of task names, got {tasks!r}."
+                )
+            allowed = ("passkey", *RULER_TASKS)
+            stages.append({
+                "steps": integer(f"{name}.steps", stage["steps"], 1),
+                "tasks": [choice(f"{name}.tasks", t, allowed) for t in tasks],
+            })  # fmt: skip
+        self.ruler_stages = stages
+        if not stages:
+            return
+        if not self.ruler_tasks:
+            raise ValueError(
+                "train.ruler_stages needs train.ruler_tasks (the task rows after the stages)."
+            )
+        if self.until_retrieves is not None:
+            raise ValueError(
+                "train.ruler_stages and train.until_retrieves do not combine (the check could end "
+                "the run inside a stage): set one of them to null/[]."
+            )
+        total = sum(stage["steps"] for stage in stages)
+        if total >= self.steps:
+            raise ValueError(
+                f"train.ruler_stages take {total} updates, train.steps = {self.steps}: the stages "
+                "must end before the last update (the rows after them are train.ruler_tasks)."
+            )
 
     def _check_until_retrieves(self) -> None:
         """``until_retrieves`` in (0, 1] needs passkey rows to learn from and a decay to end with."""

@@ -55,6 +55,25 @@ def test_ruler_arm_trains_on_the_task_mixture():
     assert weights_dict(TrainConfig(ruler_tasks=["vt"]))["ruler_tasks"] == ["vt"]
 
 
+def test_ruler_stages_from_the_command_line_key_the_model_not_its_fine_tunes():
+    """A curriculum typed as a user would: it is in the base model's key, and a fine-tune (which
+    trains far fewer updates) reads the mixture, not the stages."""
+    from bench.checks import weights_dict
+    from bench.extend import finetune_recipe
+
+    stages = "+train.ruler_stages=[{steps:6000,tasks:[niah_single,niah_multikey]}]"
+    staged = study_job("arm=ruler", "seed=4", stages)
+    plain = study_job("arm=ruler", "seed=4")
+    assert staged.train.ruler_stages == [{"steps": 6000, "tasks": ["niah_single", "niah_multikey"]}]
+    assert weights_key(staged, corpus=None) != weights_key(plain, corpus=None)
+    assert "ruler_stages" not in weights_dict(plain.train)  # keys of models trained before hold
+    tuned = study_job("arm=ruler", "seed=4", stages, "extend=pi")
+    assert finetune_recipe(tuned).ruler_stages == [] and tuned.train.ruler_stages
+    # negative control: the stages' own check still runs on the base recipe
+    with pytest.raises(ValueError, match="train.ruler_stages take 20000 updates"):
+        study_job("arm=ruler", "+train.ruler_stages=[{steps:20000,tasks:[vt]}]")
+
+
 def test_ruler_section_bad_values_are_named():
     with pytest.raises(ValueError, match="eval.ruler.score"):
         study_job("eval.ruler.score=best")

@@ -335,6 +335,62 @@ def test_training_rows_are_task_examples_with_the_loss_on_the_answer():
     assert "pass key" in text(batch.tokens[row, :80].tolist())
 
 
+def _row_heads(batch) -> set[str]:
+    """The head line of every task row of a batch (which task family it is)."""
+    return {text(batch.tokens[r, :40].tolist()).split("\n")[0] for r in batch.passkey_rows.tolist()}
+
+
+def test_ruler_stages_draw_each_stage_then_the_mixture():
+    """A curriculum: updates 0-2 draw vt rows, 3-4 cwe rows, then the mixture (niah_single);
+    after the stages every batch is the batch of the same stream without them."""
+    stages = [(3, ["vt"]), (2, ["cwe"])]
+    staged = _stream(ruler_tasks=["niah_single"], ruler_stages=stages, passkey_length="full")
+    plain = _stream(ruler_tasks=["niah_single"], passkey_length="full")
+    heads = [_row_heads(staged.batch(step)) for step in range(8)]
+    assert heads[:3] == [{"Track the variables."}] * 3
+    assert heads[3:5] == [{"Find the most common words."}] * 2
+    assert heads[5:] == [{"Remember the values."}] * 3
+    assert [staged.tasks_at(s) for s in (0, 2, 3, 4, 5, 10**6)] == [
+        ["vt"],
+        ["vt"],
+        ["cwe"],
+        ["cwe"],
+        ["niah_single"],
+        ["niah_single"],
+    ]
+    for step in (5, 6, 40):
+        assert torch.equal(staged.batch(step).tokens, plain.batch(step).tokens)
+    # negative control: without the stages update 0 reads the mixture, a batch unlike vt's
+    assert _row_heads(plain.batch(0)) == {"Remember the values."}
+    assert not torch.equal(staged.batch(0).tokens, plain.batch(0).tokens)
+
+
+def test_ruler_stages_bad_values_are_named():
+    from bench.train_config import TrainConfig
+
+    base = dict(steps=100, passkey_fraction=0.9, ruler_tasks=["vt"])
+    ok = TrainConfig(**base, ruler_stages=[{"steps": 40, "tasks": ["niah_single"]}])
+    assert ok.ruler_stages == [{"steps": 40, "tasks": ["niah_single"]}]
+    cases = [
+        ([{"steps": 40}], r"train.ruler_stages\[0\] must be a mapping with exactly the keys"),
+        ([{"steps": 40, "tasks": []}], r"train.ruler_stages\[0\].tasks must be a non-empty"),
+        ([{"steps": 40, "tasks": ["needle"]}], r"train.ruler_stages\[0\].tasks"),
+        ([{"steps": 0, "tasks": ["vt"]}], r"train.ruler_stages\[0\].steps"),
+        ([{"steps": 60, "tasks": ["vt"]}, {"steps": 40, "tasks": ["cwe"]}],
+         r"train.ruler_stages take 100 updates, train.steps = 100"),
+    ]  # fmt: skip
+    for stages, message in cases:
+        with pytest.raises(ValueError, match=message):
+            TrainConfig(**base, ruler_stages=stages)
+    with pytest.raises(ValueError, match="train.ruler_stages needs train.ruler_tasks"):
+        TrainConfig(steps=100, passkey_fraction=0.9, ruler_stages=[{"steps": 4, "tasks": ["vt"]}])
+    with pytest.raises(ValueError, match="train.ruler_stages and train.until_retrieves"):
+        TrainConfig(**{**base, "ruler_tasks": ["passkey"]}, decay_steps=10, until_retrieves=0.9,
+                    ruler_stages=[{"steps": 4, "tasks": ["vt"]}])  # fmt: skip
+    with pytest.raises(ValueError, match="ruler_stages needs ruler_tasks"):
+        _stream(ruler_stages=[(3, ["vt"])])
+
+
 def test_training_examples_are_never_evaluation_examples():
     stream = _stream(ruler_tasks=list(RULER_TASKS), passkey_length="full")
     train = {tuple(batch.tokens[r, :-1].tolist()) for s in range(40)
