@@ -111,9 +111,18 @@ def _hydra_app(cfg: DictConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- sweep end: summary + report
 
 
-def _read_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
+def _status_files(sweep_dir: Path) -> dict[Path, int]:
+    """The job status files under a sweep dir, with their modification times (ns)."""
+    return {path: path.stat().st_mtime_ns for path in sorted(sweep_dir.glob(f"*/{STATUS_FILE}"))}
+
+
+def _read_statuses(sweep_dir: Path, before: dict[Path, int] | None = None) -> list[dict[str, Any]]:
+    """The statuses this sweep wrote: files not in ``before`` (the sweep dir at its start) or
+    rewritten since, so that a sweep dir reused by an earlier sweep adds no stale jobs."""
     out = []
-    for path in sorted(sweep_dir.glob(f"*/{STATUS_FILE}")):
+    for path, mtime in _status_files(sweep_dir).items():
+        if before is not None and before.get(path) == mtime:
+            continue
         try:
             out.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
@@ -154,13 +163,15 @@ class ReportCallback(Callback):
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = bool(enabled)
         self._sweep_dir: Path | None = None
+        self._stale: dict[Path, int] = {}  # status files of an earlier sweep in the same dir
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
+        self._stale = _status_files(self._sweep_dir) if self._sweep_dir.is_dir() else {}
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = self._sweep_dir or Path(str(config.hydra.sweep.dir))
-        statuses = _read_statuses(sweep_dir)
+        statuses = _read_statuses(sweep_dir, self._stale)
         line, failures = summarize(statuses)
         print(line, flush=True)
         for failure in failures:

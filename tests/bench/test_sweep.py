@@ -148,6 +148,33 @@ def test_rerun_of_finished_sweep_trains_nothing_and_adds_no_rows(smoke, monkeypa
     assert "3 already had results" in out and "report written to" in out
 
 
+def test_summary_counts_only_this_sweeps_jobs_in_a_reused_sweep_dir(
+    smoke, tmp_path, monkeypatch, capsys
+):
+    """A sweep dir that an earlier, larger sweep used keeps that sweep's job dirs; the summary and
+    the exit code are this sweep's (4 jobs, 0 failed), not the stale failure's."""
+    root, *_ = smoke
+    for name in ("results", "cache"):
+        shutil.copytree(root / name, tmp_path / name)
+    sweep_dir = tmp_path / "multirun" / "sweep0"
+    stale = sweep_dir / "9" / STATUS_FILE
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"status": "failed", "position": "x", "scaling": "y",
+                                 "message": "from an earlier sweep"}))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    counter = TrainCounter(monkeypatch)
+    code = main(smoke_args(tmp_path, f"hydra.sweep.dir={sweep_dir}"))
+    out = capsys.readouterr().out
+    assert code == 0 and counter.calls == []
+    assert "lenbench: 4 jobs: 0 evaluated" in out and "0 failed" in out
+    assert "from an earlier sweep" not in out
+    # negative control: read without the sweep's start, the stale file is counted as a failure
+    from bench.cli import _read_statuses, summarize
+
+    line, failures = summarize(_read_statuses(sweep_dir))
+    assert line.startswith("lenbench: 5 jobs") and "1 failed" in line and len(failures) == 1
+
+
 def test_killed_sweep_resumes_without_retraining_finished_checkpoints(smoke, tmp_path, monkeypatch):
     """State of a sweep killed while training alibi: rope done, alibi checkpoint and rows missing."""
     root, *_ = smoke
