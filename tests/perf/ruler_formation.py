@@ -1,0 +1,205 @@
+"""When do the RULER arm's task circuits form? The exact score of every task at L along one run.
+
+The RULER arm (``conf/arm/ruler.yaml``) must learn every task of its mixture at its training
+length L (issue #28: every task clearly above chance on every documented seed). Each task's
+circuit forms abruptly, at an update that depends on the seed and on which other tasks share
+the rows (``reports/ruler/README.md``). This script trains the arm's model exactly as
+``lenbench +experiment=ruler arm=ruler`` does (the same composed config, the same
+:class:`bench.train.Trainer`; extra Hydra overrides such as ``train.ruler_stages`` after ``--``),
+with ``train.steps`` given here, and after every ``--every`` updates scores every task of
+``eval.ruler.tasks`` at L on the examples the evaluation uses (the job's ruler grid: the same
+seed, depths, trials, task sizes and filler), the teacher-forced exact verdict, plus passkey at
+L. The checks do not change the weights, so the trajectory is the run's, and the last check
+equals the run's ``exact`` rows at L on the same machine and thread count.
+
+It prints a table (one row per check, one column per task) and, per task, the first update from
+which every later check is >= ``--forms``; it writes results/perf/ruler_formation_seed<S>_<steps>.json.
+
+Run from the repository root after ``pip install -e ".[dev]"``::
+
+    python tests/perf/ruler_formation.py --seeds 0 --steps 24000 --every 1000 --threads 2
+    python tests/perf/ruler_formation.py --seeds 1 --steps 4000 --every 500 -- \\
+        'train.ruler_tasks=[niah_single,niah_multikey]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_module
+
+from bench.corpora import load_corpus
+from bench.findings import wilson
+from bench.job import configure_threads
+from bench.metrics.passkey import corpus_filler_source, passkey_verdicts
+from bench.metrics.ruler import _ALNUM_IDS
+from bench.passkey import passkey_grid
+from bench.ruler import params_from, ruler_grid
+from bench.schema import JobConfig
+from bench.train import Trainer
+
+RESULTS = Path("results") / "perf"
+
+
+def job_for(seed: int, steps: int, overrides: list[str]) -> JobConfig:
+    """The RULER arm's raw RoPE job of the ruler experiment, with ``train.steps``."""
+    job = [
+        "+experiment=ruler",
+        "arm=ruler",
+        "position=rope",
+        "scaling=none",
+        "extend=none",
+        f"seed={seed}",
+        f"train.steps={steps}",
+        *overrides,
+    ]
+    with initialize_config_module("conf", version_base="1.3"):
+        return JobConfig.from_hydra(compose("config", overrides=job))
+
+
+def check_examples(job: JobConfig, corpus) -> dict[str, list]:
+    """The evaluation's examples at L: every ruler task's grid, and passkey's."""
+    length = job.train.length
+    resolved = job.eval.resolve(length).metrics
+    ruler, passkey = resolved["ruler"], resolved["passkey"]
+    source = None
+    if ruler.filler == "corpus":
+        source = corpus_filler_source(corpus.split("test"), length, "ruler")
+    params = params_from(ruler.params)
+    out = {
+        task: ruler_grid(
+            [task],
+            [length],
+            ruler.depth_list,
+            ruler.trials,
+            job.seed,
+            params,
+            ruler.filler,
+            source,
+        )
+        for task in ruler.tasks
+    }
+    out["passkey"] = passkey_grid(
+        [length], passkey.depths, passkey.trials, job.seed, template=job.train.passkey_template
+    )
+    return out
+
+
+class CheckedTrainer(Trainer):
+    """A Trainer that scores every task at L after every ``every`` updates (and the last)."""
+
+    def __init__(self, *args, every: int, examples: dict[str, list], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.every, self.examples = every, examples
+        self.checks: list[dict] = []
+
+    def _snapshot(self, done: int) -> None:
+        if done % self.every and done != self.spec.steps:
+            return
+        with self._untimed():
+            model = self.accelerator.unwrap_model(self.model)
+            model.eval()
+            scores = {}
+            for task, examples in self.examples.items():
+                ends = {} if task == "passkey" else {"continues": _ALNUM_IDS}
+                verdicts = passkey_verdicts(model, examples, 16, self.device, **ends)
+                hits, n = sum(verdicts), len(verdicts)
+                scores[task] = {"hits": hits, "n": n, "acc": hits / n, "ci": wilson(hits, n)}
+            model.train()
+            self.checks.append({"update": done, "tasks": scores})
+            line = " ".join(f"{t} {s['acc']:.2f}" for t, s in scores.items())
+            print(f"  seed {self.job.seed} update {done:5d}: {line}", flush=True)
+
+
+def formed_at(checks: list[dict], task: str, forms: float) -> int | None:
+    """The first checked update from which every later check of ``task`` is >= ``forms``."""
+    first = None
+    for check in checks:
+        if check["tasks"][task]["acc"] >= forms:
+            first = check["update"] if first is None else first
+        else:
+            first = None
+    return first
+
+
+def run(seed: int, steps: int, every: int, forms: float, overrides: list[str]) -> dict:
+    job = job_for(seed, steps, overrides)
+    corpus = load_corpus(job.data)
+    started = time.perf_counter()
+    trainer = CheckedTrainer(
+        job,
+        corpus,
+        progress=False,
+        accelerator=None,
+        init=None,
+        resume=None,
+        snapshot=None,
+        started=started,
+        every=every,
+        examples=check_examples(job, corpus),
+    )
+    trainer.setup()
+    _, stats = trainer.train()
+    tasks = list(trainer.examples)
+    out = {
+        "seed": seed,
+        "steps": steps,
+        "overrides": overrides,
+        "ruler_stages": job.train.ruler_stages,
+        "ruler_tasks": job.train.ruler_tasks,
+        "threads": torch.get_num_threads(),
+        "train_time_s": stats.train_time_s,
+        "wall_time_s": time.perf_counter() - started,
+        "forms": forms,
+        "formed_at": {task: formed_at(trainer.checks, task, forms) for task in tasks},
+        "checks": trainer.checks,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"ruler_formation_seed{seed}_{steps}.json"
+    path.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def table(result: dict) -> str:
+    """The checks as a markdown table: one row per check, one column per task (exact at L)."""
+    tasks = list(result["formed_at"])
+    lines = ["| update | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for check in result["checks"]:
+        cells = " | ".join(f"{check['tasks'][t]['acc']:.2f}" for t in tasks)
+        lines.append(f"| {check['update']} | {cells} |")
+    formed = " | ".join(str(result["formed_at"][t]) for t in tasks)
+    lines.append(f"| formed at (>= {result['forms']}) | {formed} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", required=True, help="comma-separated seeds")
+    parser.add_argument("--steps", type=int, default=24000)
+    parser.add_argument("--every", type=int, default=1000, help="updates between checks")
+    parser.add_argument("--forms", type=float, default=0.5, help="exact score that counts")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.every < 1 or args.steps < 1:
+        parser.error(f"--every and --steps must be >= 1, got {args.every} and {args.steps}.")
+    if not 0.0 < args.forms <= 1.0:
+        parser.error(f"--forms must be in (0, 1], got {args.forms}.")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    configure_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    for seed in seeds:
+        result = run(seed, args.steps, args.every, args.forms, overrides)
+        print(f"\nseed {seed}, train time {result['train_time_s']:.0f} s\n{table(result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
