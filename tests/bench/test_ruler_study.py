@@ -56,22 +56,28 @@ def test_ruler_arm_trains_on_the_task_mixture():
 
 
 def test_ruler_stages_from_the_command_line_key_the_model_not_its_fine_tunes():
-    """A curriculum typed as a user would: it is in the base model's key, and a fine-tune (which
-    trains far fewer updates) reads the mixture, not the stages."""
+    """The arm's curriculum, and another typed as a user would: each is in the base model's key,
+    and a fine-tune (which trains far fewer updates) reads the mixture, not the stages."""
     from bench.checks import weights_dict
     from bench.extend import finetune_recipe
 
-    stages = "+train.ruler_stages=[{steps:6000,tasks:[niah_single,niah_multikey]}]"
-    staged = study_job("arm=ruler", "seed=4", stages)
-    plain = study_job("arm=ruler", "seed=4")
-    assert staged.train.ruler_stages == [{"steps": 6000, "tasks": ["niah_single", "niah_multikey"]}]
-    assert weights_key(staged, corpus=None) != weights_key(plain, corpus=None)
-    assert "ruler_stages" not in weights_dict(plain.train)  # keys of models trained before hold
-    tuned = study_job("arm=ruler", "seed=4", stages, "extend=pi")
+    arm = study_job("arm=ruler", "seed=4")
+    assert arm.train.ruler_stages == [
+        {"steps": 8000, "tasks": ["niah_single", "niah_multikey", "niah_multikey"]},
+        {"steps": 6000, "tasks": ["cwe", "fwe", "niah_multikey"]},
+    ]
+    assert arm.train.steps == 24000
+    other = study_job("arm=ruler", "seed=4", "train.ruler_stages=[{steps:6000,tasks:[vt]}]")
+    assert other.train.ruler_stages == [{"steps": 6000, "tasks": ["vt"]}]
+    none = study_job("arm=ruler", "seed=4", "train.ruler_stages=[]")
+    keys = {weights_key(job, corpus=None) for job in (arm, other, none)}
+    assert len(keys) == 3
+    assert "ruler_stages" not in weights_dict(none.train)  # keys of models trained before hold
+    tuned = study_job("arm=ruler", "seed=4", "extend=pi")
     assert finetune_recipe(tuned).ruler_stages == [] and tuned.train.ruler_stages
     # negative control: the stages' own check still runs on the base recipe
-    with pytest.raises(ValueError, match="train.ruler_stages take 20000 updates"):
-        study_job("arm=ruler", "+train.ruler_stages=[{steps:20000,tasks:[vt]}]")
+    with pytest.raises(ValueError, match="train.ruler_stages take 30000 updates"):
+        study_job("arm=ruler", "train.ruler_stages=[{steps:30000,tasks:[vt]}]")
 
 
 def test_ruler_section_bad_values_are_named():
