@@ -167,7 +167,7 @@ class ReportCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
-        self._stale = _status_files(self._sweep_dir) if self._sweep_dir.is_dir() else {}
+        self._stale = _status_files(self._sweep_dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = self._sweep_dir or Path(str(config.hydra.sweep.dir))

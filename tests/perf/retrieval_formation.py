@@ -27,6 +27,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from operator import itemgetter
 from pathlib import Path
 
 import torch
@@ -43,11 +45,18 @@ from bench.train import Trainer
 RESULTS = Path("results") / "perf"
 
 
-def job_for(seed: int, steps: int, overrides: list[str]) -> JobConfig:
-    """The retrieval arm's raw RoPE job of the findings experiment, with ``train.steps``."""
+def job_for(
+    seed: int,
+    steps: int,
+    overrides: list[str],
+    experiment: str = "findings",
+    arm: str = "retrieval",
+) -> JobConfig:
+    """The raw RoPE job of ``arm`` in ``experiment`` (by default the findings experiment's
+    retrieval arm), with ``train.steps``."""
     job = [
-        "+experiment=findings",
-        "arm=retrieval",
+        f"+experiment={experiment}",
+        f"arm={arm}",
         "position=rope",
         "scaling=none",
         "extend=none",
@@ -60,7 +69,8 @@ def job_for(seed: int, steps: int, overrides: list[str]) -> JobConfig:
 
 
 class CheckedTrainer(Trainer):
-    """A Trainer that scores passkey at L after every ``every`` updates (and the last)."""
+    """A Trainer that records ``score(model, done)`` after every ``every`` updates (and the last),
+    in eval mode and outside the timed training."""
 
     def __init__(self, *args, every: int, examples, **kwargs):
         super().__init__(*args, **kwargs)
@@ -73,50 +83,41 @@ class CheckedTrainer(Trainer):
         with self._untimed():
             model = self.accelerator.unwrap_model(self.model)
             model.eval()
-            verdicts = passkey_verdicts(model, self.examples, batch_size=16, device=self.device)
+            self.checks.append(self.score(model, done))
             model.train()
-            hits, n = sum(verdicts), len(verdicts)
-            low, high = wilson(hits, n)
-            loss = float(self.losses[max(0, done - self.spec.log_every) : done].mean())
-            self.checks.append(
-                {
-                    "update": done,
-                    "hits": hits,
-                    "n": n,
-                    "acc": hits / n,
-                    "low": low,
-                    "high": high,
-                    "train_loss": loss,
-                }
-            )
-            print(
-                f"  seed {self.job.seed} update {done:5d}: passkey at L {hits:3d}/{n} "
-                f"[{low:.2f}, {high:.2f}], loss {loss:.3f}",
-                flush=True,
-            )
+
+    def score(self, model: torch.nn.Module, done: int) -> dict:
+        raise NotImplementedError
 
 
-def formed_at(checks: list[dict], retrieves: float) -> int | None:
-    """The first checked update from which every later check has accuracy >= ``retrieves``."""
-    first = None
-    for check in checks:
-        if check["acc"] >= retrieves:
-            first = check["update"] if first is None else first
-        else:
-            first = None
-    return first
+class PasskeyCheckedTrainer(CheckedTrainer):
+    """Passkey accuracy at L on the evaluation's examples, with its Wilson interval."""
+
+    def score(self, model: torch.nn.Module, done: int) -> dict:
+        verdicts = passkey_verdicts(model, self.examples, batch_size=16, device=self.device)
+        hits, n = sum(verdicts), len(verdicts)
+        low, high = wilson(hits, n)
+        loss = float(self.losses[max(0, done - self.spec.log_every) : done].mean())
+        print(
+            f"  seed {self.job.seed} update {done:5d}: passkey at L {hits:3d}/{n} "
+            f"[{low:.2f}, {high:.2f}], loss {loss:.3f}",
+            flush=True,
+        )
+        return {
+            "update": done,
+            "hits": hits,
+            "n": n,
+            "acc": hits / n,
+            "low": low,
+            "high": high,
+            "train_loss": loss,
+        }
 
 
-def run(seed: int, steps: int, every: int, retrieves: float, overrides: list[str]) -> dict:
-    job = job_for(seed, steps, overrides)
-    corpus = load_corpus(job.data)
-    length = job.train.length
-    passkey = job.eval.resolve(length).metrics["passkey"]
-    examples = passkey_grid(
-        [length], passkey.depths, passkey.trials, job.seed, template=job.train.passkey_template
-    )
+def train_checked(trainer: type[CheckedTrainer], job: JobConfig, corpus, every: int, examples):
+    """Train ``job`` with ``trainer``'s checks; returns the trainer, its stats and the start."""
     started = time.perf_counter()
-    trainer = CheckedTrainer(
+    checked = trainer(
         job,
         corpus,
         progress=False,
@@ -128,8 +129,40 @@ def run(seed: int, steps: int, every: int, retrieves: float, overrides: list[str
         every=every,
         examples=examples,
     )
-    trainer.setup()
-    _, stats = trainer.train()
+    checked.setup()
+    _, stats = checked.train()
+    return checked, stats, started
+
+
+def formed_at(
+    checks: list[dict], threshold: float, acc: Callable[[dict], float] = itemgetter("acc")
+) -> int | None:
+    """The first checked update from which every later check has ``acc(check) >= threshold``."""
+    first = None
+    for check in checks:
+        if acc(check) >= threshold:
+            first = check["update"] if first is None else first
+        else:
+            first = None
+    return first
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the script's arguments, the Hydra overrides after ``--``)."""
+    if "--" not in argv:
+        return argv, []
+    return argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+
+
+def run(seed: int, steps: int, every: int, retrieves: float, overrides: list[str]) -> dict:
+    job = job_for(seed, steps, overrides)
+    corpus = load_corpus(job.data)
+    length = job.train.length
+    passkey = job.eval.resolve(length).metrics["passkey"]
+    examples = passkey_grid(
+        [length], passkey.depths, passkey.trials, job.seed, template=job.train.passkey_template
+    )
+    trainer, stats, started = train_checked(PasskeyCheckedTrainer, job, corpus, every, examples)
     out = {
         "seed": seed,
         "steps": steps,
@@ -150,8 +183,7 @@ def run(seed: int, steps: int, every: int, retrieves: float, overrides: list[str
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", required=True, help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=4000)

@@ -28,10 +28,16 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_module
+from retrieval_formation import (
+    RESULTS,
+    CheckedTrainer,
+    formed_at,
+    job_for,
+    split_overrides,
+    train_checked,
+)
 
 from bench.corpora import load_corpus
 from bench.findings import wilson
@@ -41,25 +47,6 @@ from bench.metrics.ruler import _ALNUM_IDS
 from bench.passkey import passkey_grid
 from bench.ruler import params_from, ruler_grid
 from bench.schema import JobConfig
-from bench.train import Trainer
-
-RESULTS = Path("results") / "perf"
-
-
-def job_for(seed: int, steps: int, overrides: list[str]) -> JobConfig:
-    """The RULER arm's raw RoPE job of the ruler experiment, with ``train.steps``."""
-    job = [
-        "+experiment=ruler",
-        "arm=ruler",
-        "position=rope",
-        "scaling=none",
-        "extend=none",
-        f"seed={seed}",
-        f"train.steps={steps}",
-        *overrides,
-    ]
-    with initialize_config_module("conf", version_base="1.3"):
-        return JobConfig.from_hydra(compose("config", overrides=job))
 
 
 def check_examples(job: JobConfig, corpus) -> dict[str, list]:
@@ -90,61 +77,30 @@ def check_examples(job: JobConfig, corpus) -> dict[str, list]:
     return out
 
 
-class CheckedTrainer(Trainer):
-    """A Trainer that scores every task at L after every ``every`` updates (and the last)."""
+class RulerCheckedTrainer(CheckedTrainer):
+    """Every task's exact score at L (and passkey's) on the evaluation's examples."""
 
-    def __init__(self, *args, every: int, examples: dict[str, list], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.every, self.examples = every, examples
-        self.checks: list[dict] = []
-
-    def _snapshot(self, done: int) -> None:
-        if done % self.every and done != self.spec.steps:
-            return
-        with self._untimed():
-            model = self.accelerator.unwrap_model(self.model)
-            model.eval()
-            scores = {}
-            for task, examples in self.examples.items():
-                ends = {} if task == "passkey" else {"continues": _ALNUM_IDS}
-                verdicts = passkey_verdicts(model, examples, 16, self.device, **ends)
-                hits, n = sum(verdicts), len(verdicts)
-                scores[task] = {"hits": hits, "n": n, "acc": hits / n, "ci": wilson(hits, n)}
-            model.train()
-            self.checks.append({"update": done, "tasks": scores})
-            line = " ".join(f"{t} {s['acc']:.2f}" for t, s in scores.items())
-            print(f"  seed {self.job.seed} update {done:5d}: {line}", flush=True)
+    def score(self, model: torch.nn.Module, done: int) -> dict:
+        scores = {}
+        for task, examples in self.examples.items():
+            ends = {} if task == "passkey" else {"continues": _ALNUM_IDS}
+            verdicts = passkey_verdicts(model, examples, 16, self.device, **ends)
+            hits, n = sum(verdicts), len(verdicts)
+            scores[task] = {"hits": hits, "n": n, "acc": hits / n, "ci": wilson(hits, n)}
+        line = " ".join(f"{t} {s['acc']:.2f}" for t, s in scores.items())
+        print(f"  seed {self.job.seed} update {done:5d}: {line}", flush=True)
+        return {"update": done, "tasks": scores}
 
 
-def formed_at(checks: list[dict], task: str, forms: float) -> int | None:
-    """The first checked update from which every later check of ``task`` is >= ``forms``."""
-    first = None
-    for check in checks:
-        if check["tasks"][task]["acc"] >= forms:
-            first = check["update"] if first is None else first
-        else:
-            first = None
-    return first
+def _task_acc(task: str):
+    return lambda check: check["tasks"][task]["acc"]
 
 
 def run(seed: int, steps: int, every: int, forms: float, overrides: list[str]) -> dict:
-    job = job_for(seed, steps, overrides)
+    job = job_for(seed, steps, overrides, experiment="ruler", arm="ruler")
     corpus = load_corpus(job.data)
-    started = time.perf_counter()
-    trainer = CheckedTrainer(
-        job,
-        corpus,
-        progress=False,
-        accelerator=None,
-        init=None,
-        resume=None,
-        snapshot=None,
-        started=started,
-        every=every,
-        examples=check_examples(job, corpus),
-    )
-    trainer.setup()
-    _, stats = trainer.train()
+    examples = check_examples(job, corpus)
+    trainer, stats, started = train_checked(RulerCheckedTrainer, job, corpus, every, examples)
     tasks = list(trainer.examples)
     out = {
         "seed": seed,
@@ -156,7 +112,7 @@ def run(seed: int, steps: int, every: int, forms: float, overrides: list[str]) -
         "train_time_s": stats.train_time_s,
         "wall_time_s": time.perf_counter() - started,
         "forms": forms,
-        "formed_at": {task: formed_at(trainer.checks, task, forms) for task in tasks},
+        "formed_at": {task: formed_at(trainer.checks, forms, _task_acc(task)) for task in tasks},
         "checks": trainer.checks,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -179,8 +135,7 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", required=True, help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=24000)
