@@ -1,0 +1,116 @@
+"""The RULER study's committed reference (results/ruler, reports/ruler).
+
+As tests/test_training_free_reference.py does for its study: the Findings computed from the
+committed rows equal the committed table, reports/ruler/README.md states each status, its
+calibration table (every task's exact accuracy at L per seed, the issue's "above chance at L on
+every documented seed") and its per-method table are the numbers the rows give (to the digits
+printed; a changed digit fails), and regenerating the report reproduces every committed table.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import findings as F
+from bench.findings import NOT_MEASURED, wilson
+from bench.report.render import labelled_rows
+from bench.report.sections.ruler import ruler_rows, score_table
+from bench.ruler import RULER_TASKS
+
+from fixtures import ROOT
+from fixtures.markdown import agrees, markdown_table
+from fixtures.reports import (
+    ESTIMATE,
+    assert_committed_findings,
+    assert_report_regenerates,
+    changed_digit,
+    committed_rows,
+)
+
+RESULTS = ROOT / "results" / "ruler"
+REPORT = ROOT / "reports" / "ruler"
+NUMBERS = REPORT / "README.md"
+SEEDS = (4, 5, 6)
+#: the zero-shot methods of +experiment=ruler, and its two fine-tunes (at 4L)
+METHODS = ("none", "linear", "ntk", "yarn", "self_extend")
+TUNED = ("pi", "yarn")
+
+pytestmark = pytest.mark.skipif(
+    not any(RESULTS.glob("*.parquet")), reason="no committed RULER reference results"
+)
+
+
+def test_the_committed_findings_are_what_the_rows_give():
+    df = committed_rows(RESULTS)
+    status = assert_committed_findings(df, REPORT, ("R1", "R2"))
+    assert status["R1"] != NOT_MEASURED, status
+    assert set(df["seed"]) == set(SEEDS)
+    assert set(df["scaling"]) >= set(METHODS)
+    assert set(F._col(df, "finetune_method").dropna()) == set(TUNED)
+
+
+def _cell_agrees(cell: str, k: float, n: float) -> None:
+    """``cell`` is "acc [lo, hi]" of k successes in n trials (Wilson), and a changed digit of
+    the accuracy is not."""
+    ((value, lo, hi),) = ESTIMATE.findall(cell)
+    (wlo, whi) = wilson(k, n)
+    for printed, v in ((value, k / n), (lo, wlo), (hi, whi)):
+        assert agrees(printed, v), (cell, printed, v)
+    assert not agrees(changed_digit(value), k / n), cell
+
+
+def test_the_calibration_table_is_the_base_models_rows_at_L():
+    """ "| task | chance | seed 4 | seed 5 | seed 6 |": each task's exact accuracy at L of the raw
+    base model of each seed with its Wilson interval; passkey over its 40 examples."""
+    df = committed_rows(RESULTS)
+    table = markdown_table(NUMBERS.read_text(encoding="utf-8"), "| task | chance | seed 4 |")
+    assert set(table) == {*RULER_TASKS, "passkey"}
+    raw = F._at(F.select(df, "rope", "none"), 1)
+    for task, cells in table.items():
+        if task == "passkey":
+            trials = F._trials(F._passkey(raw)).set_index("seed")
+        else:
+            rows = raw[raw["metric"] != "effective_length"]
+            r = rows[(F._col(rows, "task") == task) & (rows["axis"] == "score")]
+            trials = F._trials(r[r["axis_value"] == "exact"]).set_index("seed")
+        for seed, cell in zip(SEEDS, cells[1:], strict=True):
+            _cell_agrees(cell, trials.loc[seed, "k"], trials.loc[seed, "n"])
+
+
+def test_the_per_method_table_is_the_score_table():
+    """ "| method | L | 2L | 4L | effective length |": the tasks' mean exact score (seed mean, the
+    report's ``average``) per method at each length, and the stored relative-threshold effective
+    length of the tasks' mean (median over seeds, then each seed's); a fine-tune after its last
+    update."""
+    df = labelled_rows(committed_rows(RESULTS))
+    table = markdown_table(NUMBERS.read_text(encoding="utf-8"), "| method | L | 2L | 4L |")
+    assert set(table) == {*METHODS, *(f"{m} fine-tuned" for m in TUNED)}
+    for method, cells in table.items():
+        if method.endswith(" fine-tuned"):
+            rows = F.select(df, "rope", None, tuned=method.removesuffix(" fine-tuned"))
+            rows = rows[rows["finetune_steps"] == rows["finetune_steps"].max()]
+        else:
+            rows = F.select(df, "rope", method)
+        rows = ruler_rows(rows)
+        assert rows["_series"].nunique() == 1, method
+        scores = score_table(rows)
+        mean = scores[scores["task"] == "average"].set_index("eval_length")["exact"]
+        lengths = sorted(mean.index)
+        assert len(lengths) == 3, (method, lengths)
+        for printed, length in zip(cells[:3], lengths, strict=True):
+            assert agrees(printed, mean[length]), (method, length, printed, mean[length])
+        assert not agrees(changed_digit(cells[0]), mean[lengths[0]]), method
+        eff = rows[
+            (rows["metric"] == "effective_length")
+            & (rows["task"] == "average")
+            & (rows["axis"] == "relative_threshold")
+        ]
+        assert eff["seed"].nunique() == len(SEEDS), method
+        median, per_seed = cells[3].split(" ", 1)
+        assert float(median) == float(eff["value"].median()), method
+        stored = eff.sort_values("seed")["value"].astype(int).tolist()
+        assert per_seed == "(" + ", ".join(map(str, stored)) + ")", method
+
+
+def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monkeypatch):
+    assert_report_regenerates("ruler", tmp_path, monkeypatch)
