@@ -154,6 +154,35 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[: argv.index("--")], argv[argv.index("--") + 1 :]
 
 
+def formation_parser(doc: str, steps: int, every: int) -> argparse.ArgumentParser:
+    """The formation scripts' shared options (seeds, updates, check interval, threads); each
+    script adds its own threshold."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--seeds", required=True, help="comma-separated seeds")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--every", type=int, default=every, help="updates between checks")
+    parser.add_argument("--threads", type=int, default=None)
+    return parser
+
+
+def parse_formation_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, list[int], list[str]]:
+    """(arguments, seeds, Hydra overrides) of a :func:`formation_parser` command line, its counts
+    checked, the threads set."""
+    argv = sys.argv[1:] if argv is None else argv
+    argv, overrides = split_overrides(argv)
+    args = parser.parse_args(argv)
+    if args.every < 1 or args.steps < 1:
+        parser.error(f"--every and --steps must be >= 1, got {args.every} and {args.steps}.")
+    return args, [int(s) for s in args.seeds.split(",")], overrides
+
+
+def start(threads: int | None) -> None:
+    configure_threads(threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+
 def run(seed: int, steps: int, every: int, retrieves: float, overrides: list[str]) -> dict:
     job = job_for(seed, steps, overrides)
     corpus = load_corpus(job.data)
@@ -182,20 +211,10 @@ def run(seed: int, steps: int, every: int, retrieves: float, overrides: list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    argv, overrides = split_overrides(argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", required=True, help="comma-separated seeds")
-    parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--every", type=int, default=250, help="updates between checks")
+    parser = formation_parser(__doc__, steps=4000, every=250)
     parser.add_argument("--retrieves", type=float, default=0.9, help="accuracy that counts")
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args(argv)
-    if args.every < 1 or args.steps < 1:
-        parser.error(f"--every and --steps must be >= 1, got {args.every} and {args.steps}.")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    configure_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    args, seeds, overrides = parse_formation_args(parser, argv)
+    start(args.threads)
     results = [run(s, args.steps, args.every, args.retrieves, overrides) for s in seeds]
     print("\n| seed | formed at (update) | acc at the end | train time (s) |")
     print("|---|---|---|---|")

@@ -24,24 +24,23 @@ Run from the repository root after ``pip install -e ".[dev]"``::
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 
 import torch
 from retrieval_formation import (
     RESULTS,
     CheckedTrainer,
+    formation_parser,
     formed_at,
     job_for,
-    split_overrides,
+    parse_formation_args,
+    start,
     train_checked,
 )
 
 from bench.corpora import load_corpus
 from bench.findings import wilson
-from bench.job import configure_threads
 from bench.metrics.passkey import corpus_filler_source, passkey_verdicts
 from bench.metrics.ruler import _ALNUM_IDS
 from bench.passkey import passkey_grid
@@ -134,22 +133,12 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    argv, overrides = split_overrides(argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", required=True, help="comma-separated seeds")
-    parser.add_argument("--steps", type=int, default=24000)
-    parser.add_argument("--every", type=int, default=1000, help="updates between checks")
+    parser = formation_parser(__doc__, steps=24000, every=1000)
     parser.add_argument("--forms", type=float, default=0.5, help="exact score that counts")
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args(argv)
-    if args.every < 1 or args.steps < 1:
-        parser.error(f"--every and --steps must be >= 1, got {args.every} and {args.steps}.")
+    args, seeds, overrides = parse_formation_args(parser, argv)
     if not 0.0 < args.forms <= 1.0:
         parser.error(f"--forms must be in (0, 1], got {args.forms}.")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    configure_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    start(args.threads)
     for seed in seeds:
         result = run(seed, args.steps, args.every, args.forms, overrides)
         print(f"\nseed {seed}, train time {result['train_time_s']:.0f} s\n{table(result)}")
