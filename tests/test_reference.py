@@ -428,6 +428,34 @@ BUDGET_RESULTS = ROOT / "results" / "retrieval_budget"
 BUDGET = "### The retrieval arm's base budget"
 
 
+#: what was tried for F4 (the README's "F4's fine-tune recipe: what was tried"): the fine-tunes of
+#: seeds 24 and 26 at a third of the findings' learning rate, beside their parents (their rows)
+FINETUNE_LR_RESULTS = ROOT / "results" / "finetune_lr"
+FINETUNE_LR = "### The learning rate: seeds 24 and 26 at 3e-4"
+
+#: the header of a table of single seeds' recovery curves, a row per seed, fine-tune and lr
+CURVES_HEADER = "| seed, fine-tune, lr |"
+
+
+def check_seed_curves(section: str, sources: dict[str, Path]) -> int:
+    """Cells: one seed's worst passkey accuracy over L, 2L, 4L after k updates of one fine-tune
+    (a row "seed, method, lr"), read from the rows of that lr's recipe (``sources``: the lr as
+    printed -> its rows); every row has every update count of the header."""
+    table = markdown_table(section, CURVES_HEADER)
+    steps = _seed_columns(section, CURVES_HEADER)
+    checked = 0
+    for label, cells in table.items():
+        seed, method, lr = (part.strip() for part in label.split(","))
+        df = committed_rows(sources[lr])
+        rows = F._passkey(F.select(df, "rope", None, tuned=F4_NAMES[method]))
+        for k, cell in zip(steps, cells, strict=True):
+            at = rows[rows["finetune_steps"] == k]
+            assert agrees(cell, min(_accuracies(at, int(seed)))), (label, k, cell)
+            checked += 1
+    assert checked == len(table) * len(steps)
+    return checked
+
+
 #: the sections of the README that have their own rows (other machine types, other seeds):
 #: heading -> (their rows, their checks)
 OTHER_MACHINES = {
@@ -440,6 +468,16 @@ OTHER_MACHINES = {
         {
             **retrieval_arm_checks(UNTIL_RETRIEVES_RESULTS),
             "updates trained": functools.partial(check_budget, results=UNTIL_RETRIEVES_RESULTS),
+        },
+    ),
+    FINETUNE_LR: (
+        FINETUNE_LR_RESULTS,
+        {
+            "seed curves": functools.partial(
+                check_seed_curves,
+                sources={"1e-3": UNTIL_RETRIEVES_RESULTS, "3e-4": FINETUNE_LR_RESULTS},
+            ),
+            "updates trained": functools.partial(check_budget, results=FINETUNE_LR_RESULTS),
         },
     ),
     BUDGET: (
@@ -515,6 +553,11 @@ OTHER_MACHINE_WRONG = [
     (UNTIL_RETRIEVES, "reference statuses", "| (**holds**) RoPE passkey",
      "| (not decided) RoPE passkey"),
     (UNTIL_RETRIEVES, "updates trained", "| 28 | 5750 |", "| 28 | 6000 |"),
+    (FINETUNE_LR, "seed curves", "| 26, PI, 3e-4 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 |",
+     "| 26, PI, 3e-4 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.10 |"),
+    # the row read from the other lr's rows
+    (FINETUNE_LR, "seed curves", "| 24, direct, 3e-4 |", "| 24, direct, 1e-3 |"),
+    (FINETUNE_LR, "updates trained", "| 26 | 3250 |", "| 26 | 3000 |"),
     (BUDGET, "updates trained", "| 9 | 3500 |", "| 9 | 3000 |"),
     (BUDGET, "updates trained", "| 15 | 3000 | 1.00 | 0.10 |", "| 15 | 3000 | 1.00 | 0.00 |"),
 ]  # fmt: skip
