@@ -433,6 +433,33 @@ BUDGET = "### The retrieval arm's base budget"
 FINETUNE_LR_RESULTS = ROOT / "results" / "finetune_lr"
 FINETUNE_LR = "### The learning rate: seeds 24 and 26 at 3e-4"
 
+#: PI's fine-tune of seeds 5 and 26 (the seeds where it never recovers) run on to 3200 updates at
+#: the findings' recipe (their rows)
+FINETUNE_LONG_RESULTS = ROOT / "results" / "finetune_long"
+FINETUNE_LONG = "### PI beyond 800 updates: seeds 5 and 26"
+
+
+def check_same_run_to_800(section: str, long: pd.DataFrame | None = None) -> int:
+    """The long fine-tunes (``long``: their committed rows unless given) are the reference's own
+    up to 800 updates: every passkey row of their curves at 0-800 updates equals the committed
+    reference's row (seed 5: results/reference, seed 26: the seeds 24-29 run), value for value;
+    returns the rows compared."""
+    long = committed_rows(FINETUNE_LONG_RESULTS) if long is None else long
+    long = long[(long["metric"] == "passkey_acc") & (long["finetune_steps"] <= 800)]
+    key = ["seed", "finetune_method", "finetune_steps", "eval_length", "axis", "axis_value"]
+    checked = 0
+    for seed, results in ((5, RESULTS), (26, UNTIL_RETRIEVES_RESULTS)):
+        ref = committed_rows(results)
+        ref = ref[(ref["metric"] == "passkey_acc") & (ref["finetune_method"] == "pi")]
+        ours = long[long["seed"] == seed].set_index(key)["value"].sort_index()
+        theirs = ref[ref["seed"] == seed].set_index(key)["value"].sort_index()
+        assert len(ours) == len(theirs) > 0 and ours.index.equals(theirs.index), seed
+        assert (ours.to_numpy() == theirs.to_numpy()).all(), seed
+        checked += len(ours)
+    assert str(checked) in section  # the README says how many rows were compared
+    return checked
+
+
 #: the header of a table of single seeds' recovery curves, a row per seed, fine-tune and lr
 CURVES_HEADER = "| seed, fine-tune, lr |"
 
@@ -478,6 +505,15 @@ OTHER_MACHINES = {
                 sources={"1e-3": UNTIL_RETRIEVES_RESULTS, "3e-4": FINETUNE_LR_RESULTS},
             ),
             "updates trained": functools.partial(check_budget, results=FINETUNE_LR_RESULTS),
+        },
+    ),
+    FINETUNE_LONG: (
+        FINETUNE_LONG_RESULTS,
+        {
+            "seed curves": functools.partial(
+                check_seed_curves, sources={"1e-3": FINETUNE_LONG_RESULTS}
+            ),
+            "same run to 800": check_same_run_to_800,
         },
     ),
     BUDGET: (
@@ -558,9 +594,22 @@ OTHER_MACHINE_WRONG = [
     # the row read from the other lr's rows
     (FINETUNE_LR, "seed curves", "| 24, direct, 3e-4 |", "| 24, direct, 1e-3 |"),
     (FINETUNE_LR, "updates trained", "| 26 | 3250 |", "| 26 | 3000 |"),
+    (FINETUNE_LONG, "seed curves", "| 0.15 | 0.85 | 0.91 | 1.00 |", "| 0.15 | 0.85 | 0.81 | 1.00 |"),
+    (FINETUNE_LONG, "same run to 800", "all 216 passkey rows", "all 215 passkey rows"),
     (BUDGET, "updates trained", "| 9 | 3500 |", "| 9 | 3000 |"),
     (BUDGET, "updates trained", "| 15 | 3000 | 1.00 | 0.10 |", "| 15 | 3000 | 1.00 | 0.00 |"),
 ]  # fmt: skip
+
+
+def test_same_run_check_fails_on_a_changed_row():
+    text, _ = _other_machine(FINETUNE_LONG)
+    long = committed_rows(FINETUNE_LONG_RESULTS).reset_index(drop=True)
+    assert check_same_run_to_800(text, long) == 216
+    passkey = (long["metric"] == "passkey_acc") & (long["seed"] == 26)
+    at = long.index[passkey & (long["finetune_steps"] == 400)][0]
+    long.loc[at, "value"] += 0.0125  # one more example right at one depth
+    with pytest.raises(AssertionError):
+        check_same_run_to_800(text, long)
 
 
 @pytest.mark.parametrize(("heading", "name", "right", "wrong"), OTHER_MACHINE_WRONG)
