@@ -855,3 +855,33 @@ def test_sweep_summary_counts_resumed_trainings():
     assert "3 evaluated (2 trained a model, 1 of them resumed from a saved state)" in line
     line, _ = summarize([done])  # control: nothing resumed, nothing said
     assert "resumed" not in line
+
+
+class _OneSecondClock:
+    """datetime for Hydra's ``now`` resolver: every call in the same second, 1 us apart, as for two
+    sweeps started side by side (e.g. ``seed=24,25,26`` beside ``seed=27,28,29``)."""
+
+    calls = 0
+
+    @classmethod
+    def now(cls):
+        import datetime
+
+        cls.calls += 1
+        return datetime.datetime(2026, 12, 3, 16, 11, 22, cls.calls)
+
+
+def test_two_invocations_in_one_second_get_their_own_run_and_sweep_dirs(monkeypatch):
+    """Two sweeps of one experiment started in the same second once shared a sweep dir: job n of
+    the second overwrote job n of the first (its composed config, log and status)."""
+    import hydra.core.utils
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", _OneSecondClock)
+    first, second = (compose_cfg([], hydra=True).hydra for _ in range(2))
+    assert first.sweep.dir != second.sweep.dir and first.run.dir != second.run.dir
+    assert Path(first.sweep.dir).parent == Path(second.sweep.dir).parent  # same .hydra-sweeps
+    # negative control: the seconds-only name of before gives both invocations one dir
+    old = [
+        OmegaConf.create({"d": "${now:%Y-%m-%d_%H-%M-%S}"}).d for _ in range(2)
+    ]  # the resolver is registered by the compose above
+    assert old[0] == old[1]
