@@ -295,6 +295,36 @@ def check_budget(section: str, results: Path = RESULTS) -> int:
     return checked
 
 
+#: the sentence that prices deciding PI's point after 800 updates with more seeds
+PI_SPREAD = re.compile(
+    r"After 800 updates PI's accuracy over those nine averages (\S+) / (\S+) / (\S+) at L / 2L"
+    r" / 4L with seed standard deviations (\S+) / (\S+) / (\S+): were these the true mean and"
+    r" spread, a 95% interval at 4L would fall below 0.8 only after about (\d+) seeds, and at"
+    r" L, whose mean is above 0.8, it would not rise above it before thousands"
+)
+
+
+def check_pi_seed_spread(section: str) -> int:
+    """PI's accuracy after 800 updates over the nine Zen 4 seeds trained until they retrieve
+    (this reference's and the seeds 24-29 run's rows): mean and standard deviation per length,
+    and the seeds a 95% normal interval of that spread needs to leave 0.8 (to the nearest ten at
+    4L, at least a thousand at L)."""
+    (found,) = PI_SPREAD.findall(" ".join(section.split()))
+    per_seed = []  # [seeds, 3]
+    for results in (RESULTS, UNTIL_RETRIEVES_RESULTS):
+        at_800 = _curve(committed_rows(results), "PI").query("finetune_steps == 800")
+        per_seed += [_accuracies(at_800, s) for s in sorted(set(at_800["seed"]))]
+    acc = np.array(per_seed)
+    assert acc.shape == (9, 3), acc.shape
+    mean, sd = acc.mean(axis=0), acc.std(axis=0, ddof=1)
+    for printed, value in zip(found[:6], [*mean, *sd], strict=True):
+        assert agrees(printed, value), (printed, value)
+    needed = (1.96 * sd / np.abs(mean - F.RETRIEVAL_MIN_ACC)) ** 2
+    assert mean[0] > F.RETRIEVAL_MIN_ACC > mean[2], mean
+    assert int(found[6]) == round(needed[2], -1) and needed[0] >= 1000, needed
+    return 7
+
+
 CHECKS: dict[str, Callable[[str], int]] = {
     "zero-shot passkey": check_zero_shot_spread,
     "recovery": check_recovery,
@@ -302,6 +332,7 @@ CHECKS: dict[str, Callable[[str], int]] = {
     "findings intervals": check_findings_intervals,
     "F4 update counts": check_f4_update_counts,
     "updates trained": check_budget,
+    "PI seed spread": check_pi_seed_spread,
 }
 
 
@@ -326,6 +357,9 @@ WRONG = [
     ("F4 update counts", "YaRN 400, PI and direct", "YaRN 200, PI and direct"),
     ("F4 update counts", "PI and direct not decidedly", "PI not decidedly"),
     ("updates trained", "| 5 | 1500 |", "| 5 | 2000 |"),
+    ("PI seed spread", "averages 0.81 / 0.78", "averages 0.80 / 0.78"),
+    ("PI seed spread", "0.38 / 0.40 / 0.39", "0.38 / 0.40 / 0.29"),
+    ("PI seed spread", "after about 250 seeds", "after about 25 seeds"),
 ]
 
 
