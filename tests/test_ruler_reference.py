@@ -114,3 +114,69 @@ def test_the_per_method_table_is_the_score_table():
 
 def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monkeypatch):
     assert_report_regenerates("ruler", tmp_path, monkeypatch)
+
+
+# --------------------------------------------- the fine-tunes run on to 800 updates (README)
+
+#: PI's and YaRN's fine-tunes of seeds 4 and 5 at 4L, run on to 800 updates (their rows)
+LONG_RESULTS = ROOT / "results" / "ruler_finetune_long"
+LONG_HEADER = "| seed, fine-tune, updates of run |"
+#: how the README names the fine-tunes
+TUNED_NAMES = {"PI": "pi", "YaRN": "yarn"}
+
+
+def _per_seed_cells(rows, seed: int) -> list[str]:
+    """One seed's fine-tune rows at one update count as the README prints them: the tasks' mean
+    exact score at L, 2L, 4L, the relative-threshold effective length of that mean, and passkey
+    accuracy at L / 2L / 4L."""
+    rows = rows[rows["seed"] == seed]
+    ruler = ruler_rows(rows)
+    scores = score_table(ruler)
+    mean = scores[scores["task"] == "average"].set_index("eval_length")["exact"].sort_index()
+    assert len(mean) == 3, mean
+    eff = ruler[
+        (ruler["metric"] == "effective_length")
+        & (ruler["task"] == "average")
+        & (ruler["axis"] == "relative_threshold")
+    ]
+    (length,) = eff["value"].astype(int)
+    passkey = F._passkey(rows)
+    accs = [float(F._trials(F._at(passkey, k))["acc"].iloc[0]) for k in (1, 2, 4)]
+    return [*(f"{v:.2f}" for v in mean), str(length), " / ".join(f"{a:.2f}" for a in accs)]
+
+
+def check_long_fine_tunes(text: str) -> int:
+    """ "| seed, fine-tune, updates of run | L | 2L | 4L | effective length | passkey ... |": a
+    row per seed, method and update count k of a run of N updates; N = 200 is the reference's
+    own fine-tune (results/ruler), N = 800 the run on (results/ruler_finetune_long)."""
+    table = markdown_table(text, LONG_HEADER)
+    sources = {200: committed_rows(RESULTS), 800: committed_rows(LONG_RESULTS)}
+    checked = 0
+    for label, cells in table.items():
+        seed, method, counts = (part.strip() for part in label.split(","))
+        updates, run = (int(x) for x in counts.split(" of "))
+        df = labelled_rows(sources[run])
+        rows = F.select(df, "rope", None, tuned=TUNED_NAMES[method])
+        rows = rows[rows["finetune_steps"] == updates]
+        expected = _per_seed_cells(rows, int(seed))
+        for printed, value in zip(cells, expected, strict=True):
+            assert printed == value, (label, printed, value)
+        checked += len(expected)
+    assert checked == 5 * 2 * 2 * 4, checked  # seeds 4, 5 x PI, YaRN x 200/200, 200/800, 400, 800
+    return checked
+
+
+def test_the_long_fine_tune_table_is_their_rows():
+    assert check_long_fine_tunes(NUMBERS.read_text(encoding="utf-8")) > 0
+
+
+@pytest.mark.parametrize("row", [0, 7])
+def test_the_long_fine_tune_check_fails_on_a_changed_cell(row):
+    text = NUMBERS.read_text(encoding="utf-8")
+    start = text.index(LONG_HEADER)
+    lines = text[start:].splitlines()
+    line = lines[2 + row]
+    cells = line.split("|")
+    cells[2] = f" {changed_digit(cells[2].strip())} "
+    with pytest.raises(AssertionError):
+        check_long_fine_tunes(text.replace(line, "|".join(cells), 1))
