@@ -100,16 +100,21 @@ def test_the_per_method_table_is_the_score_table():
         for printed, length in zip(cells[:3], lengths, strict=True):
             assert agrees(printed, mean[length]), (method, length, printed, mean[length])
         assert not agrees(changed_digit(cells[0]), mean[lengths[0]]), method
-        eff = rows[
-            (rows["metric"] == "effective_length")
-            & (rows["task"] == "average")
-            & (rows["axis"] == "relative_threshold")
-        ]
+        eff = _relative_effective_lengths(rows)
         assert eff["seed"].nunique() == len(SEEDS), method
         median, per_seed = cells[3].split(" ", 1)
         assert float(median) == float(eff["value"].median()), method
         stored = eff.sort_values("seed")["value"].astype(int).tolist()
         assert per_seed == "(" + ", ".join(map(str, stored)) + ")", method
+
+
+def _relative_effective_lengths(rows):
+    """The stored effective-length rows of the tasks' mean at the relative threshold."""
+    return rows[
+        (rows["metric"] == "effective_length")
+        & (rows["task"] == "average")
+        & (rows["axis"] == "relative_threshold")
+    ]
 
 
 def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monkeypatch):
@@ -134,12 +139,7 @@ def _per_seed_cells(rows, seed: int) -> list[str]:
     scores = score_table(ruler)
     mean = scores[scores["task"] == "average"].set_index("eval_length")["exact"].sort_index()
     assert len(mean) == 3, mean
-    eff = ruler[
-        (ruler["metric"] == "effective_length")
-        & (ruler["task"] == "average")
-        & (ruler["axis"] == "relative_threshold")
-    ]
-    (length,) = eff["value"].astype(int)
+    (length,) = _relative_effective_lengths(ruler)["value"].astype(int)
     passkey = F._passkey(rows)
     accs = [float(F._trials(F._at(passkey, k))["acc"].iloc[0]) for k in (1, 2, 4)]
     return [*(f"{v:.2f}" for v in mean), str(length), " / ".join(f"{a:.2f}" for a in accs)]
@@ -150,13 +150,13 @@ def check_long_fine_tunes(text: str) -> int:
     row per seed, method and update count k of a run of N updates; N = 200 is the reference's
     own fine-tune (results/ruler), N = 800 the run on (results/ruler_finetune_long)."""
     table = markdown_table(text, LONG_HEADER)
-    sources = {200: committed_rows(RESULTS), 800: committed_rows(LONG_RESULTS)}
+    sources = {200: RESULTS, 800: LONG_RESULTS}
+    sources = {run: labelled_rows(committed_rows(path)) for run, path in sources.items()}
     checked = 0
     for label, cells in table.items():
         seed, method, counts = (part.strip() for part in label.split(","))
         updates, run = (int(x) for x in counts.split(" of "))
-        df = labelled_rows(sources[run])
-        rows = F.select(df, "rope", None, tuned=TUNED_NAMES[method])
+        rows = F.select(sources[run], "rope", None, tuned=TUNED_NAMES[method])
         rows = rows[rows["finetune_steps"] == updates]
         expected = _per_seed_cells(rows, int(seed))
         for printed, value in zip(cells, expected, strict=True):
