@@ -152,6 +152,127 @@ def _all(checks: list[Check]) -> Check:
     return {HOLDS: True, FAILS: False, NOT_DECIDED: UNDECIDED}.get(status)
 
 
+# --------------------------------------------------------------------------- scope and registry
+
+#: the value a row without the column has (an older table, or a setting left at its default)
+SCOPE_DEFAULTS = {
+    "position_sampling": "contiguous",
+    "attention_sink": "none",
+    "finetune_method": "none",
+}
+CONTIGUOUS = ("contiguous",)
+NO_SINK = ("none",)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a finding is about, declared once with it: the series it checks (``positions``,
+    ``scalings``, ``metrics``, ``finetunes``, ``samplings``, ``sinks``, ``arms``; None = any) and
+    the rows it reads (those, plus the comparison series it needs: ``also_samplings``,
+    ``also_sinks``). A report checks a finding only where one of its series is present, and the
+    finding reads only its rows: F1 is not computed on a PoSE-trained sinusoidal model, nor L3's
+    sinks counted against F3."""
+
+    positions: tuple[str, ...] | None = None
+    scalings: tuple[str, ...] | None = None
+    metrics: tuple[str, ...] | None = None
+    finetunes: tuple[str, ...] | None = None  # "none": the zero-shot models
+    samplings: tuple[str, ...] = CONTIGUOUS
+    sinks: tuple[str, ...] = NO_SINK
+    arms: tuple[str, ...] | None = None
+    also_samplings: tuple[str, ...] = ()
+    also_sinks: tuple[str, ...] = ()
+
+    @staticmethod
+    def _values(df: pd.DataFrame, column: str) -> pd.Series:
+        return (
+            _col(df, column)
+            .astype(object)
+            .where(_col(df, column).notna(), SCOPE_DEFAULTS.get(column))
+        )
+
+    def _keep(self, df: pd.DataFrame, column: str, allowed) -> pd.Series:
+        if allowed is None:
+            return pd.Series(True, index=df.index)
+        return self._values(df, column).isin(list(allowed))
+
+    def rows(self, df: pd.DataFrame) -> pd.DataFrame:
+        """The rows the finding reads."""
+        keep = self._keep(df, "position_sampling", (*self.samplings, *self.also_samplings))
+        keep &= self._keep(df, "attention_sink", (*self.sinks, *self.also_sinks))
+        keep &= self._keep(df, "arm", self.arms) if "arm" in df.columns else True
+        return df[keep]
+
+    def subject(self, df: pd.DataFrame) -> pd.DataFrame:
+        """The rows of the series the finding is about (empty: out of scope)."""
+        keep = pd.Series(True, index=df.index)
+        for column, allowed in (
+            ("position", self.positions),
+            ("scaling", self.scalings),
+            ("metric", self.metrics),
+            ("finetune_method", self.finetunes),
+            ("position_sampling", self.samplings),
+            ("attention_sink", self.sinks),
+        ):
+            keep &= self._keep(df, column, allowed)
+        if self.arms is not None and "arm" in df.columns:
+            keep &= self._keep(df, "arm", self.arms)
+        return df[keep]
+
+    def describe(self) -> str:
+        parts = [
+            f"{name} {', '.join(values)}"
+            for name, values in (
+                ("positions", self.positions),
+                ("scalings", self.scalings),
+                ("fine-tunes", self.finetunes),
+                ("arms", self.arms),
+                ("metrics", self.metrics),
+                ("position sampling", self.samplings),
+                ("attention sink", self.sinks),
+            )
+            if values is not None
+        ]
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One registered finding: its key, check function ``fn(df) -> FindingResult`` and scope."""
+
+    key: str
+    check: Callable[[pd.DataFrame], FindingResult]
+    scope: Scope
+
+
+FINDINGS: dict[str, Finding] = {}
+"""Registered findings by key, in registration order (complete once :func:`findings` has run)."""
+
+#: Modules whose import registers more findings (loaded on first use, by name: they import this
+#: module's helpers).
+FINDING_MODULES = (
+    "bench.findings_zoo",
+    "bench.findings_training_free",
+    "bench.findings_train",
+    "bench.findings_ruler",
+)
+
+
+def register_finding(key: str, scope: Scope) -> Callable:
+    """Decorator: register ``fn(df) -> FindingResult`` under ``key`` with its :class:`Scope`
+    (refused if the key is taken)."""
+
+    def register(fn: Callable[[pd.DataFrame], FindingResult]):
+        if key in FINDINGS:
+            raise ValueError(f"finding {key!r} is already registered.")
+        if not isinstance(scope, Scope):
+            raise TypeError(f"finding {key!r}: scope must be a Scope, got {scope!r}.")
+        FINDINGS[key] = Finding(key, fn, scope)
+        return fn
+
+    return register
+
+
 # --------------------------------------------------------------------------- row selection
 
 
@@ -435,6 +556,15 @@ def accuracy_estimate(rows: pd.DataFrame, name: str) -> Estimate:
 PRESS = "Press et al. 2022, Train Short, Test Long (ALiBi), Fig. 1"
 
 
+@register_finding(
+    "F1",
+    Scope(
+        positions=("sinusoidal", "learned"),
+        scalings=("none",),
+        metrics=("nll",),
+        finetunes=("none",),
+    ),
+)
 def f1_absolute_degrade(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     for pos in ("sinusoidal", "learned"):
@@ -456,6 +586,9 @@ def f1_absolute_degrade(df: pd.DataFrame) -> FindingResult:
     )
 
 
+@register_finding(
+    "F2", Scope(positions=("alibi",), scalings=("none",), metrics=("nll",), finetunes=("none",))
+)
 def f2_alibi_flat(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     series = by_series(_window_nll(select(df, "alibi")))
@@ -488,6 +621,10 @@ def f2_alibi_flat(df: pd.DataFrame) -> FindingResult:
     )
 
 
+@register_finding(
+    "F3",
+    Scope(positions=("rope",), scalings=("ntk", "yarn"), metrics=("nll",), finetunes=("none",)),
+)
 def f3_rope_scaling(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     raw = ppl_ratios(select(df, "rope"), f"rope ppl({FAR}L)/ppl(L)")
@@ -671,6 +808,7 @@ def _overtaken(first: Curve, other: Curve) -> bool:
     return False
 
 
+@register_finding("F4", Scope(positions=("rope",), metrics=("passkey_acc",), finetunes=F4_METHODS))
 def f4_finetune_retrieval(df: pd.DataFrame) -> FindingResult:
     """The papers' contrasts on recovery curves (retrieval over L..4L after k fine-tuning updates
     at 4L, k on the run's grid): PI recovers within the grid while direct fine-tuning (the raw
@@ -784,6 +922,10 @@ def _check_raw_rope_beyond(
     return est
 
 
+@register_finding(
+    "F5",
+    Scope(positions=("rope",), scalings=("none",), metrics=("passkey_acc",), finetunes=("none",)),
+)
 def f5_rope_passkey_at_l(df: pd.DataFrame) -> FindingResult:
     est, checks = [], []
     series = _passkey_series(select(df, "rope"))
@@ -857,6 +999,15 @@ def shift_sensitive_checks(df: pd.DataFrame, positions: tuple[str, ...]):
     return est, checks, missing
 
 
+@register_finding(
+    "F6",
+    Scope(
+        positions=("rope", "alibi", "nope", "sinusoidal", "learned"),
+        scalings=("none",),
+        metrics=("shift_dnll",),
+        finetunes=("none",),
+    ),
+)
 def f6_shift_probe(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = shift_invariant_checks(df, ("rope", "alibi", "nope"))
     for part, out in zip(
@@ -874,39 +1025,7 @@ def f6_shift_probe(df: pd.DataFrame) -> FindingResult:
     )
 
 
-FINDINGS: dict[str, Callable[[pd.DataFrame], FindingResult]] = {
-    "F1": f1_absolute_degrade,
-    "F2": f2_alibi_flat,
-    "F3": f3_rope_scaling,
-    "F4": f4_finetune_retrieval,
-    "F5": f5_rope_passkey_at_l,
-    "F6": f6_shift_probe,
-}
-"""Registered findings by key, in report order (complete once :func:`findings` has run)."""
-
-#: Modules whose import registers more findings (loaded on first use, by name: they import this
-#: module's helpers).
-FINDING_MODULES = (
-    "bench.findings_zoo",
-    "bench.findings_training_free",
-    "bench.findings_train",
-    "bench.findings_ruler",
-)
-
-
-def register_finding(key: str) -> Callable:
-    """Decorator: register ``fn(df) -> FindingResult`` under ``key`` (refused if taken)."""
-
-    def register(fn: Callable[[pd.DataFrame], FindingResult]):
-        if key in FINDINGS:
-            raise ValueError(f"finding {key!r} is already registered.")
-        FINDINGS[key] = fn
-        return fn
-
-    return register
-
-
-def findings() -> dict[str, Callable[[pd.DataFrame], FindingResult]]:
+def findings() -> dict[str, Finding]:
     """Every registered finding (:data:`FINDINGS` after importing :data:`FINDING_MODULES`), this
     module's first, then each module's in :data:`FINDING_MODULES` order (whichever was imported
     first), then any other module's."""
@@ -914,18 +1033,30 @@ def findings() -> dict[str, Callable[[pd.DataFrame], FindingResult]]:
         importlib.import_module(name)
     modules = [__name__, *FINDING_MODULES]
 
-    def rank(item: tuple[int, tuple[str, Callable]]) -> tuple[int, int]:
-        index, (_, fn) = item
-        module = fn.__module__
+    def rank(item: tuple[int, tuple[str, Finding]]) -> tuple[int, int]:
+        index, (_, finding) = item
+        module = finding.check.__module__
         return (modules.index(module) if module in modules else len(modules), index)
 
-    return {key: fn for _, (key, fn) in sorted(enumerate(FINDINGS.items()), key=rank)}
+    return {key: f for _, (key, f) in sorted(enumerate(FINDINGS.items()), key=rank)}
+
+
+def in_scope(df: pd.DataFrame) -> dict[str, bool]:
+    """Per registered finding: whether ``df`` holds a series it is about (:class:`Scope`)."""
+    return {key: not f.scope.subject(f.scope.rows(df)).empty for key, f in findings().items()}
 
 
 def check_findings(df: pd.DataFrame) -> list[FindingResult]:
-    """Every registered finding on the results rows ``df``."""
+    """The registered findings that ``df`` holds a series of (:func:`in_scope`), each checked on
+    the rows its scope reads; the others are not about these rows (:func:`out_of_scope`)."""
     df = _with_series(df)
-    return [fn(df) for fn in findings().values()]
+    scoped = in_scope(df)
+    return [f.check(f.scope.rows(df)) for key, f in findings().items() if scoped[key]]
+
+
+def out_of_scope(df: pd.DataFrame) -> list[str]:
+    """The keys of the registered findings that ``df`` holds no series of."""
+    return [key for key, inside in in_scope(df).items() if not inside]
 
 
 def findings_table(results: list[FindingResult]) -> pd.DataFrame:

@@ -33,6 +33,7 @@ from bench.findings import (
     Check,
     Estimate,
     FindingResult,
+    Scope,
     _col,
     _status,
     _trials,
@@ -86,7 +87,7 @@ def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Est
     return Estimate(name, d, lo, hi, len(seeds), NEWCOMBE_CI)
 
 
-@register_finding("R1")
+@register_finding("R1", Scope(metrics=("niah_single", *R1_HARDER)))
 def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
     rows = _task_rows(df)
     est, checks, missing = [], [], []
@@ -138,7 +139,7 @@ def flat_length(nll: pd.DataFrame) -> int | None:
     return best
 
 
-@register_finding("R2")
+@register_finding("R2", Scope(metrics=("effective_length",)))
 def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
     df = _with_series(df)
     eff = df[

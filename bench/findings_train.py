@@ -32,6 +32,7 @@ from bench.findings import (
     FAR,
     Check,
     FindingResult,
+    Scope,
     _all,
     _col,
     _status,
@@ -124,7 +125,17 @@ def _ratio_of_ratios_checks(df, pairs, est, checks, missing) -> None:
             est.append(difference_estimate(name, rows_a, rows_b, FAR, FAR, transform=math.exp))
 
 
-@register_finding("L1")
+@register_finding(
+    "L1",
+    Scope(
+        positions=L1_FAMILIES,
+        scalings=("none",),
+        metrics=("nll",),
+        finetunes=("none",),
+        samplings=("randomized",),
+        also_samplings=("contiguous", "pose"),
+    ),
+)
 def l1_randomized_positions(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     pairs = [
@@ -149,7 +160,9 @@ def l1_randomized_positions(df: pd.DataFrame) -> FindingResult:
     )
 
 
-@register_finding("L2")
+@register_finding(
+    "L2", Scope(positions=L2_FAMILIES, scalings=("none",), metrics=("nll",), finetunes=("none",))
+)
 def l2_hybrid_layers(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     pairs = [
@@ -170,7 +183,17 @@ def l2_hybrid_layers(df: pd.DataFrame) -> FindingResult:
     )
 
 
-@register_finding("L3")
+@register_finding(
+    "L3",
+    Scope(
+        positions=("rope",),
+        scalings=("none",),
+        metrics=("nll",),
+        finetunes=("none",),
+        sinks=L3_SINKS,
+        also_sinks=("none",),
+    ),
+)
 def l3_sink_in_distribution(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     for sink in L3_SINKS:

@@ -25,6 +25,7 @@ from bench.findings import (
     SHIFT_ZERO_TOL,
     Estimate,
     FindingResult,
+    Scope,
     _all,
     _named,
     _per_seed,
@@ -51,7 +52,15 @@ BIAS_FAMILIES = ("t5", "kerple_log", "kerple_power", "fire", "sandwich")
 BASELINES = ("sinusoidal", "rope")
 
 
-@register_finding("Z1")
+@register_finding(
+    "Z1",
+    Scope(
+        positions=(*RELATIVE_FAMILIES, "fire"),
+        scalings=("none",),
+        metrics=("shift_dnll",),
+        finetunes=("none",),
+    ),
+)
 def z1_zoo_shift_probe(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = shift_invariant_checks(df, RELATIVE_FAMILIES)
     parts = shift_sensitive_checks(df, POSITION_DEPENDENT_FAMILIES)
@@ -110,7 +119,9 @@ def _series_of(df: pd.DataFrame, position: str) -> list[tuple[str, pd.DataFrame,
     return [(k, g, log_ratio_per_seed(g)) for k, g in by_series(_window_nll(select(df, position)))]
 
 
-@register_finding("Z2")
+@register_finding(
+    "Z2", Scope(positions=BIAS_FAMILIES, scalings=("none",), metrics=("nll",), finetunes=("none",))
+)
 def z2_bias_extrapolation_order(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     baselines = {o: _series_of(df, o) for o in BASELINES}

@@ -24,9 +24,14 @@ from bench.findings import (
     SEED_DOC_CI,
     UNDECIDED,
     Estimate,
+    Scope,
     accuracy_estimate,
     check_findings,
     decide,
+    f1_absolute_degrade,
+    findings,
+    out_of_scope,
+    register_finding,
     wilson,
 )
 from bench.findings_zoo import BIAS_FAMILIES, RELATIVE_FAMILIES
@@ -302,9 +307,6 @@ NEGATIVE = {
     "T1 self_extend degrades": (("T1",), {"nll": {("rope", "self_extend"): (2.0, 2.1, 2.3)}}),
     "T2 self_extend forgets": (("T2",), {"passkey": {("rope", "self_extend"): (1.0, 0.5, 0.2)}}),
     "T3 streaming degrades": (("T3",), {"nll": {("rope", "streaming"): (2.0, 2.1, 2.2)}}),
-    "T3 streaming retrieves": (
-        ("T3",), {"depths": {("rope", "streaming"): dict.fromkeys((0.0, 0.25, 0.5), 1.0)}}
-    ),
     "L1 randomized rope degrades more": (
         ("L1",), {"train": {("rope", "randomized", "none", "lm_sampling"): (2.0, 2.2, 2.9)}}
     ),
@@ -393,7 +395,7 @@ ABSENT = {
     "F6": {"shift": {"learned": None}},
     "T1": {"nll": {("rope", "rerope"): (2.0, None, None)}},
     "T2": {"passkey": {("rope", "self_extend"): (1.0, None, None)}},
-    "T3": {"depths": {("rope", "streaming"): None}},
+    "T3": {"nll": {("rope", "streaming"): (2.0, None, None)}},
     "L1": {"train": {("sinusoidal", "randomized", "none", "lm_sampling"): None}},
     "L2": {"train": {("rope", "contiguous", "none", "lm_hybrid"): None}},
     "L3": {"train": {("rope", "contiguous", "token", "lm_sinks"): None}},
@@ -430,14 +432,19 @@ def test_finetuned_rows_are_not_zero_shot() -> None:
     r = [{**x, **tuned} if x["scaling"] == "linear" else x for x in rows()]
     assert statuses(r)["F3"] == NOT_MEASURED
     r = [{**x, **tuned} if x["metric"] == "passkey_acc" else x for x in rows()]
-    assert statuses(r)["F5"] == NOT_MEASURED
+    assert "F5" not in statuses(r)  # no raw RoPE passkey series: not about these rows
+    assert "F5" in out_of_scope(normalize_results(r))
 
 
 def test_no_rows_measure_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     only_nll = [r for r in rows() if r["metric"] == "nll" and r["position"] == "nope"]
-    assert set(statuses(only_nll).values()) == {NOT_MEASURED}
+    assert statuses(only_nll) == {}  # no finding is about NoPE's perplexity alone
     # nothing checked is not a success: its own exit status (before: 0)
     assert main([str(write(tmp_path / "res", only_nll)), "--check"]) == NOTHING_CHECKED == 3
+    assert "No registered finding is about these rows" in capsys.readouterr().out
+    only_f6 = [r for r in rows() if r["metric"] == "shift_dnll" and r["position"] == "nope"]
+    assert set(statuses(only_f6).values()) == {NOT_MEASURED}  # in scope, its other rows absent
+    assert main([str(write(tmp_path / "f6", only_f6)), "--check"]) == NOTHING_CHECKED
     assert "not measured" in capsys.readouterr().out
 
 
@@ -775,3 +782,37 @@ def test_ratio_of_ratios_is_the_hand_computed_value() -> None:
     wide = ratio_of_ratios("x", select(df, "kerple_log"), select(df, "rope"))
     assert wide.value == pytest.approx(math.exp(0.1 - 0.6))
     assert wide.lo < wide.value < wide.hi and wide.hi - wide.lo > 0.01
+
+
+# --------------------------------------------------------------------------- scope
+
+
+def test_findings_are_checked_only_on_the_series_they_are_about() -> None:
+    """F1 (absolute encodings degrade) is about contiguous-trained models: a PoSE-trained
+    sinusoidal model that stays flat beside them is not F1's series. Negative control: F1's
+    function on every row (no scope) counts it and does not hold."""
+    flat_pose = {("sinusoidal", "pose", "none", "lm_sampling"): (2.05, 2.05, 2.05)}
+    df = normalize_results(rows(zoo=True, train=flat_pose))
+    assert {r.key: r.status for r in check_findings(df)}["F1"] == HOLDS
+    assert f1_absolute_degrade(df).status != HOLDS  # the old behaviour: every series checked
+
+
+def test_a_report_lists_findings_without_series_in_one_line(tmp_path: Path) -> None:
+    only_zoo = [r for r in rows(zoo=True) if r["position"] in RELATIVE_FAMILIES]
+    df = normalize_results(only_zoo)
+    outside = out_of_scope(df)
+    assert "F1" in outside and "R1" in outside and "Z1" not in outside
+    report = generate_report([write(tmp_path / "res", only_zoo)], tmp_path / "out").read_text()
+    table = pd.read_csv(tmp_path / "out" / "tables" / "findings.csv")
+    assert "F1" not in set(table["finding"]) and "Z1" in set(table["finding"])
+    (line,) = [x for x in report.splitlines() if x.startswith("Not about these rows")]
+    assert all(key in line for key in outside)
+
+
+def test_every_finding_declares_a_scope_and_a_scope_is_required() -> None:
+    registered = findings()
+    assert set(registered) == set(KEYS)
+    assert all(isinstance(f.scope, Scope) and f.scope.describe() for f in registered.values())
+    with pytest.raises(TypeError, match="scope must be a Scope"):
+        register_finding("X9", {"positions": ("rope",)})(f1_absolute_degrade)
+    assert "X9" not in findings()

@@ -20,6 +20,7 @@ from bench.findings import (
     NOT_MEASURED,
     check_findings,
     findings_table,
+    out_of_scope,
     ppl_ratios,
     select,
 )
@@ -73,6 +74,7 @@ def _ratio_figure(rep: ReportDir, df: pd.DataFrame) -> bool:
 
 def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
     results = check_findings(df)
+    outside = out_of_scope(df)
     table = findings_table(results)
     table.to_csv(rep.tables_dir / "findings.csv", index=False)
     counts = table["status"].value_counts()
@@ -89,10 +91,13 @@ def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
         "[95% CI] (seeds); ratios and NLLs use whole-window `nll` rows of models that were not "
         "fine-tuned (raw = scaling none), CIs across seeds (mean ± t-interval) or, with one "
         "seed, from the run's stored bootstrap CIs; passkey accuracies carry Wilson intervals of "
-        "their trials (column `ci`). Thresholds are fixed constants in `bench/findings.py`, `bench/findings_zoo.py`, `bench/findings_training_free.py` and `bench/findings_train.py`. "
-        "Source: `tables/findings.csv`.",
+        "their trials (column `ci`). Thresholds are fixed constants in `bench/findings.py` and `bench/findings_*.py`. "
+        "Each finding is checked only on the series it is about (its declared scope: "
+        "`bench.findings.Scope`). Source: `tables/findings.csv`.",
         markdown_table(table.drop(columns=["ci"])),
     ]
+    if outside:
+        text.append(f"Not about these rows (none of their series here): {', '.join(outside)}.")
     if _ratio_figure(rep, df):
         text.append(
             figure_md(
