@@ -105,10 +105,11 @@ class FindingResult:
     source: str
     estimates: list[Estimate] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # observations beside the claim
 
     @property
     def numbers(self) -> str:
-        parts = [e.text() for e in self.estimates]
+        parts = [e.text() for e in self.estimates] + list(self.notes)
         if self.missing:
             parts.append("not measured: " + ", ".join(self.missing))
         return "; ".join(parts)

@@ -20,6 +20,7 @@ fixed before the study's reference run (``+experiment=ruler``; reports/ruler/REA
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -27,8 +28,11 @@ import pandas as pd
 from scipy import stats
 
 from bench.findings import (
+    ACC_CI,
     ALIBI_MAX_RATIO,
     LEVEL,
+    NEAR_ZERO_ACC,
+    NOT_MEASURED,
     UNDECIDED,
     Check,
     Estimate,
@@ -49,6 +53,10 @@ from bench.series import series_labels
 R1_HARDER = ("niah_multikey", "niah_multivalue")
 #: R2: "flat" = ppl(x) / ppl(L) at most this (F2's bar, fixed before the run).
 FLAT_RATIO = ALIBI_MAX_RATIO
+DEGRADATION_CI = (
+    "difference of two drops in pooled accuracy: the four Wilson intervals combined (MOVER), "
+    "widened to the t-interval of the per-seed differences where wider"
+)
 NEWCOMBE_CI = (
     "difference of pooled accuracies: Newcombe's interval from the two Wilson intervals, widened "
     "to the t-interval of the per-seed differences where wider"
@@ -87,41 +95,119 @@ def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Est
     return Estimate(name, d, lo, hi, len(seeds), NEWCOMBE_CI)
 
 
+def degradation_difference(
+    single_at_l: pd.DataFrame,
+    single_far: pd.DataFrame,
+    other_at_l: pd.DataFrame,
+    other_far: pd.DataFrame,
+    name: str,
+) -> Estimate:
+    """How much more ``other`` drops from L to a longer length than ``single`` does:
+    (acc_other(L) - acc_other(kL)) - (acc_single(L) - acc_single(kL)), trials of the seeds
+    present in all four pooled; the interval combines the four Wilson intervals (MOVER, as
+    Newcombe's does for two) and is widened to the t-interval of the per-seed differences."""
+    parts = (other_at_l, other_far, single_at_l, single_far)
+    seeds = parts[0].index
+    for part in parts[1:]:
+        seeds = seeds.intersection(part.index)
+    if len(seeds) == 0:
+        return Estimate(name, math.nan)
+    sums = [(p.loc[seeds, "k"].sum(), p.loc[seeds, "n"].sum()) for p in parts]
+    acc = [k / n for k, n in sums]
+    ci = [wilson(k, n) for k, n in sums]
+    signs = (1, -1, -1, 1)
+    d = sum(s * a for s, a in zip(signs, acc, strict=True))
+    down = up = 0.0
+    for sign, a, (lo, hi) in zip(signs, acc, ci, strict=True):
+        below, above = a - lo, hi - a
+        down += (below if sign > 0 else above) ** 2
+        up += (above if sign > 0 else below) ** 2
+    lo, hi = d - math.sqrt(down), d + math.sqrt(up)
+    if len(seeds) >= 2:
+        per_seed = sum(
+            s * (p.loc[seeds, "k"] / p.loc[seeds, "n"]).to_numpy(dtype=float)
+            for s, p in zip(signs, parts, strict=True)
+        )
+        half = stats.t.ppf(0.5 + LEVEL / 2, len(per_seed) - 1) * per_seed.std(ddof=1)
+        half /= math.sqrt(len(per_seed))
+        lo, hi = min(lo, per_seed.mean() - half), max(hi, per_seed.mean() + half)
+    return Estimate(name, d, lo, hi, len(seeds), DEGRADATION_CI)
+
+
+def _fails_at_l(trials: pd.DataFrame) -> bool:
+    """A task the model does not do even at L: its pooled Wilson upper end <= NEAR_ZERO_ACC."""
+    return bool(wilson(trials["k"].sum(), trials["n"].sum())[1] <= NEAR_ZERO_ACC)
+
+
 @register_finding("R1", Scope(metrics=("niah_single", *R1_HARDER)))
 def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
     rows = _task_rows(df)
-    est, checks, missing = [], [], []
+    est, checks, missing, at_l_failures = [], [], [], []
     labels = series_labels(sorted(rows["_series"].unique())) if not rows.empty else {}
     for key, g in rows.groupby("_series", sort=True):
         label = labels.get(key, "")
-        beyond = sorted(x for x in g["eval_length"].unique() if x > g["train_length"].iloc[0])
-        for length in beyond:
-            at = g[g["eval_length"] == length]
-            single = _exact(at, "niah_single")
-            for task in R1_HARDER:
-                other = _exact(at, task)
-                x = int(length // g["train_length"].iloc[0])
-                name = f"niah_single - {task} acc at {x}L" + (f" [{label}]" if label else "")
+        suffix = f" [{label}]" if label else ""
+        train = int(g["train_length"].iloc[0])
+        at_l = g[g["eval_length"] == train]
+        single_l = _exact(at_l, "niah_single")
+        if single_l.empty:
+            missing.append(f"niah_single acc at L{suffix}")
+            checks.append(None)
+            continue
+        beyond = sorted(int(x) for x in g["eval_length"].unique() if x > train)
+        for task in ("niah_single", *R1_HARDER):
+            t = _exact(at_l, task)
+            if not t.empty:
+                k, n = t["k"].sum(), t["n"].sum()
+                est.append(Estimate(f"{task} acc at L{suffix}", k / n, *wilson(k, n),
+                                    t.shape[0], ACC_CI))  # fmt: skip
+        if _fails_at_l(single_l):
+            at_l_failures.append(f"niah_single{suffix}")
+            continue
+        for task in R1_HARDER:
+            other_l = _exact(at_l, task)
+            if other_l.empty:
+                missing.append(f"{task} acc at L{suffix}")
+                checks.append(None)
+                continue
+            if _fails_at_l(other_l):  # nothing to lose beyond L: an observation, not R1's case
+                at_l_failures.append(f"{task}{suffix}")
+                continue
+            for length in beyond:
+                at = g[g["eval_length"] == length]
+                single, other = _exact(at, "niah_single"), _exact(at, task)
+                x = length // train
+                name = f"{task} drop - niah_single drop, L to {x}L{suffix}"
                 if single.empty or other.empty:
                     missing.append(name)
                     checks.append(None)
                     continue
-                e = difference_of_accuracies(single, other, name)
+                e = degradation_difference(single_l, single, other_l, other, name)
                 est.append(e)
                 checks.append(decide(e, 0.0, "above"))
     if rows.empty:
         missing.append("ruler rows")
         checks.append(None)
-    return FindingResult(
+    elif not checks:
+        missing.append("a series whose needle tasks work at L")
+        checks.append(None)
+    result = FindingResult(
         "R1",
-        "multi-key and multi-value needle retrieval are harder than single-needle retrieval at "
-        "every evaluated length beyond L (exact accuracy difference, Newcombe CI > 0)",
+        "multi-key and multi-value needle retrieval degrade more from L to every evaluated "
+        "length beyond L than single-needle retrieval does (difference of the drops in exact "
+        "accuracy, CI > 0; a task that fails at L is an observation of its own, not R1's case)",
         _status(checks),
         "Hsieh et al. 2024, RULER: What's the Real Context Size of Your Long-Context Language "
         "Models?, Section 5 / Figure 2 (multi-key NIAH and multi-value degrade first)",
         est,
         missing,
     )
+    if at_l_failures:
+        result.notes.append(
+            f"fails at L (exact accuracy's upper end <= {NEAR_ZERO_ACC}; no drop to compare): "
+            + ", ".join(at_l_failures)
+        )
+    return result
 
 
 def flat_length(nll: pd.DataFrame) -> int | None:
@@ -139,15 +225,12 @@ def flat_length(nll: pd.DataFrame) -> int | None:
     return best
 
 
-@register_finding("R2", Scope(metrics=("effective_length",)))
-def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
-    df = _with_series(df)
-    eff = df[
-        (df["metric"] == "effective_length")
-        & (_col(df, "task") == "average")
-        & (_col(df, "axis") == "relative_threshold")
-    ]
-    nll = _window_nll(df)
+def _params(task_params) -> dict:
+    return json.loads(task_params) if isinstance(task_params, str) and task_params else {}
+
+
+def _r2_checks(eff: pd.DataFrame, nll: pd.DataFrame, score: str):
+    """R2's estimates, checks and missing series on one score's effective-length rows."""
     est, checks, missing = [], [], []
     labels = series_labels(sorted(eff["_series"].unique())) if not eff.empty else {}
     for key, g in eff.groupby("_series", sort=True):
@@ -158,7 +241,9 @@ def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
             flat = flat_length(rows) if not rows.empty else None
             if flat is not None:
                 pairs.append((int(e["value"].iloc[0]), flat))
-        name = "effective length (relative) vs ppl-flat length" + (f" [{label}]" if label else "")
+        name = f"effective length (relative, {score}) vs ppl-flat length" + (
+            f" [{label}]" if label else ""
+        )
         if not pairs:
             missing.append(name)
             continue
@@ -168,18 +253,49 @@ def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
                             n_seeds=len(pairs), digits=0))  # fmt: skip
         est.append(Estimate(f"{name}: flat median", float(np.median(flat)), n_seeds=len(pairs),
                             digits=0))  # fmt: skip
+        est.append(Estimate(f"{name}: seeds below", float(below), n_seeds=len(pairs), digits=0))
         train = int(g["train_length"].iloc[0])
         if (flat > train).all():  # perplexity flat beyond L on every seed: the claim can show
             check: Check = True if below == len(pairs) else (False if below == 0 else UNDECIDED)
             checks.append(check)
+    return est, checks, missing
+
+
+@register_finding("R2", Scope(metrics=("effective_length",)))
+def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
+    """Decided on the headline score's effective lengths (``eval.ruler.score``, exact by
+    default; rows written before both scores were stored have one, their own); the other score's
+    reading is reported beside it."""
+    df = _with_series(df)
+    eff = df[
+        (df["metric"] == "effective_length")
+        & (_col(df, "task") == "average")
+        & (_col(df, "axis") == "relative_threshold")
+    ]
+    params = [_params(p) for p in _col(eff, "task_params")]
+    eff = eff.assign(
+        _score=[p.get("score", "match") for p in params],
+        _headline=[bool(p.get("headline", True)) for p in params],
+    )
+    nll = _window_nll(df)
+    is_headline = eff["_headline"].astype(bool)
+    headline = eff.loc[is_headline]
+    score = str(headline["_score"].iloc[0]) if not headline.empty else "exact"
+    est, checks, missing = _r2_checks(headline, nll, score)
+    notes = []
+    for other, rows in eff.loc[~is_headline].groupby("_score", sort=True):
+        o_est, o_checks, _ = _r2_checks(rows, nll, str(other))
+        est += o_est
+        status = _status(o_checks) if o_checks else NOT_MEASURED
+        notes.append(f"on the {other} score (not the headline) R2 would be: {status}")
     if not checks:
         missing.append("a series whose perplexity stays flat beyond L on every seed")
         checks.append(None)
-    return FindingResult(
+    result = FindingResult(
         "R2",
-        f"a method's effective length (tasks' mean, >= 0.85 x its score at L) is below the "
-        f"length up to which its perplexity stays flat (ppl(x)/ppl(L) <= {FLAT_RATIO}), on every "
-        "seed, for the series whose perplexity stays flat beyond L",
+        f"a method's effective length (tasks' mean of the {score} score, >= 0.85 x its score "
+        f"at L) is below the length up to which its perplexity stays flat (ppl(x)/ppl(L) <= "
+        f"{FLAT_RATIO}), on every seed, for the series whose perplexity stays flat beyond L",
         _status(checks),
         "Hsieh et al. 2024, RULER, Section 1 (perplexity and passkey do not show the effective "
         "context); Fang et al. 2025, What is Wrong with Perplexity for Long-context Language "
@@ -187,3 +303,5 @@ def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
         est,
         missing,
     )
+    result.notes += notes
+    return result

@@ -15,11 +15,13 @@ the filler and ``min_length``, the task's fixed text in byte tokens): per length
 intervals; for ``match``, over the expected strings, which treats them as independent), and for
 the depth tasks one exact row per depth (``axis="depth"``). Once per run ``effective_length``
 rows per task and for the tasks' mean (``task="average"``, lengths where every task ran):
-the largest evaluated length at which the score (``score``) is >= ``threshold``
-(``axis="threshold"``) or >= ``relative_threshold`` x the score at ``reference_length``
-(``axis="relative_threshold"``; 0 where that score is 0), with every shorter evaluated length
-passing too; not interpolated between lengths (``task_params`` says so); 0 when the shortest
-length fails.
+for each score (``exact`` and ``match``, named in ``task_params`` with ``headline`` true for
+``score``, default exact), the largest evaluated length at which that score is >=
+``relative_threshold`` x the score at ``reference_length`` (``axis="relative_threshold"``; 0
+where that score is 0) or, where an absolute ``threshold`` is set (default none: RULER's 0.856
+is Llama-2-7B's 13-task mean at 4K and calibrates nothing for these tasks and models), >= it
+(``axis="threshold"``), with every shorter evaluated length passing too; not interpolated
+between lengths (``task_params`` says so); 0 when the shortest length fails.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ class RulerConfig(MetricConfig):
     filler: str = "standard"  # haystack of the needle tasks and vt: standard | corpus
     params: dict = field(default_factory=dict)  # task parameters (bench.ruler.RulerParams)
     extra_tokens: int = 8  # generated beyond the answer's length for the match score
-    score: str = "match"  # the score effective_length reads: match (RULER's) | exact
-    threshold: float = 0.856  # RULER's: Llama-2-7B's score at 4K
+    score: str = "exact"  # the headline score of effective_length (rows for both): exact | match
+    # an absolute threshold (RULER's 0.856 is Llama-2-7B's 13-task mean at 4K: it calibrates
+    # nothing for these tasks and models); null = relative effective lengths only
+    threshold: float | None = None
     relative_threshold: float = 0.85  # x the score at reference_length
     reference_length: int | None = None  # null = the training length
 
@@ -106,7 +110,8 @@ class RulerConfig(MetricConfig):
         self.params = dict(self.params)
         self.extra_tokens = integer(self.key("extra_tokens"), self.extra_tokens, 1)
         self.score = choice(self.key("score"), self.score, SCORES)
-        self.threshold = number(self.key("threshold"), self.threshold, 0.0, 1.0)
+        if self.threshold is not None:
+            self.threshold = number(self.key("threshold"), self.threshold, 0.0, 1.0)
         self.relative_threshold = number(
             self.key("relative_threshold"), self.relative_threshold, 0.0, 1.0
         )
@@ -126,6 +131,32 @@ class RulerConfig(MetricConfig):
         out = super().resolve(train_length, eval_lengths)
         return replace(out, reference_length=self.reference_length or int(train_length))
 
+    def check_fit(self) -> str | None:
+        """For a resolved section on byte tokens (a lenbench model): raise ValueError (one
+        sentence) when a task fits none of its eval lengths; return the warning for tasks that
+        fit only some of them (skipped at the others), else None. Called before training."""
+        if not self.enabled or not self.lengths:
+            return None
+        params = params_from(self.params)
+        need = {task: min_ruler_length(task, params) for task in self.tasks}
+        longest, lengths = max(self.lengths), sorted(self.lengths)
+        nowhere = [task for task in self.tasks if need[task] > longest]
+        if nowhere:
+            needs = ", ".join(f"{task} {need[task]}" for task in nowhere)
+            raise ValueError(
+                f"{self.key('tasks')} has tasks that fit none of the ruler eval lengths "
+                f"{lengths} (tokens they need: {needs}); allowed: longer eval lengths "
+                f"(eval.lengths, {self.key('lengths')}) or tasks without them."
+            )
+        some = [task for task in self.tasks if need[task] > lengths[0]]
+        if not some:
+            return None
+        skips = ", ".join(f"{task} below {need[task]}" for task in some)
+        return (
+            f"ruler tasks that fit only some eval lengths {lengths} are skipped at the shorter "
+            f"ones: {skips} tokens."
+        )
+
 
 def _finish(cfg: RulerConfig, rows: list[dict]) -> list[dict]:
     return effective_length_rows(rows, cfg)
@@ -141,7 +172,7 @@ def ruler_metric(
     for task in cfg.tasks:
         minimum = min_ruler_length(task, params)  # in byte tokens; a tokenizer's fit says its own
         if ctx.tokenizer is None and length < minimum:
-            logger.warning(
+            logger.debug(  # a lenbench job warned before training (RulerConfig.check_fit)
                 "ruler task %s at eval length %d skipped: it needs at least %d tokens.",
                 task, length, minimum,
             )  # fmt: skip
@@ -284,10 +315,20 @@ def effective_length(scores: dict[int, float], threshold: float) -> int:
 
 
 def effective_length_rows(rows: Sequence[dict], cfg: RulerConfig) -> list[dict]:
-    """``effective_length`` rows (module doc) from a run's ``ruler`` task rows."""
+    """``effective_length`` rows (module doc) from a run's ``ruler`` task rows: for each score
+    (exact and match) and task, at the relative threshold and, where ``cfg.threshold`` is set, at
+    that absolute one; ``task_params`` names the score and whether it is the headline
+    (``eval.ruler.score``)."""
+    out = []
+    for score in SCORES:
+        out += _effective_length_rows(rows, cfg, score)
+    return out
+
+
+def _effective_length_rows(rows: Sequence[dict], cfg: RulerConfig, score: str) -> list[dict]:
     scores: dict[str, dict[int, float]] = defaultdict(dict)
     for r in rows:
-        if r.get("axis") == "score" and r.get("axis_value") == cfg.score:
+        if r.get("axis") == "score" and r.get("axis_value") == score:
             scores[r["task"]][int(r["eval_length"])] = float(r["value"])
     if not scores:
         return []
@@ -296,19 +337,20 @@ def effective_length_rows(rows: Sequence[dict], cfg: RulerConfig) -> list[dict]:
         scores["average"] = {x: float(np.mean([s[x] for s in scores.values()])) for x in common}
     out = []
     for task, by_length in scores.items():
-        params = {"score": cfg.score, "rule": RULE}
-        out.append(
-            make_row("effective_length", effective_length(by_length, cfg.threshold),
-                     len(by_length), effective_length(by_length, cfg.threshold),
-                     axis="threshold", axis_value=cfg.threshold, task=task,
-                     task_params=canonical_json(params))
-        )  # fmt: skip
+        params = {"score": score, "headline": score == cfg.score, "rule": RULE}
+        if cfg.threshold is not None:
+            value = effective_length(by_length, cfg.threshold)
+            out.append(
+                make_row("effective_length", value, len(by_length), value, axis="threshold",
+                         axis_value=cfg.threshold, task=task, task_params=canonical_json(params))
+            )  # fmt: skip
         reference = by_length.get(int(cfg.reference_length or 0))
         if reference is None:
-            logger.warning(
-                "ruler: no relative effective length for %s (reference length %s not evaluated).",
-                task, cfg.reference_length,
-            )  # fmt: skip
+            if score == cfg.score:  # once per task, not once per score
+                logger.warning(
+                    "ruler: no relative effective length for %s (reference length %s not "
+                    "evaluated).", task, cfg.reference_length,
+                )  # fmt: skip
             continue
         # a model that scores 0 at its reference length has no effective length on the task
         bar = cfg.relative_threshold * reference

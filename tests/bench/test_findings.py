@@ -801,7 +801,7 @@ def test_a_report_lists_findings_without_series_in_one_line(tmp_path: Path) -> N
     only_zoo = [r for r in rows(zoo=True) if r["position"] in RELATIVE_FAMILIES]
     df = normalize_results(only_zoo)
     outside = out_of_scope(df)
-    assert "F1" in outside and "R1" in outside and "Z1" not in outside
+    assert "F1" in outside and "L1" in outside and "Z1" not in outside
     report = generate_report([write(tmp_path / "res", only_zoo)], tmp_path / "out").read_text()
     table = pd.read_csv(tmp_path / "out" / "tables" / "findings.csv")
     assert "F1" not in set(table["finding"]) and "Z1" in set(table["finding"])

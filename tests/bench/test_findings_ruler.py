@@ -11,6 +11,8 @@ from scipy import stats
 
 from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings, wilson
 from bench.findings_ruler import (
+    _exact,
+    degradation_difference,
     difference_of_accuracies,
     flat_length,
     r1_multi_needle_harder,
@@ -30,25 +32,74 @@ def task_row(task: str, length: int, acc: float, seed: int, n: int = 40, **over)
                axis_value="exact", task=task, task_params="{}", **over)  # fmt: skip
 
 
-def r1_rows(single: float, multikey: float, multivalue: float) -> pd.DataFrame:
+def r1_rows(at_l: tuple[float, float, float], beyond: tuple[float, float, float]) -> pd.DataFrame:
+    """niah_single, niah_multikey, niah_multivalue: exact accuracy at L, and at 2L and 4L."""
     rows = []
     for seed in SEEDS:
         for length in (L, 2 * L, 4 * L):
-            for task, acc in (("niah_single", single), ("niah_multikey", multikey),
-                              ("niah_multivalue", multivalue)):  # fmt: skip
+            accs = at_l if length == L else beyond
+            for task, acc in zip(("niah_single", "niah_multikey", "niah_multivalue"), accs,
+                                 strict=True):  # fmt: skip
                 rows.append(task_row(task, length, acc, seed))
     return normalize_results(rows)
 
 
 def test_r1_holds_fails_and_is_undecided_as_the_rows_say():
-    assert r1_multi_needle_harder(r1_rows(0.9, 0.3, 0.2)).status == HOLDS
-    assert r1_multi_needle_harder(r1_rows(0.3, 0.9, 0.9)).status == FAILS
-    assert r1_multi_needle_harder(r1_rows(0.5, 0.45, 0.45)).status == NOT_DECIDED
+    # multi-needle drops 0.7, single 0.1: a length effect
+    assert r1_multi_needle_harder(r1_rows((1.0, 0.9, 0.9), (0.9, 0.2, 0.2))).status == HOLDS
+    # single drops, the multi-needle tasks hold: the opposite
+    assert r1_multi_needle_harder(r1_rows((1.0, 0.9, 0.9), (0.1, 0.85, 0.85))).status == FAILS
+    # equal drops
+    undecided = r1_rows((1.0, 0.9, 0.9), (0.5, 0.4, 0.4))
+    assert r1_multi_needle_harder(undecided).status == NOT_DECIDED
     # a missing task at a length: not measured
-    df = r1_rows(0.9, 0.3, 0.2)
+    df = r1_rows((1.0, 0.9, 0.9), (0.9, 0.2, 0.2))
     df = df[~((df["metric"] == "niah_multivalue") & (df["eval_length"] == 4 * L))]
     assert r1_multi_needle_harder(df).status == NOT_MEASURED
     assert r1_multi_needle_harder(normalize_results([row()])).status == NOT_MEASURED
+
+
+def test_r1_reads_a_failure_at_l_as_its_own_observation():
+    """The audit's case: multi-value scores 0 at L and beyond (a method that breaks ordered
+    multi-item answers at any length). The old R1 (single minus multi-value at each length
+    beyond L) read it as "harder beyond L"; a difference of drops does not compare it, and the
+    result names it as failing at L. Multi-key drops like single: not decided."""
+    df = r1_rows((1.0, 0.9, 0.0), (0.6, 0.5, 0.0))
+    result = r1_multi_needle_harder(df)
+    assert result.status == NOT_DECIDED
+    assert "fails at L" in result.numbers and "niah_multivalue" in result.numbers
+    assert not any("niah_multivalue drop" in e.name for e in result.estimates)
+    assert any(e.name.startswith("niah_multivalue acc at L") for e in result.estimates)
+    # negative control, the old reading: single minus multi-value beyond L is decidedly above 0
+    at = df[df["eval_length"] == 2 * L]
+    old = difference_of_accuracies(_exact(at, "niah_single"), _exact(at, "niah_multivalue"), "d")
+    assert old.lo > 0
+    # only failures at L: nothing R1 can compare
+    assert r1_multi_needle_harder(r1_rows((1.0, 0.0, 0.0), (0.0, 0.0, 0.0))).status == NOT_MEASURED
+
+
+def test_degradation_difference_by_hand():
+    """One seed: (a_L - a_K) - (s_L - s_K) with the four Wilson intervals combined (MOVER);
+    three seeds that disagree: the seeds' t-interval is wider and is used."""
+    one = [pd.DataFrame({"k": [k], "n": [40.0]}, index=[0]) for k in (38.0, 30.0, 36.0, 8.0)]
+    s_l, s_k, o_l, o_k = one
+    e = degradation_difference(s_l, s_k, o_l, o_k, "d")
+    p = {"sl": 38 / 40, "sk": 30 / 40, "ol": 36 / 40, "ok": 8 / 40}
+    w = {key: wilson(p[key] * 40, 40) for key in p}
+    assert e.value == pytest.approx((p["ol"] - p["ok"]) - (p["sl"] - p["sk"]))
+    down = math.sqrt((p["ol"] - w["ol"][0]) ** 2 + (w["ok"][1] - p["ok"]) ** 2
+                     + (w["sl"][1] - p["sl"]) ** 2 + (p["sk"] - w["sk"][0]) ** 2)  # fmt: skip
+    up = math.sqrt((w["ol"][1] - p["ol"]) ** 2 + (p["ok"] - w["ok"][0]) ** 2
+                   + (p["sl"] - w["sl"][0]) ** 2 + (w["sk"][1] - p["sk"]) ** 2)  # fmt: skip
+    assert e.lo == pytest.approx(e.value - down) and e.hi == pytest.approx(e.value + up)
+    full, empty = pd.DataFrame({"k": [40.0] * 3, "n": [40.0] * 3}), None
+    empty = pd.DataFrame({"k": [0.0] * 3, "n": [40.0] * 3})
+    swing = pd.DataFrame({"k": [40.0, 0.0, 40.0], "n": [40.0] * 3})
+    e3 = degradation_difference(full, full, full, swing, "d")  # other drops 0, 1, 0
+    d = pd.Series([0.0, 1.0, 0.0])
+    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert e3.lo == pytest.approx(d.mean() - half) and e3.hi == pytest.approx(d.mean() + half)
+    assert degradation_difference(full, empty, full, empty, "d").value == pytest.approx(0.0)
 
 
 def test_newcombe_interval_by_hand():
@@ -69,7 +120,9 @@ def test_newcombe_interval_by_hand():
     assert e3.lo == pytest.approx(d.mean() - half) and e3.hi == pytest.approx(d.mean() + half)
 
 
-def r2_rows(effective: dict[int, int], nll: dict[int, float], scaling: str = "yarn") -> list:
+def r2_rows(
+    effective: dict[int, int], nll: dict[int, float], scaling: str = "yarn", params: str = "{}"
+) -> list:
     rows = []
     for seed in SEEDS:
         common = dict(run_id=f"r{seed}-{scaling}", model_id=f"m{seed}", seed=seed, train_length=L,
@@ -77,7 +130,7 @@ def r2_rows(effective: dict[int, int], nll: dict[int, float], scaling: str = "ya
         value = effective[seed]
         rows.append(row(metric="effective_length", value=value, eval_length=value, n=3,
                         axis="relative_threshold", axis_value=0.85, task="average",
-                        task_params="{}", **common))  # fmt: skip
+                        task_params=params, **common))  # fmt: skip
         for length, v in nll.items():
             rows.append(row(metric="nll", value=v, eval_length=length, n=1000, **common))
     return rows
@@ -96,7 +149,31 @@ def test_r2_holds_fails_and_is_undecided_as_the_rows_say():
     assert r2_effective_below_flat(normalize_results(steep)).status == NOT_MEASURED
     both = normalize_results(steep + below)
     result = r2_effective_below_flat(both)
-    assert result.status == HOLDS and len(result.estimates) == 4  # both series reported
+    assert result.status == HOLDS and len(result.estimates) == 6  # both series reported
+
+
+def test_r2_is_decided_on_the_headline_score_and_reports_the_other():
+    """Effective lengths of both scores (task_params' score, headline): the exact rows decide;
+    the match reading is printed beside. Negative control: the same rows with match as the
+    headline give match's status."""
+    flat = {L: 2.0, 2 * L: 2.01, 4 * L: 2.015}
+    exact = '{"headline":true,"score":"exact"}'
+    match = '{"headline":false,"score":"match"}'
+    rows = r2_rows(dict.fromkeys(SEEDS, 2 * L), flat, params=exact)
+    rows += [r for r in r2_rows(dict.fromkeys(SEEDS, 4 * L), flat, params=match)
+             if r["metric"] == "effective_length"]  # fmt: skip
+    result = r2_effective_below_flat(normalize_results(rows))
+    assert result.status == HOLDS
+    assert "exact score" in result.claim
+    assert any("(relative, match)" in e.name for e in result.estimates)
+    assert result.notes == ["on the match score (not the headline) R2 would be: does not hold"]
+    swapped = [
+        {**r, "task_params": {exact: exact.replace("true", "false"),
+                              match: match.replace("false", "true")}[r["task_params"]]}
+        if r["metric"] == "effective_length" else r
+        for r in rows
+    ]  # fmt: skip
+    assert r2_effective_below_flat(normalize_results(swapped)).status == FAILS
 
 
 def test_flat_length():
@@ -107,6 +184,6 @@ def test_flat_length():
 
 
 def test_r1_r2_are_registered():
-    keys = {r.key for r in check_findings(r1_rows(0.9, 0.3, 0.2))}
+    keys = {r.key for r in check_findings(r1_rows((1.0, 0.9, 0.9), (0.9, 0.2, 0.2)))}
     assert "R1" in keys  # R2 reads effective_length rows, which these rows lack
     assert {"R1", "R2"} <= set(findings())

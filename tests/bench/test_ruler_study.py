@@ -38,7 +38,7 @@ def test_smoke_with_ruler_lands_rows_for_every_task(in_tmp, quiet_training, caps
     }
     eff = df[df["metric"] == "effective_length"]
     assert set(eff["task"]) == {*RULER_TASKS, "average"}
-    assert set(eff["axis"]) == {"threshold", "relative_threshold"}
+    assert set(eff["axis"]) == {"relative_threshold"}  # no absolute threshold by default
 
 
 def test_ruler_arm_trains_on_the_task_mixture():

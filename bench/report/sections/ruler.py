@@ -8,6 +8,7 @@ evaluation), shown as the median over seeds with the smallest and largest.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -68,13 +69,19 @@ def task_rank(task: str) -> int:
     return order.index(task) if task in order else len(order)
 
 
+def effective_score(task_params: str) -> str:
+    """The score an ``effective_length`` row reads (``task_params``' ``score``)."""
+    return str(json.loads(task_params or "{}").get("score", "match"))
+
+
 def effective_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per series, task and threshold kind: the stored effective length's median over seeds, its
-    smallest and largest, seeds and row ids."""
+    """Per series, score, task and threshold kind: the stored effective length's median over
+    seeds, its smallest and largest, seeds and row ids."""
     eff = rows[rows["metric"] == "effective_length"]
     if eff.empty:
         return pd.DataFrame()
-    keys = [*GROUP_KEYS, "task", "axis", "axis_value"]
+    eff = eff.assign(score=[effective_score(p) for p in eff["task_params"]])
+    keys = [*GROUP_KEYS, "score", "task", "axis", "axis_value"]
     t = (
         eff.groupby(keys, dropna=False)
         .agg(
@@ -87,12 +94,13 @@ def effective_table(rows: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     t["_task"] = t["task"].map(task_rank)
-    return sort_series(t, ["_task", "axis"]).drop(columns=["_task"])
+    t["_score"] = t["score"].map({"exact": 0, "match": 1})
+    return sort_series(t, ["_score", "_task", "axis"]).drop(columns=["_task", "_score"])
 
 
 def ruler_figure(t: pd.DataFrame, threshold: float | None) -> Figure:
-    """One panel per series (at most :data:`MAX_PANELS`): match score vs eval length, one line per
-    task, the tasks' mean in black."""
+    """One panel per series (at most :data:`MAX_PANELS`): exact score (the headline) vs eval
+    length, one line per task, the tasks' mean in black."""
     series = list(dict.fromkeys(t["series"]))[:MAX_PANELS]
     cols = min(3, len(series))
     rows_n = math.ceil(len(series) / cols)
@@ -106,7 +114,7 @@ def ruler_figure(t: pd.DataFrame, threshold: float | None) -> Figure:
             if c.empty:
                 continue
             style = {"color": "black", "lw": 2.0} if task == "average" else {"color": f"C{i % 10}"}
-            ax.plot(c["eval_length"], c["match"], "o-", ms=3, label=task, **style)
+            ax.plot(c["eval_length"], c["exact"], "o-", ms=3, label=task, **style)
         if threshold is not None:
             ax.axhline(threshold, color="grey", ls=":", lw=1)
         ax.set_xscale("log", base=2)
@@ -115,7 +123,7 @@ def ruler_figure(t: pd.DataFrame, threshold: float | None) -> Figure:
         ax.set_xlabel("eval length")
     for ax in axes[len(series) :]:
         ax.set_visible(False)
-    axes[0].set_ylabel("RULER score (match)")
+    axes[0].set_ylabel("exact score")
     axes[0].legend(fontsize=6, frameon=False, loc="lower left")
     fig.suptitle("RULER-style tasks vs length", fontsize=10)
     return fig
@@ -152,8 +160,9 @@ def ruler_section(rep: ReportDir, df: pd.DataFrame) -> str:
         md,
         figure_md(
             "ruler_scores",
-            "RULER score vs eval length, one panel per model and method, one line per task, the "
-            "tasks' mean in black; dotted: the effective-length threshold.",
+            "Exact score vs eval length, one panel per model and method, one line per task, the "
+            "tasks' mean in black; dotted: the absolute effective-length threshold, where a run "
+            "set one.",
         ),
     ]
     e = effective_table(rows)
@@ -163,22 +172,75 @@ def ruler_section(rep: ReportDir, df: pd.DataFrame) -> str:
             for m, lo, hi in zip(e["median"], e["seed_min"], e["seed_max"], strict=True)
         ]
         e["threshold"] = [
-            f">= {float(v):g}" if a == "threshold" else f">= {float(v):g} x score at reference"
-            for a, v in zip(e["axis"], e["axis_value"], strict=True)
+            f"{score}: >= {float(v):g}"
+            if a == "threshold"
+            else f"{score}: >= {float(v):g} x {score} at reference"
+            for score, a, v in zip(e["score"], e["axis"], e["axis_value"], strict=True)
         ]
         shown_e = e.set_index(["series", "threshold", "task"])["cell"].unstack("task")
+        shown_e = shown_e.reindex(
+            list(dict.fromkeys(zip(e["series"], e["threshold"], strict=True)))
+        )
         shown_e = shown_e[sorted(shown_e.columns, key=task_rank)]
         md_e = write_table(rep, "ruler_effective_length", e.drop(columns=["cell"]), shown_e, True)
         parts += [
             "### Effective length",
-            "The largest evaluated length at which the score (RULER's match unless the run set "
-            "`eval.ruler.score=exact`) passes the threshold, every shorter evaluated length "
-            "passing too; not interpolated between lengths; 0 when the shortest fails. Median "
-            "over seeds (smallest-largest). Source: `tables/ruler_effective_length.csv`.",
+            "The largest evaluated length at which the score named in each row (`exact`: the "
+            "exact verdict, the headline; `match`: RULER's string match) passes the threshold, "
+            "every shorter evaluated length passing too; not interpolated between lengths; 0 "
+            "when the shortest fails. The relative threshold is a fraction of the same model's "
+            "own score at the reference length (L), so it says how far a model keeps what it "
+            "can do at L, not how much it can do. Median over seeds (smallest-largest). Source: "
+            "`tables/ruler_effective_length.csv`.",
             md_e,
         ]
+    parts += _filler_share(rep, rows)
     parts += _passkey_beside(rep, df, set(t["series"]))
     return "\n\n".join(parts)
+
+
+def filler_share_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per task and eval length: the share of the window that is filler, 1 - ``min_length`` /
+    length, ``min_length`` being the task's fixed text and answer in tokens (``task_params``)."""
+    scores = rows[(rows["metric"] != "effective_length") & (rows["axis"] == "score")]
+    t = pd.DataFrame(
+        {
+            "task": scores["task"],
+            "eval_length": scores["eval_length"].astype(int),
+            "min_length": [json.loads(p or "{}").get("min_length") for p in scores["task_params"]],
+            "row_id": scores["row_id"].astype(str) if "row_id" in scores else "",
+        }
+    ).dropna(subset=["min_length"])
+    t = (
+        t.groupby(["task", "eval_length", "min_length"])
+        .agg(row_ids=("row_id", ";".join))
+        .reset_index()
+    )
+    t["filler_share"] = 1 - t["min_length"] / t["eval_length"]
+    if t.empty:
+        return t
+    t["_task"] = t["task"].map(task_rank)
+    return t.sort_values(["_task", "eval_length"]).drop(columns=["_task"]).reset_index(drop=True)
+
+
+def _filler_share(rep: ReportDir, rows: pd.DataFrame) -> list[str]:
+    t = filler_share_table(rows)
+    if t.empty:
+        return []
+    shown = t.set_index(["task", "eval_length"])["filler_share"].unstack("eval_length")
+    shown = shown.map(lambda v: "" if pd.isna(v) else f"{v:.0%}")
+    md = write_table(rep, "ruler_filler_share", t, shown, index=True)
+    below = t[t["filler_share"] < 0.5]
+    text = (
+        "The share of each window that is filler (1 - the task's fixed text and answer, "
+        "`min_length`, over the length). The protocol asks for at least half; "
+    )
+    if below.empty:
+        text += "every task and length here meets it."
+    else:
+        cells = ", ".join(f"{r.task} at {r.eval_length}" for r in below.itertuples())
+        text += f"below half: {cells}, so there the task is mostly its fixed text."
+    return ["### Filler share", text + " Source: `tables/ruler_filler_share.csv`.", md]
 
 
 def _passkey_beside(rep: ReportDir, df: pd.DataFrame, series: set) -> list[str]:

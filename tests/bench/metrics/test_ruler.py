@@ -8,6 +8,7 @@ others) and on a tiny trained model, where teacher-forced and greedy verdicts mu
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import replace
@@ -242,24 +243,40 @@ def test_metric_rows_and_effective_length_on_the_oracle():
                 assert (task, length, "depth", "0.0") not in by
     effective = [r for r in rows if r["metric"] == "effective_length"]
     assert {r["task"] for r in effective} == {*RULER_TASKS, "average"}
-    assert {r["axis"] for r in effective} == {"threshold", "relative_threshold"}
+    assert {r["axis"] for r in effective} == {"relative_threshold"}  # no absolute by default
+    scores = [json.loads(r["task_params"]) for r in effective]
+    assert {(p["score"], p["headline"]) for p in scores} == {("exact", True), ("match", False)}
 
 
 def test_effective_length_rule():
     assert effective_length({256: 0.9, 512: 0.9, 1024: 0.5}, 0.856) == 512
     assert effective_length({256: 0.9, 512: 0.5, 1024: 0.9}, 0.856) == 256  # no gaps
     assert effective_length({256: 0.5, 512: 0.9}, 0.856) == 0
-    cfg = RulerConfig(enabled=True, reference_length=256)
+    cfg = RulerConfig(enabled=True, reference_length=256, threshold=0.856)
     rows = [
-        {"metric": "vt", "axis": "score", "axis_value": "match", "task": "vt", "eval_length": x, "value": v}
-        for x, v in ((256, 0.6), (512, 0.55), (1024, 0.3))
+        {"metric": "vt", "axis": "score", "axis_value": score, "task": "vt", "eval_length": x,
+         "value": v}
+        for score, values in (("match", (0.6, 0.55, 0.3)), ("exact", (0.6, 0.45, 0.3)))
+        for x, v in zip((256, 512, 1024), values, strict=True)
     ]  # fmt: skip
-    out = {(r["task"], r["axis"]): r["value"] for r in effective_length_rows(rows, cfg)}
-    assert out[("vt", "threshold")] == 0  # below 0.856 everywhere
-    assert out[("vt", "relative_threshold")] == 512  # >= 0.85 x 0.6 = 0.51
+
+    def by_key(out):
+        return {
+            (r["task"], r["axis"], json.loads(r["task_params"])["score"]): r["value"] for r in out
+        }
+
+    out = by_key(effective_length_rows(rows, cfg))
+    assert out[("vt", "threshold", "match")] == 0  # below 0.856 everywhere
+    assert out[("vt", "relative_threshold", "match")] == 512  # >= 0.85 x 0.6 = 0.51
+    # the exact score drops to 0.45 at 512: each row reads its own score (the audit: every row
+    # read match whatever its caption said)
+    assert out[("vt", "relative_threshold", "exact")] == 256
     zero = [dict(r, value=0.0) for r in rows]
-    out = {(r["task"], r["axis"]): r["value"] for r in effective_length_rows(zero, cfg)}
-    assert out[("vt", "relative_threshold")] == 0  # no score at L: no effective length
+    out = by_key(effective_length_rows(zero, cfg))
+    assert out[("vt", "relative_threshold", "exact")] == 0  # no score at L: no effective length
+    # no absolute threshold unless set (0.856 calibrates nothing here)
+    default = effective_length_rows(rows, RulerConfig(enabled=True, reference_length=256))
+    assert {r["axis"] for r in default} == {"relative_threshold"}
 
 
 def test_trained_model_teacher_forced_and_greedy_agree():

@@ -25,7 +25,8 @@ def ruler_rows(seed: int) -> list[dict]:
             score = 1.0 - 0.1 * i - (0.3 if length > L else 0.0) + 0.02 * seed
             for kind, value in (("match", score), ("exact", score / 2)):
                 rows.append(row(metric=task, value=value, n=24, eval_length=length, axis="score",
-                                axis_value=kind, task=task, task_params="{}", **common))  # fmt: skip
+                                axis_value=kind, task=task,
+                                task_params=f'{{"min_length":{100 + 20 * i}}}', **common))  # fmt: skip
         rows.append(row(metric="effective_length", value=L * (seed - 3), eval_length=L * (seed - 3),
                         n=2, axis="threshold", axis_value=0.856, task=task,
                         task_params="{}", **common))  # fmt: skip
@@ -49,6 +50,12 @@ def test_ruler_section(tmp_path: Path) -> None:
     assert set(eff["median"]) == {L * 1.5} and set(eff["seed_min"]) == {L}
     assert "| 384 (256-512) |" in md
     assert "### Passkey beside them" in md
+    assert "match: >= 0.856" in md  # the score each effective length reads, in its row label
+    filler = pd.read_csv(tmp_path / "report" / "tables" / "ruler_filler_share.csv")
+    share = filler.set_index(["task", "eval_length"])["filler_share"]
+    assert share[("niah_single", L)] == 1 - 100 / L and share[("fwe", 2 * L)] == 1 - 220 / (2 * L)
+    below = [f"{t} at {L}" for i, t in enumerate(RULER_TASKS) if 100 + 20 * i > L / 2]
+    assert below and ("below half: " + ", ".join(below)) in md
     assert (tmp_path / "report" / "plots" / "ruler_scores.png").stat().st_size > 0
     assert "## Other metrics" not in md  # the task rows are not repeated as "other" metrics
 
