@@ -307,6 +307,9 @@ NEGATIVE = {
     "T1 self_extend degrades": (("T1",), {"nll": {("rope", "self_extend"): (2.0, 2.1, 2.3)}}),
     "T2 self_extend forgets": (("T2",), {"passkey": {("rope", "self_extend"): (1.0, 0.5, 0.2)}}),
     "T3 streaming degrades": (("T3",), {"nll": {("rope", "streaming"): (2.0, 2.1, 2.2)}}),
+    "T3 streaming retrieves": (
+        ("T3",), {"depths": {("rope", "streaming"): dict.fromkeys((0.0, 0.25, 0.5), 1.0)}}
+    ),
     "L1 randomized rope degrades more": (
         ("L1",), {"train": {("rope", "randomized", "none", "lm_sampling"): (2.0, 2.2, 2.9)}}
     ),
@@ -395,7 +398,7 @@ ABSENT = {
     "F6": {"shift": {"learned": None}},
     "T1": {"nll": {("rope", "rerope"): (2.0, None, None)}},
     "T2": {"passkey": {("rope", "self_extend"): (1.0, None, None)}},
-    "T3": {"nll": {("rope", "streaming"): (2.0, None, None)}},
+    "T3": {"depths": {("rope", "streaming"): None}},
     "L1": {"train": {("sinusoidal", "randomized", "none", "lm_sampling"): None}},
     "L2": {"train": {("rope", "contiguous", "none", "lm_hybrid"): None}},
     "L3": {"train": {("rope", "contiguous", "token", "lm_sinks"): None}},

@@ -1,0 +1,64 @@
+"""``python -m bench.rederive``: a run's effective_length rows re-derived from its own task rows
+under the current rule; every other row unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from bench.metrics.ruler import RulerConfig, effective_length_rows
+from bench.rederive import main, rederived_effective_lengths
+from bench.results import normalize_results, write_results
+
+from fixtures.rows import row
+
+L = 256
+
+
+def run_rows(run: str, exact: tuple, match: tuple) -> list[dict]:
+    common = dict(experiment="ruler", run_id=run, model_id=f"m-{run}", seed=4, train_length=L)
+    rows = [row(metric="nll", value=2.0, n=100, eval_length=L, **common)]
+    for score, values in (("exact", exact), ("match", match)):
+        for length, v in zip((L, 2 * L, 4 * L), values, strict=True):
+            rows.append(row(metric="vt", value=v, n=24, eval_length=length, axis="score",
+                            axis_value=score, task="vt", task_params="{}", **common))  # fmt: skip
+    # what the old rule stored: the match score only, with RULER's absolute threshold
+    old = RulerConfig(enabled=True, score="match", threshold=0.856, reference_length=L)
+    stored = [r for r in effective_length_rows(rows, old)
+              if json.loads(r["task_params"])["score"] == "match"]  # fmt: skip
+    return rows + [row(**{**common, **r}) for r in stored]
+
+
+def test_rederive_replaces_effective_lengths_from_the_runs_task_rows(tmp_path):
+    old = normalize_results(run_rows("a", (0.9, 0.5, 0.1), (0.9, 0.9, 0.1))
+                            + run_rows("b", (0.8, 0.8, 0.8), (0.8, 0.8, 0.8)))  # fmt: skip
+    new = rederived_effective_lengths(old)
+    eff = new[new["metric"] == "effective_length"]
+    params = [json.loads(p) for p in eff["task_params"]]
+    got = {
+        (r, p["score"], a): v
+        for r, p, a, v in zip(eff["run_id"], params, eff["axis"], eff["value"], strict=True)
+    }
+    assert set(eff["axis"]) == {"relative_threshold"}  # the absolute 0.856 rows are gone
+    assert got[("a", "exact", "relative_threshold")] == L  # 0.5 < 0.85 x 0.9 at 2L
+    assert got[("a", "match", "relative_threshold")] == 2 * L
+    # negative control: the old stored row read match, not exact
+    before = old[(old["metric"] == "effective_length") & (old["axis"] == "relative_threshold")]
+    assert set(before[before["run_id"] == "a"]["value"]) == {2 * L}
+    assert got[("b", "exact", "relative_threshold")] == 4 * L
+    assert (eff[eff["run_id"] == "b"]["model_id"] == "m-b").all()  # identity from its own run
+    rest = ["run_id", "metric", "eval_length", "axis", "axis_value"]
+    kept = new[new["metric"] != "effective_length"].sort_values(rest).reset_index(drop=True)
+    was = old[old["metric"] != "effective_length"].sort_values(rest).reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept, was)
+    # idempotent: the current rule's rows re-derive to themselves
+    again = rederived_effective_lengths(new)
+    pd.testing.assert_frame_equal(
+        again.sort_values([*rest, "task_params"]).reset_index(drop=True),
+        new.sort_values([*rest, "task_params"]).reset_index(drop=True),
+    )
+    # the command rewrites the file in place
+    path = write_results(old, tmp_path / "run.parquet")
+    assert main([str(tmp_path)]) == 0
+    assert len(pd.read_parquet(path).query("metric == 'effective_length'")) == len(eff)
