@@ -52,7 +52,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from bench.data_config import (
     CORPUS_KINDS,
@@ -61,6 +60,7 @@ from bench.data_config import (
     DataConfig,
     normalize_fractions,
 )
+from bench.progress import progress_bar
 from bench.splits import SPLIT_PROTOCOL, cap_order_key, near_duplicate_assignment
 from bench.tokenizer import ByteTokenizer, bytes_to_tokens
 
@@ -310,7 +310,7 @@ def _finish_file_listing(
 def _read_files(entries: Sequence[_FileEntry], desc: str) -> list[Document]:
     docs = []
     # delay: the progress bar only appears for slow reads (a big text corpus), not for pycorpus.
-    for entry in tqdm(entries, desc=desc, unit="file", delay=2.0, leave=False):
+    for entry in progress_bar(entries, desc=desc, unit="file", delay=2.0, leave=False):
         tokens = bytes_to_tokens(entry.path.read_bytes())
         tokens.flags.writeable = False
         docs.append(Document(entry.id, tokens))
@@ -399,7 +399,7 @@ def _hf_docs(spec: Mapping[str, Any]) -> tuple[list[Document], dict[str, str] | 
         n_rows = len(ds) if budget_files is None else min(len(ds), budget_files)
         column = ds.select(range(n_rows))[field] if n_rows < len(ds) else ds[field]
         for row, text in enumerate(
-            tqdm(column, desc=f"encoding {hf_split}", unit="doc", delay=2.0, leave=False)
+            progress_bar(column, desc=f"encoding {hf_split}", unit="doc", delay=2.0, leave=False)
         ):
             data = (text or "").encode("utf-8")
             if not data:

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from bench.checks import parse_length
 from bench.corpora import Document
@@ -37,6 +36,7 @@ from bench.metrics import (
 )
 from bench.metrics.context import run_documents
 from bench.pretrained.documents import window_bos
+from bench.progress import progress_bar
 from models.scaling_config import ScalingConfig, run_scaling
 
 __all__ = ["evaluate_model", "parse_length"]
@@ -103,7 +103,9 @@ def evaluate_model(
     by_metric: dict[str, list[dict]] = {name: [] for name in cfg.metrics}
     try:
         with torch.no_grad():
-            for length in tqdm(cfg.lengths, desc="eval lengths", unit="len", disable=not progress):
+            for length in progress_bar(
+                cfg.lengths, desc="eval lengths", unit="len", disable=not progress
+            ):
                 with scaled(scaling, length) if scaled else contextlib.nullcontext():
                     rows += _measure_length(ctx, cfg, docs, length, by_metric)
         for name, section in cfg.metrics.items():

@@ -4,17 +4,23 @@ the README's scaling-method example registers and runs, and its preset composes 
 config directory (each with a negative control).
 
 The documents' code blocks are parsed; each ``lenbench ...`` line (with ``\\`` continuations) is
-composed by Hydra with its overrides (the first value of a sweep list, hydra.* keys with the
-Hydra config) and parsed into a typed JobConfig, which is what every job does first: a command
-that would stop with an error (a key that does not exist, two options that exclude each other)
-fails here. Placeholders in angle brackets are filled with a plausible value.
+split into words by bash itself (brace expansion, globbing, quotes and ``$VARS`` as a reader's
+shell does them), then composed by Hydra with its overrides (the first value of a sweep list,
+hydra.* keys with the Hydra config) and parsed into a typed JobConfig, which is what every job
+does first: a command that would stop with an error (a key that does not exist, two options that
+exclude each other) fails here. Every command (``lenbench-harness`` and ``lenbench-report`` too,
+the command examples in conf/ comments) and every Hydra list or dict override the prose shows
+must reach the program as written: an unquoted ``key=[a,b]`` (a glob pattern: bash keeps it only
+while no file matches, zsh refuses it) or ``key=[{a:1,b:[x,y]}]`` (brace-expanded into several
+words) fails. Placeholders in angle brackets are filled with a plausible value.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,16 +41,83 @@ DOCS = [
 ]
 
 
-def readme_commands(path: Path = README) -> list[str]:
+#: the console scripts whose command lines the documents show
+PROGRAMS = ("lenbench", "lenbench-harness", "lenbench-report")
+
+
+def readme_commands(path: Path = README, programs: tuple[str, ...] = ("lenbench",)) -> list[str]:
     text = path.read_text(encoding="utf-8")
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
             line = line.split("  #")[0].strip()
-            if line.startswith("lenbench ") or line == "lenbench":
+            if line.split(" ")[0] in programs:
                 commands.append(line)
     return commands
+
+
+# ------------------------------------------------------------------- what bash makes of a command
+
+#: what a command line must not hold to be handed to bash here: it is one simple command
+UNSAFE = re.compile(r"[;&|<>`\n]|\$\(")
+#: the environment bash expands ``$VARS`` from (the documents use $HOME)
+BASH_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.path.expanduser("~")}
+
+
+def _fill_placeholders(text: str) -> str:
+    return re.sub(r"<[^>]+>", "placeholder", text)
+
+
+def bash_words(command: str, setup: str = "shopt -s failglob") -> list[str]:
+    """The words bash makes of ``command`` (placeholders filled), in an empty folder.
+
+    ``setup`` runs first: by default ``failglob``, so that an unquoted glob pattern such as a
+    Hydra list ``key=[a,b]`` is an error rather than kept only while no file matches.
+    """
+    command = _fill_placeholders(command)
+    if UNSAFE.search(command):
+        raise ValueError(f"{command!r} is not one simple command (; & | < > ` $( or a newline).")
+    with tempfile.TemporaryDirectory() as empty:
+        proc = subprocess.run(
+            ["bash", "--norc", "--noprofile", "-c", f"{setup}\nprintf '%s\\0' {command}"],
+            cwd=empty,
+            env=BASH_ENV,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    if proc.returncode != 0:
+        raise ValueError(f"bash refuses {command!r}: {proc.stderr.strip()}")
+    return proc.stdout.split("\0")[:-1]
+
+
+def pasted_words(command: str) -> list[str]:
+    """The words ``command`` reaches its program with when pasted into bash; a ValueError when
+    bash's brace expansion or globbing changes them (the words differ from bash's with both
+    turned off) or an unquoted glob pattern matches no file."""
+    words = bash_words(command)
+    literal = bash_words(command, setup="set +B -f")  # no brace expansion, no globbing
+    if words != literal:
+        raise ValueError(
+            f"bash turns {command!r} into {words}, not {literal}: quote the override(s)."
+        )
+    return words
+
+
+def hydra_overrides(words: list[str]) -> list[str]:
+    """Every word that is a Hydra override (``key=value``, ``+key=...``), parsed by Hydra's own
+    override parser (a ValueError names the one it refuses)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [w for w in words if "=" in w and not w.startswith("-")]
+    parser = OverridesParser.create()
+    for word in overrides:
+        try:
+            parser.parse_overrides([word])
+        except Exception as exc:
+            raise ValueError(f"Hydra refuses {word!r}: {str(exc).splitlines()[0]}") from None
+    return overrides
 
 
 def _first(value: str) -> str:
@@ -54,7 +127,8 @@ def _first(value: str) -> str:
 
 def _overrides(command: str) -> tuple[list[str], list[str]]:
     """(job overrides, hydra overrides) of one command line."""
-    args = [os.path.expandvars(a) for a in shlex.split(command)[1:]]  # as the shell does
+    args = pasted_words(command)[1:]  # what the program gets from bash
+    hydra_overrides(args)
     job, hydra = [], []
     skip = False
     for arg in args:
@@ -68,7 +142,6 @@ def _overrides(command: str) -> tuple[list[str], list[str]]:
             continue
         key, _, value = arg.partition("=")
         arg = f"{key}={_first(value)}" if value else arg
-        arg = re.sub(r"<[^>]+>", "placeholder", arg)
         (hydra if key.startswith("hydra") else job).append(arg)
     return job, hydra
 
@@ -91,6 +164,98 @@ def test_readme_command_composes_and_validates(command: str):
         if hydra:
             compose("config", overrides=[*job, *hydra], return_hydra_config=True)
     JobConfig.from_hydra(cfg)
+
+
+#: a command example in a conf/ comment: ``#   lenbench +experiment=smoke``
+CONF_COMMAND = re.compile(
+    r"^#\s{2,}((?:lenbench|lenbench-report|lenbench-harness)\b.*?)(?:\s{2,}.*)?$"
+)
+
+
+def conf_commands() -> list[str]:
+    out = []
+    for path in sorted((ROOT / "conf").rglob("*.yaml")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            match = CONF_COMMAND.match(line.rstrip())
+            if match:
+                out.append(match.group(1).strip())
+    return out
+
+
+#: the documents whose commands and overrides a reader may paste: DOCS and every report's README
+SHELL_DOCS = [*DOCS, *(d for d in sorted(ROOT.glob("reports/*/README.md")) if d not in DOCS)]
+
+ALL_COMMANDS = [
+    *(c for doc in SHELL_DOCS if doc.exists() for c in readme_commands(doc, PROGRAMS)),
+    *conf_commands(),
+]
+
+#: a Hydra list or dict override inside prose: ``position.layers=[swa,nope]``, ``+a=[{...}]``
+PROSE_OVERRIDE = re.compile(r"(?:^|\s)['\"]?(?:\+{1,2}\w+(?:\.\w+)*|\w+(?:\.\w+)+)=[\[{]")
+
+
+def prose_overrides() -> list[str]:
+    """The inline code spans of the documents that show a Hydra list or dict override."""
+    spans = []
+    for doc in SHELL_DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+        for span in re.findall(r"`([^`]+)`", text):
+            span = " ".join(span.split())  # a span may wrap over lines
+            if PROSE_OVERRIDE.search(span):
+                spans.append(span)
+    return spans
+
+
+def test_the_documents_show_commands_everywhere():
+    assert {c.split(" ")[0] for c in ALL_COMMANDS} == set(PROGRAMS), ALL_COMMANDS
+    assert any(c.startswith("lenbench") for c in conf_commands())
+    assert len(prose_overrides()) >= 5, prose_overrides()
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS)
+def test_every_command_reaches_its_program_as_written(command: str):
+    """Pasted into bash, a command gives its program the words it shows (nothing brace-expanded,
+    no glob pattern left to chance), and each Hydra override among them parses."""
+    words = pasted_words(command)
+    assert words[0] in PROGRAMS
+    if words[0] == "lenbench":
+        hydra_overrides(words[1:])
+
+
+@pytest.mark.parametrize("span", prose_overrides())
+def test_every_list_or_dict_override_in_the_prose_is_quoted(span: str):
+    """A list or dict override the prose shows, copied into a command, survives bash and
+    parses: ``'+train.ruler_stages=[{steps:8000,tasks:[...]}]'``, quoted."""
+    assert hydra_overrides(pasted_words(span))
+
+
+def test_an_unquoted_brace_override_is_caught():
+    """Negative controls: the README's curriculum override unquoted is three words to bash (its
+    braces expand) and a glob pattern; unquoted lists are caught; quoted, both pass."""
+    stages = "+train.ruler_stages=[{steps:8000,tasks:[niah_single,niah_multikey]}]"
+    assert bash_words(f"lenbench {stages}", setup="") == [
+        "lenbench",
+        "+train.ruler_stages=[steps:8000]",
+        "+train.ruler_stages=[tasks:[niah_single]",
+        "+train.ruler_stages=[niah_multikey]]",
+    ]
+    with pytest.raises(ValueError, match="no match"):
+        pasted_words(f"lenbench arm=ruler {stages}")
+    # braces without brackets: no glob pattern, but two words where one was written
+    assert bash_words("lenbench +a={x,y}", setup="set +B -f") == ["lenbench", "+a={x,y}"]
+    with pytest.raises(
+        ValueError, match=r"into \['lenbench', '\+a=x', '\+a=y'\].*quote the override"
+    ):
+        pasted_words("lenbench +a={x,y}")
+    with pytest.raises(ValueError, match="no match"):
+        pasted_words("lenbench position=rnope_swa position.layers=[swa,nope]")
+    with pytest.raises(ValueError, match="Hydra refuses 'data.paths=\\[~/x\\]'"):
+        hydra_overrides(pasted_words("lenbench 'data.paths=[~/x]'"))
+    with pytest.raises(ValueError, match="not one simple command"):
+        bash_words("lenbench x; touch y")
+    words = pasted_words(f"lenbench arm=ruler '{stages}' 'position.layers=[swa,nope]'")
+    assert words[2:] == [stages, "position.layers=[swa,nope]"]
+    assert hydra_overrides(words[1:]) == words[1:]
 
 
 # ------------------------------------------------------------------- scripts and the README's code

@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import math
 import os
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,11 +41,38 @@ MODEL_ARGS = (
 )
 
 
+def as_integer(value: Any) -> int | None:
+    """``value`` as an int when it is one however it arrived (lm-eval's CLI turns ``-2`` into
+    -2.0 and ``1e3`` into 1000.0; text such as ``"8"``), else None (a bool is no integer)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                return None
+    if (
+        isinstance(value, (float, np.floating))
+        and math.isfinite(value)
+        and float(value).is_integer()
+    ):
+        return int(value)
+    return None
+
+
 def positive_int(value: Any, what: str) -> int:
-    """``value`` as an int >= 1, else a ValueError naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+    """``value`` as an int >= 1 (also 8.0 or "8", as lm-eval may hand it over), else a ValueError
+    naming ``what``."""
+    number = as_integer(value)
+    if number is None or number < 1:
         raise ValueError(f"{what} {value!r} is invalid; allowed: an integer >= 1.")
-    return int(value)
+    return number
 
 
 def optional_length(value: Any, what: str) -> int | None:
@@ -58,18 +88,49 @@ def batch_rows(batch_size: Any, max_batch_size: Any) -> int:
         return 1
     text = str(batch_size).strip().lower()
     if text.startswith("auto"):
-        return positive_int(
-            int(max_batch_size) if max_batch_size else DEFAULT_MAX_BATCH_SIZE, "max_batch_size"
-        )
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+        return positive_int(max_batch_size or DEFAULT_MAX_BATCH_SIZE, "max_batch_size")
+    value = as_integer(text) or 0
     if value < 1:
         raise ValueError(
             f"batch_size {batch_size!r} is invalid; allowed: an integer >= 1, 'auto' or 'auto:N'."
         )
     return value
+
+
+def _param_kinds(method: str) -> dict[str, type]:
+    """The type each parameter of scaling method ``method`` is read as: int, float or bool, from
+    its function's annotations (``float | None`` is float); a parameter of another type is absent."""
+    fn = SCALING_METHODS[method].fn
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: read every value as given
+        return {}
+    kinds = {}
+    for name in SCALING_METHODS[method].parameters:
+        hint = hints.get(name)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # float | None
+            args = set(typing.get_args(hint)) - {type(None)}
+            hint = next(iter(args)) if len(args) == 1 else None
+        if hint in (int, float, bool):
+            kinds[name] = hint
+    return kinds
+
+
+def _coerce_typed(method: str, key: str, value: Any, kind: type | None, auto: bool) -> Any:
+    """``value`` read as the method's type for ``key``: an integer parameter gets an int whether
+    the number came as -2, -2.0 or "-2" (lm-eval's CLI hands ``-2`` over as -2.0), and a value
+    that is no integer is one sentence naming the parameter; ``auto`` stays for an ``auto`` key."""
+    if kind is not int or isinstance(value, bool) or value is None:
+        return value
+    if auto and isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    number = as_integer(value)
+    if number is None:
+        raise ValueError(
+            f"scaling parameter {key}={value!r} of scaling method {method!r} is invalid; "
+            f"allowed: an integer{' or auto' if auto else ''}."
+        )
+    return number
 
 
 def _coerce_param(key: str, value: Any, list_params: tuple[str, ...] = ()) -> Any:
@@ -221,7 +282,11 @@ def _scaling_config(
             f"{', '.join(sorted(allowed_params)) or 'none'} (other model arguments: {', '.join(MODEL_ARGS)})."
         )
     list_params = SCALING_METHODS[method].list_params
-    coerced = {k: _coerce_param(k, v, list_params) for k, v in params.items()}
+    kinds, auto_keys = _param_kinds(method), SCALING_METHODS[method].auto_keys
+    coerced = {
+        k: _coerce_typed(method, k, _coerce_param(k, v, list_params), kinds.get(k), k in auto_keys)
+        for k, v in params.items()
+    }
     if method == "default" and not logn:
         return None
     label = name or ("logn" if method == "default" else method + ("+logn" if logn else ""))

@@ -9,15 +9,19 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import bench.harness.model  # noqa: F401  (registers the lenbench model with lm-eval)
 from bench.harness.tasks import TASKS_DIR, split_tasks, task_names
+from bench.progress import adopt_bars
 
 logger = logging.getLogger(__name__)
 
 _SUBCOMMANDS = ("run", "ls", "validate")
 _HELP = ("-h", "--help")
+#: lm-eval's modules whose loops draw a tqdm bar (``from tqdm import tqdm``)
+LM_EVAL_BAR_MODULES = ("lm_eval.api.task", "lm_eval.api.model")
 
 
 def _option_value(argv: Sequence[str], option: str) -> str | None:
@@ -120,6 +124,62 @@ class HarnessArgError(ValueError):
     """A ``lenbench-harness`` argument that cannot work; its message is one sentence."""
 
 
+def _device_asked(argv: Sequence[str]) -> tuple[str, str] | None:
+    """(where, device) of the device the user asked for: the ``lenbench`` model argument
+    ``device``, ``--device``, or a ``--config`` file's ``device``; None when none names one (lm-eval
+    then passes its own default, cuda:0)."""
+    if _model_arg(argv, "device"):
+        return "model argument device", str(_model_arg(argv, "device"))
+    given = _option_value(argv, "--device")
+    if given is not None:
+        return "--device", given
+    config = _option_value(argv, "--config")
+    if config:
+        import yaml
+
+        try:
+            values = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            return None  # lm-eval reports its own config file
+        if isinstance(values, dict) and values.get("device") is not None:
+            return f"device in {config}", str(values["device"])
+    return None
+
+
+def _check_device(argv: Sequence[str]) -> None:
+    """An explicit CUDA device on a machine without CUDA: one sentence, before any model loads."""
+    import torch
+
+    asked = _device_asked(argv)
+    if asked is None or torch.cuda.is_available():
+        return
+    where, device = asked
+    if device.strip().lower().startswith("cuda"):
+        raise HarnessArgError(
+            f"{where} {device!r} asks for CUDA, which this machine does not have; use "
+            f"{'device=cpu' if where.startswith('model') else '--device cpu'}, or give no device "
+            "(cpu is then used)."
+        )
+
+
+def _with_default_device(argv: list[str]) -> list[str]:
+    """``argv`` plus ``--device cpu`` for the ``lenbench`` model when no device was asked for and
+    CUDA is not available (lm-eval would pass its default cuda:0), said in one line."""
+    import torch
+
+    if (
+        _option_value(argv, "--model") != "lenbench"
+        or _device_asked(argv) is not None
+        or torch.cuda.is_available()
+    ):
+        return argv
+    print(
+        "lenbench-harness: no --device given and CUDA is not available: running on cpu.",
+        file=sys.stderr,
+    )
+    return [*argv, "--device", "cpu"]
+
+
 def check_arguments(argv: Sequence[str]) -> None:
     """Refuse, before any model loads, what cannot work: unknown ``--model_args`` keys of the
     ``lenbench`` model, a ``pretrained`` that is not a finished checkpoint, a task name that is
@@ -162,6 +222,7 @@ def check_arguments(argv: Sequence[str]) -> None:
                 "model argument pretrained is missing; give a checkpoint cache key or path."
             )
         _check_checkpoint(args["pretrained"], args.get("cache_root"))
+        _check_device(argv)
     requested = _option_value(argv, "--tasks")
     if requested:
         names = split_tasks(requested)
@@ -202,9 +263,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as err:
         print(f"lenbench-harness: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    args = _with_training_template(args)
+    args = _with_default_device(_with_training_template(args))
     _skip_builtin_index_if_possible(args)
     sys.argv = ["lenbench-harness", *args]
+    adopt_bars(*LM_EVAL_BAR_MODULES)  # in a log, lm-eval's bars write plain lines too
     try:
         cli_evaluate()
     except ValueError as err:  # e.g. a model argument's value, checked when the model is built

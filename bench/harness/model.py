@@ -21,9 +21,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
-from tqdm.auto import tqdm
 
 from bench.harness.args import batch_rows, optional_length, parse_scaling, positive_int
+from bench.progress import progress_bar
 from bench.runtime import autocast, resolve_device
 from bench.tokenizer import ByteTokenizer
 from models.transformer import ScalingConfig
@@ -264,7 +264,7 @@ class LenbenchLM(LM):
         """(input length, request indices) batches of the groups {(input length, scaling length):
         indices}, longest first, with the model's scaling switched to each group's scaling length
         and a progress bar that counts a batch once the caller is done with it."""
-        bar = tqdm(
+        bar = progress_bar(
             total=sum(len(v) for v in groups.values()), desc=desc, disable=disable, leave=False
         )
         try:
@@ -347,9 +347,7 @@ class LenbenchLM(LM):
                 f"generation 'until' {until!r} is invalid; allowed: a string or a list of strings."
             )
         max_gen = kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS)
-        max_gen = positive_int(
-            int(max_gen) if isinstance(max_gen, (float, str)) else max_gen, "max_gen_toks"
-        )
+        max_gen = positive_int(max_gen, "max_gen_toks")
         if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0.0) > 0.0:
             raise ValueError(
                 f"generation kwargs {kwargs!r} ask for sampling; the lenbench model decodes greedily only "

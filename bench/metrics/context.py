@@ -23,9 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from bench.corpora import Document
+from bench.progress import progress_bar
 from bench.runtime import autocast, forward_takes
 
 __all__ = [
@@ -86,8 +86,11 @@ class EvalContext:
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.precision)
 
-    def bar(self, total: int, desc: str, unit: str = "win") -> tqdm:
-        return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not self.progress)
+    def bar(self, total: int, desc: str, unit: str = "win") -> Any:
+        """A progress bar (:func:`bench.progress.progress_bar`: plain lines in a log)."""
+        return progress_bar(
+            total=total, desc=desc, unit=unit, leave=False, disable=not self.progress
+        )
 
     def forward(self, input_ids: torch.Tensor, logits_from: int = 0, logits: bool = True, **kwargs):
         """The model's output for ``input_ids`` moved to the device, without autograd.
@@ -193,7 +196,7 @@ class EvalContext:
                 else:
                     todo.append(i)
         step = self.rows_per_batch(width - 1)
-        bar = self.bar(m, desc) if desc is not None else tqdm(disable=True)
+        bar = self.bar(m, desc) if desc is not None else progress_bar(disable=True)
         with bar:
             bar.update(m - len(todo))
             for begin in range(0, len(todo), step):

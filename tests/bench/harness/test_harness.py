@@ -951,6 +951,104 @@ def test_harness_cli_bad_model_argument_value_is_one_sentence(tmp_path, capsys):
     assert err.startswith("lenbench-harness: error: ") and "batch_size" in err, err
 
 
+def test_model_argument_numbers_are_read_as_the_methods_types(tmp_path):
+    """lm-eval's CLI hands ``sink_tokens=-2`` over as -2.0: the number is read as the method's
+    int, so the error names sink_tokens and its allowed values (it blamed ``window: got 'auto'``);
+    controls: lm-eval really sends a float, an integral float works as the int, a fractional one
+    is one sentence naming the parameter."""
+    from lm_eval._cli.utils import key_val_to_dict
+
+    sent = key_val_to_dict("scaling=streaming,sink_tokens=-2,eval_length=1e3")
+    assert sent["sink_tokens"] == -2.0 and isinstance(sent["sink_tokens"], float)
+    assert isinstance(sent["eval_length"], float)
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"sink_tokens must be an integer >= 0, got -2\.") as info:
+        LenbenchLM.create_from_arg_obj({"pretrained": model, **sent}, {"device": "cpu"})
+    assert "window" not in str(info.value)
+    lm = LenbenchLM.create_from_arg_obj(
+        {"pretrained": model, "scaling": "streaming", "sink_tokens": 2.0, "eval_length": 1e3},
+        {"device": "cpu", "batch_size": 8.0},
+    )
+    assert lm.scaling.params["sink_tokens"] == 2 and type(lm.scaling.params["sink_tokens"]) is int
+    assert lm.eval_length == 1000 and lm.batch_rows == 8
+    assert parse_scaling("streaming", sink_tokens="3", window="AUTO").params == {
+        "sink_tokens": 3,
+        "window": "auto",
+    }
+    with pytest.raises(ValueError, match=r"sink_tokens=2\.5 of scaling method 'streaming' is "
+                       r"invalid; allowed: an integer\.$"):  # fmt: skip
+        parse_scaling("streaming", sink_tokens=2.5)
+    with pytest.raises(ValueError, match=r"window='wide' .* allowed: an integer or auto\.$"):
+        parse_scaling("rerope", window="wide")
+    assert parse_scaling("yarn", factor=4.0, beta_fast="16").params["beta_fast"] == 16.0  # floats
+
+
+def _cuda_missing(monkeypatch, missing: bool = True) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: not missing)
+
+
+def test_harness_cli_without_device_runs_on_cpu_when_cuda_is_missing(tmp_path, monkeypatch, capsys):
+    """No --device and no CUDA: lm-eval's default cuda:0 must not stop the run (it failed naming
+    lenbench's ``device=``); cpu is used and one line says so. Controls: an explicit --device
+    cuda (or model argument device=cuda) is one sentence naming it; with CUDA, or for another
+    model, nothing is added."""
+    from bench.harness.cli import HarnessArgError, _with_default_device, check_arguments
+    from bench.harness.cli import main as harness_main
+
+    _cuda_missing(monkeypatch)
+    key = save_tiny_checkpoint(tiny_model(seed=2), tmp_path)
+    argv = ["--model", "lenbench", "--model_args", f"pretrained={key},cache_root={tmp_path}",
+            "--tasks", "lenbench_passkey_256", "--limit", "1"]  # fmt: skip
+    assert _with_default_device(argv) == [*argv, "--device", "cpu"]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "lenbench-harness: no --device given and CUDA is not available: running on cpu."
+    ]
+    harness_main(argv)  # runs to the end on cpu
+    out = capsys.readouterr()
+    assert "lenbench_passkey_256" in out.out and "running on cpu" in out.err
+
+    for extra, where in (
+        (["--device", "cuda"], "--device 'cuda'"),
+        (["--device=cuda:0"], "--device 'cuda:0'"),
+    ):
+        with pytest.raises(HarnessArgError, match=f"^{where} asks for CUDA, which this machine"):
+            check_arguments([*argv, *extra])
+        assert _with_default_device([*argv, *extra]) == [*argv, *extra]
+    with_arg = [*argv[:3], argv[3] + ",device=cuda", *argv[4:]]
+    with pytest.raises(
+        HarnessArgError, match="^model argument device 'cuda' asks for CUDA.*device=cpu"
+    ):
+        check_arguments(with_arg)
+    config = tmp_path / "run.yaml"
+    config.write_text("device: cuda:1\n")
+    with pytest.raises(HarnessArgError, match=f"^device in {config} 'cuda:1' asks for CUDA"):
+        check_arguments([*argv, "--config", str(config)])
+    check_arguments([*argv, "--device", "cpu"])  # cpu asked for: fine
+    hf = ["--model", "hf", "--model_args", "pretrained=x", "--tasks", "lenbench_passkey_256"]
+    assert _with_default_device(hf) == hf
+    _cuda_missing(monkeypatch, missing=False)
+    assert _with_default_device(argv) == argv
+    check_arguments([*argv, "--device", "cuda"])
+
+
+def test_harness_cli_streaming_sink_tokens_error_names_it(tmp_path, capsys):
+    """The README's CLI path end to end: ``sink_tokens=-2`` is one sentence naming sink_tokens
+    (control: ``sink_tokens=2`` passes the model's checks and evaluates)."""
+    from bench.harness.cli import main as harness_main
+
+    key = save_tiny_checkpoint(tiny_model(seed=2), tmp_path)
+    argv = ["--model", "lenbench", "--tasks", "lenbench_passkey_256", "--limit", "1",
+            "--device", "cpu", "--model_args"]  # fmt: skip
+    base = f"pretrained={key},cache_root={tmp_path},scaling=streaming"
+    with pytest.raises(SystemExit) as info:
+        harness_main([*argv, base + ",sink_tokens=-2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == "lenbench-harness: error: streaming: sink_tokens must be an integer >= 0, got -2."
+    harness_main([*argv, base + ",sink_tokens=2"])
+    assert "lenbench_passkey_256" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------- RULER-style tasks
 
 

@@ -563,6 +563,25 @@ def test_bad_paths_give_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
         latest_experiment_dir(tmp_path / "no_results_here")
 
 
+def test_check_with_out_is_refused_in_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--check`` writes nothing, so ``--check --out DIR`` (which ignored DIR) is refused with one
+    sentence naming --out; controls: --check alone checks, --out alone writes the report there."""
+    rows = [r for r in synthetic_rows(seeds=[0]) if r["metric"] == "position_probe_r2"]
+    write_sweep(tmp_path / "res", rows)
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "res"), "--check", "--out", str(tmp_path / "rep")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"lenbench-report: error: --out '{tmp_path / 'rep'}' has no use with "
+                          "--check, which writes nothing;"), err  # fmt: skip
+    assert not (tmp_path / "rep").exists()
+    assert main([str(tmp_path / "res"), "--check"]) in (0, 1, 3)
+    assert main([str(tmp_path / "res"), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").is_file()
+
+
 def test_markdown_table_helper() -> None:
     df = pd.DataFrame({"name": ["a|b", "c"], "x": [1.23456, float("nan")], "k": [1, 2]})
     md = report_mod.markdown_table(df).splitlines()
