@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.metrics.ruler import RulerConfig, effective_length_rows
-from bench.results import normalize_results, write_results
+from bench.results import normalize_results, read_result_table, write_results
 
 #: columns a derived row takes from its own make_row (everything else: from the run's rows)
 DERIVED = ("metric", "value", "n", "eval_length", "axis", "axis_value", "task", "task_params",
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         files += sorted(path.glob("*.parquet")) if path.is_dir() else [path]
     changed = 0
     for file in files:
-        frame = pd.read_parquet(file)
+        frame = read_result_table(file).to_pandas()
         new = rederived_effective_lengths(frame)
         if new is frame:
             continue

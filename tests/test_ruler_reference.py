@@ -14,7 +14,7 @@ import pytest
 from bench import findings as F
 from bench.findings import NOT_MEASURED, wilson
 from bench.report.render import labelled_rows
-from bench.report.sections.ruler import ruler_rows, score_table
+from bench.report.sections.ruler import effective_score, ruler_rows, score_table
 from bench.ruler import RULER_TASKS
 
 from fixtures import ROOT
@@ -78,10 +78,10 @@ def test_the_calibration_table_is_the_base_models_rows_at_L():
 
 
 def test_the_per_method_table_is_the_score_table():
-    """ "| method | L | 2L | 4L | effective length |": the tasks' mean exact score (seed mean, the
-    report's ``average``) per method at each length, and the stored relative-threshold effective
-    length of the tasks' mean (median over seeds, then each seed's); a fine-tune after its last
-    update."""
+    """ "| method | L | 2L | 4L | effective length, exact | effective length, match |": the tasks'
+    mean exact score (seed mean, the report's ``average``) per method at each length, and the
+    stored relative-threshold effective length of the tasks' mean on each score (median over
+    seeds, then each seed's); a fine-tune after its last update."""
     df = labelled_rows(committed_rows(RESULTS))
     table = markdown_table(NUMBERS.read_text(encoding="utf-8"), "| method | L | 2L | 4L |")
     assert set(table) == {*METHODS, *(f"{m} fine-tuned" for m in TUNED)}
@@ -100,21 +100,24 @@ def test_the_per_method_table_is_the_score_table():
         for printed, length in zip(cells[:3], lengths, strict=True):
             assert agrees(printed, mean[length]), (method, length, printed, mean[length])
         assert not agrees(changed_digit(cells[0]), mean[lengths[0]]), method
-        eff = _relative_effective_lengths(rows)
-        assert eff["seed"].nunique() == len(SEEDS), method
-        median, per_seed = cells[3].split(" ", 1)
-        assert float(median) == float(eff["value"].median()), method
-        stored = eff.sort_values("seed")["value"].astype(int).tolist()
-        assert per_seed == "(" + ", ".join(map(str, stored)) + ")", method
+        for cell, score in zip(cells[3:], ("exact", "match"), strict=True):
+            eff = _relative_effective_lengths(rows, score)
+            assert eff["seed"].nunique() == len(SEEDS), (method, score)
+            median, per_seed = cell.split(" ", 1)
+            assert float(median) == float(eff["value"].median()), (method, score)
+            stored = eff.sort_values("seed")["value"].astype(int).tolist()
+            assert per_seed == "(" + ", ".join(map(str, stored)) + ")", (method, score)
 
 
-def _relative_effective_lengths(rows):
-    """The stored effective-length rows of the tasks' mean at the relative threshold."""
-    return rows[
+def _relative_effective_lengths(rows, score: str):
+    """The stored effective-length rows of the tasks' mean at the relative threshold, on
+    ``score`` (exact or match)."""
+    eff = rows[
         (rows["metric"] == "effective_length")
         & (rows["task"] == "average")
         & (rows["axis"] == "relative_threshold")
     ]
+    return eff[[effective_score(p) == score for p in eff["task_params"]]]
 
 
 def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monkeypatch):
@@ -132,17 +135,18 @@ TUNED_NAMES = {"PI": "pi", "YaRN": "yarn"}
 
 def _per_seed_cells(rows, seed: int) -> list[str]:
     """One seed's fine-tune rows at one update count as the README prints them: the tasks' mean
-    exact score at L, 2L, 4L, the relative-threshold effective length of that mean, and passkey
-    accuracy at L / 2L / 4L."""
+    exact score at L, 2L, 4L, the relative-threshold effective length of that mean on the exact
+    and on the match score, and passkey accuracy at L / 2L / 4L."""
     rows = rows[rows["seed"] == seed]
     ruler = ruler_rows(rows)
     scores = score_table(ruler)
     mean = scores[scores["task"] == "average"].set_index("eval_length")["exact"].sort_index()
     assert len(mean) == 3, mean
-    (length,) = _relative_effective_lengths(ruler)["value"].astype(int)
+    (exact,) = _relative_effective_lengths(ruler, "exact")["value"].astype(int)
+    (match,) = _relative_effective_lengths(ruler, "match")["value"].astype(int)
     passkey = F._passkey(rows)
     accs = [float(F._trials(F._at(passkey, k))["acc"].iloc[0]) for k in (1, 2, 4)]
-    return [*(f"{v:.2f}" for v in mean), str(length), " / ".join(f"{a:.2f}" for a in accs)]
+    return [*(f"{v:.2f}" for v in mean), f"{exact} / {match}", " / ".join(f"{a:.2f}" for a in accs)]
 
 
 def check_long_fine_tunes(text: str) -> int:

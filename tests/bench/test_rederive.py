@@ -62,3 +62,22 @@ def test_rederive_replaces_effective_lengths_from_the_runs_task_rows(tmp_path):
     path = write_results(old, tmp_path / "run.parquet")
     assert main([str(tmp_path)]) == 0
     assert len(pd.read_parquet(path).query("metric == 'effective_length'")) == len(eff)
+
+
+def test_loading_keeps_each_scores_effective_length(tmp_path):
+    """One cell per score: load_results' newest-row-wins dedup kept one of the exact and match
+    effective_length rows of a run (same metric, axis and threshold), so R2 saw one seed of
+    three. Negative control: a rerun's row of the same score still replaces the older one."""
+    from bench.results import load_results
+
+    rows = rederived_effective_lengths(normalize_results(run_rows("a", (0.9, 0.5, 0.1),
+                                                                  (0.9, 0.9, 0.1))))  # fmt: skip
+    write_results(rows, tmp_path / "a.parquet")
+    eff = load_results([tmp_path]).query("metric == 'effective_length'")
+    assert len(eff) == len(rows.query("metric == 'effective_length'")) == 2 * 2  # vt, average
+    newer = rows.query("metric == 'effective_length'").assign(
+        run_id="a2", written_at=pd.Timestamp("2100-01-01", tz="UTC")
+    )
+    write_results(newer, tmp_path / "a2.parquet")
+    both = load_results([tmp_path]).query("metric == 'effective_length'")
+    assert len(both) == 4 and set(both["run_id"]) == {"a2"}

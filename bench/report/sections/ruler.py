@@ -228,6 +228,7 @@ def _filler_share(rep: ReportDir, rows: pd.DataFrame) -> list[str]:
     if t.empty:
         return []
     shown = t.set_index(["task", "eval_length"])["filler_share"].unstack("eval_length")
+    shown = shown.reindex(list(dict.fromkeys(t["task"])))
     shown = shown.map(lambda v: "" if pd.isna(v) else f"{v:.0%}")
     md = write_table(rep, "ruler_filler_share", t, shown, index=True)
     below = t[t["filler_share"] < 0.5]
