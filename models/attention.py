@@ -46,6 +46,7 @@ __all__ = [
     "logn_query_scale",
     "pair_inputs",
     "span_mask",
+    "weightless_rms_norm",
 ]
 
 # Entries of a masked attention logit tile held at once when the mask must be materialised.
@@ -99,12 +100,18 @@ class PairInputs:
     forward pass, shared by all layers: a pair with q_pos - k_pos < ``window`` is scored as usual,
     a farther one with the query at ``q_far`` and the key at ``k_far`` (RoPE: the rotation from
     each token's own position to its far one; a score bias: its function at the far positions);
-    with ``sink_end`` set, far pairs whose key position is not below it are masked."""
+    with ``sink_end`` set, far pairs whose key position is not below it are masked.
+
+    ``anchored`` (StreamingLLM): q_far and k_far are positions in the cache, counted from each
+    row's first real token, and the query stands at q_far for every pair, as the repo's pos_shift
+    puts it: a near pair is scored with the key at the same distance from there, and whatever
+    reads the query's position (a score bias's i, log-n) reads q_far (:meth:`query_positions`)."""
 
     window: int
     sink_end: torch.Tensor | None  # [N, 1, 1, 1] the first position id after each row's sinks
     q_far: torch.Tensor  # [N, L] far position of each query (int64 where whole, else float32)
     k_far: torch.Tensor  # [N, S] far position of each key
+    anchored: bool = False
     q_cos: torch.Tensor | None = None  # [N, 1, L, r/2] float32: rotation by q_far - q_pos
     q_sin: torch.Tensor | None = None
     k_cos: torch.Tensor | None = None  # [N, 1, S, r/2] float32: rotation by k_far - k_pos
@@ -119,6 +126,11 @@ class PairInputs:
             q_cos=self.q_cos[:, :, start:] if rotated else None,
             q_sin=self.q_sin[:, :, start:] if rotated else None,
         )
+
+    def query_positions(self, q_pos: torch.Tensor) -> torch.Tensor:
+        """Where each query [N, L] stands for every term that reads its position: q_far for an
+        anchored method (its cache position), else its own position id ``q_pos``."""
+        return self.q_far if self.anchored else q_pos
 
 
 def _whole_or_float(positions: torch.Tensor) -> torch.Tensor:
@@ -137,17 +149,20 @@ def pair_inputs(
 ) -> PairInputs:
     """:class:`PairInputs` of ``spec`` for queries at q_pos [N, L] and keys at k_pos [N, S]
     (``k_valid`` [N, S]: False for padding; an anchored method counts from each row's first real
-    key); ``inv_freq`` [r/2] (RoPE's, as the model rotates) adds the rotations from own to far
-    positions."""
+    key; its far positions are cache positions, counted from there); ``inv_freq`` [r/2] (RoPE's,
+    as the model rotates) adds the rotations from own to far positions."""
     q64, k64 = q_pos.to(torch.float64), k_pos.to(torch.float64)
     start = torch.zeros(k64.shape[0], 1, dtype=torch.float64, device=k64.device)  # [N, 1]
     if spec.anchored:
         real = k64 if k_valid is None else torch.where(k_valid, k64, math.inf)
         start = real.min(dim=1, keepdim=True).values
-    q_far = spec.far_query(q64 - start) + start  # [N, L]
-    k_far = spec.far_key(k64 - start) + start  # [N, S]
+    offset = 0.0 if spec.anchored else start  # an anchored method's stay in the cache
+    q_far = spec.far_query(q64 - start) + offset  # [N, L]
+    k_far = spec.far_key(k64 - start) + offset  # [N, S]
     sink_end = None if spec.sinks is None else (start + spec.sinks)[:, :, None, None]
-    pairs = PairInputs(spec.window, sink_end, _whole_or_float(q_far), _whole_or_float(k_far))
+    pairs = PairInputs(
+        spec.window, sink_end, _whole_or_float(q_far), _whole_or_float(k_far), spec.anchored
+    )
     if inv_freq is None:
         return pairs
     q_cos, q_sin = rope_cos_sin(q_far - q_pos, inv_freq.to(q_pos.device))  # [N, L, r/2]
@@ -187,8 +202,19 @@ class AttentionInputs:
     # only if i - j < window (sliding window), only if i // chunk == j // chunk (chunked); None = all
     window: int | None = None
     chunk: int | None = None
+    # the eps of a weightless RMS norm of the layer's queries and keys after the rotation (Llama
+    # 4's QK-norm on iRoPE's RoPE layers, models.hybrid); None = none
+    qk_norm: float | None = None
     # per forward pass: the flex block mask, shared by all layers (built on first use)
     flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last (head) dim, computed in float32, in x's dtype: an
+    RMS norm without a weight (transformers' ``Llama4TextWeightlessRMSNorm``, alias
+    ``Llama4TextL2Norm``)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def logn_query_scale(position_ids: torch.Tensor, train_length: int) -> torch.Tensor:
@@ -581,8 +607,9 @@ def _tile_bias(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The additive logit bias of queries start..stop-1 over keys first..visible-1: -inf where
     masked (causal, padding, the layer's span, a training-free method's sinks), plus the family's
-    score bias (at far positions for far pairs); [N|1, 1|H, T, S'] float32. And which pairs are
-    near (a training-free method's; None without one)."""
+    score bias (at far positions for far pairs; an anchored method's every pair at its query's
+    cache position); [N|1, 1|H, T, S'] float32. And which pairs are near (a training-free
+    method's; None without one)."""
     device, pairs = inputs.q_pos.device, inputs.pairs
     keys = slice(first, visible)
     k_index = torch.arange(first, visible, device=device)
@@ -605,8 +632,13 @@ def _tile_bias(
     bias = bias.masked_fill(~allowed, float("-inf"))
     if inputs.score_bias is not None:
         heads = torch.arange(h, device=device)[None, :, None, None]  # [1, H, 1, 1]
-        family_bias = inputs.score_bias(heads, q_pos, k_pos)  # [N, H, T, S']
-        if pairs is not None:  # far pairs: the bias at their far positions
+        if pairs is not None and pairs.anchored:  # every pair at the query's cache position
+            q_at = pairs.q_far[:, None, start:stop, None]  # [N, 1, T, 1]
+            k_at = torch.where(near, k_pos - q_pos + q_at, pairs.k_far[:, None, None, keys])
+            family_bias = inputs.score_bias(heads, q_at, k_at)  # [N, H, T, S']
+        else:
+            family_bias = inputs.score_bias(heads, q_pos, k_pos)  # [N, H, T, S']
+        if pairs is not None and not pairs.anchored:  # far pairs: the bias at their far positions
             far_bias = inputs.score_bias(
                 heads, pairs.q_far[:, None, start:stop, None], pairs.k_far[:, None, None, keys]
             )
@@ -734,6 +766,8 @@ class Attention(nn.Module):
             k_cos = inputs.cos if inputs.k_cos is None else inputs.k_cos
             k_sin = inputs.sin if inputs.k_sin is None else inputs.k_sin
             k = rotate(k, k_cos, k_sin, inputs.layout)
+        if inputs.qk_norm is not None:  # after the rotation, before any query factor (Llama 4)
+            q, k = weightless_rms_norm(q, inputs.qk_norm), weightless_rms_norm(k, inputs.qk_norm)
         if inputs.q_scale is not None:  # log-n, per query position
             q = (q.float() * inputs.q_scale[:, :, query_from:]).to(q.dtype)
         if cached is not None:

@@ -3,14 +3,17 @@
 - ``rnope_swa`` (Cohere's RNoPE-SWA, Yang et al. 2025 "Rope to Nope and Back Again"): every 4th
   layer global attention without positions, the others RoPE with a sliding window;
 - ``irope`` (Llama 4's iRoPE): every 4th layer global NoPE with a per-position query temperature
-  (Llama 4's ``attn_temperature_tuning``), the others RoPE with chunked attention.
+  (Llama 4's ``attn_temperature_tuning``), the others RoPE with chunked attention and a weightless
+  RMS norm of q and k after the rotation (Llama 4's ``use_qk_norm``, ``position.qk_norm``).
 
 The pattern is ``position.layers`` (repeated over the depth, so ``[swa, swa, swa, nope]`` is
 "every 4th layer NoPE" at any depth), one of :data:`LAYER_KINDS` per layer; an empty list is the
 family's own. Spans are in position ids (``models.attention.span_mask``): a query at position i
 sees key j when i - j < ``window`` (``swa``) or i // ``chunk`` == j // ``chunk`` (``chunked``,
 chunks counted from position 0 as Llama 4's mask counts them from each row's first token).
-Eval-time RoPE scaling acts on the RoPE layers; the NoPE layers have nothing to scale.
+Eval-time RoPE scaling acts on the RoPE layers; the NoPE layers have nothing to scale. irope's
+QK-norm follows the rotation, so a method's attention factor (YaRN's, which scales cos and sin)
+cancels on its RoPE layers, as in transformers' Llama 4; log-n scales the query after the norm.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from models.positions import PositionConfig, Rope, register_family
 
-__all__ = ["LAYER_KINDS", "layer_pattern", "llama4_query_temperature"]
+__all__ = ["LAYER_KINDS", "LLAMA4_QK_NORM_EPS", "layer_pattern", "llama4_query_temperature"]
 
 #: What one layer of a hybrid pattern does: ``rope`` RoPE with full causal attention, ``swa`` RoPE
 #: with a sliding window, ``chunked`` RoPE with chunked attention, ``nope`` no positions, full
@@ -33,6 +36,10 @@ LAYER_KINDS = ("rope", "swa", "chunked", "nope")
 
 # a span of 0 means a quarter of the training length
 DEFAULT_SPAN_DIVISOR = 4
+
+#: eps of Llama 4's QK-norm: transformers builds it with ``config.rms_norm_eps`` (1e-5 by default in
+#: ``Llama4TextConfig``), Meta's reference with the model's ``norm_eps`` (1e-5)
+LLAMA4_QK_NORM_EPS = 1e-5
 
 
 def llama4_query_temperature(position_ids: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
@@ -75,6 +82,8 @@ class _Hybrid(Rope):
                     f"length{'; for the floor, the chunk' if name == 'temperature_floor' else ''}), "
                     f"got {value!r}."
                 )
+        if "qk_norm" in self.fields and not isinstance(cfg.qk_norm, bool):
+            raise ValueError(f"position.qk_norm must be true or false, got {cfg.qk_norm!r}.")
         if "temperature_scale" in self.fields and not cfg.temperature_scale >= 0:
             raise ValueError(
                 f"position.temperature_scale must be >= 0 (0 = no temperature), got "
@@ -90,14 +99,16 @@ class _Hybrid(Rope):
         cfg = model.position_cfg
         window, chunk = self.spans(cfg, model.train_length)
         pattern = layer_pattern(cfg, self.default_layers, model.model_cfg.n_layers)
+        # Llama 4's QK-norm on the RoPE layers (only where the family reads position.qk_norm)
+        qk_norm = LLAMA4_QK_NORM_EPS if "qk_norm" in self.fields and cfg.qk_norm else None
         by_kind: dict[str, Any] = {}
         for kind in dict.fromkeys(pattern):  # one AttentionInputs per kind: shared flex masks
-            if kind == "rope":
-                by_kind[kind] = inputs
+            if kind == "rope":  # the same masks as the model's (the flex cache stays shared)
+                by_kind[kind] = replace(inputs, qk_norm=qk_norm) if qk_norm else inputs
             elif kind == "swa":
-                by_kind[kind] = replace(inputs, window=window, flex_cache={})
+                by_kind[kind] = replace(inputs, window=window, qk_norm=qk_norm, flex_cache={})
             elif kind == "chunked":
-                by_kind[kind] = replace(inputs, chunk=chunk, flex_cache={})
+                by_kind[kind] = replace(inputs, chunk=chunk, qk_norm=qk_norm, flex_cache={})
             else:  # nope: no rotation; Llama 4's temperature on the queries where set
                 q_scale = inputs.q_scale
                 if "temperature_scale" in self.fields and cfg.temperature_scale > 0:
@@ -129,8 +140,9 @@ class RnopeSwa(_Hybrid):
 
 @register_family
 class Irope(_Hybrid):
-    """Llama 4's iRoPE: RoPE layers with chunked attention, every 4th layer global NoPE with a
-    query temperature."""
+    """Llama 4's iRoPE: RoPE layers with chunked attention and QK-norm (a weightless RMS norm of q
+    and k after the rotation, eps 1e-5; ``qk_norm: false`` leaves it out), every 4th layer global
+    NoPE with a query temperature."""
 
     name = "irope"
     fields = (
@@ -141,6 +153,7 @@ class Irope(_Hybrid):
         "chunk",
         "temperature_scale",
         "temperature_floor",
+        "qk_norm",
     )
     default_layers = ("chunked", "chunked", "chunked", "nope")
     layer_kinds = ("rope", "chunked", "nope")

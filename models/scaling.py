@@ -529,8 +529,11 @@ class PairPositions:
     attends only when j < sinks (StreamingLLM's attention sinks) and is masked otherwise.
     ``anchored``: positions are counted from the row's first token (StreamingLLM's cache
     positions, which ignore the position ids it is given), so i and j above are position ids
-    minus the row's first one; otherwise they are the position ids themselves (Self-Extend and
-    ReRoPE group or clip the ids they are given, as their reference patches do).
+    minus the row's first one, and the query stands at ``far_query(i)`` for every pair, near ones
+    too (the key at the same distance from there), as the repo's pos_shift puts it: whatever
+    reads the query's position (a score bias's i such as FIRE's normaliser, log-n) reads that one;
+    otherwise they are the position ids themselves (Self-Extend and ReRoPE group or clip the ids
+    they are given, as their reference patches do, and near pairs keep them).
     """
 
     window: int
@@ -698,13 +701,24 @@ def _streaming(train_length: int, *, window: int, sink_tokens: int = 4) -> PairP
     ``sink_tokens`` tokens (attention sinks) and the ``window`` most recent ones, itself included,
     at their positions in that cache: keys keep their distances, the query stands at most at
     sinks + window - 1, counted from the row's first token whatever its position id (the repo
-    re-positions the cache from 0). The repo's ``recent_size`` is window - 1 (its new token joins the cache);
+    re-positions the cache from 0; whatever reads the query's position, FIRE's normaliser or
+    log-n, reads that one). The repo's ``recent_size`` is window - 1 (its new token joins the cache);
     ``sink_tokens`` 0 is plain window attention. Keys outside are masked, not evicted: the same
     logits as the repo's eviction, without its bounded memory."""
     w = _window("streaming", window)
     if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, Integral) or sink_tokens < 0:
         raise ValueError(f"streaming: sink_tokens must be an integer >= 0, got {sink_tokens!r}.")
     s = int(sink_tokens)
+    if s >= train_length:  # every key of a trained-length input is a sink: plain attention
+        raise ValueError(
+            f"streaming: sink_tokens {s} must be below the training length {train_length} "
+            "(sinks covering the trained range leave plain attention, not StreamingLLM)."
+        )
+    if w < 2:
+        raise ValueError(
+            f"streaming: window {w} must be at least 2 (a query would see only itself besides "
+            f"the {s} sink tokens); lower sink_tokens or set a larger window."
+        )
     return PairPositions(
         w, functools.partial(_capped, cap=s + w - 1), _identity, sinks=s, anchored=True
     )

@@ -33,6 +33,7 @@ __all__ = [
     "LMOutput",
     "ModelConfig",
     "ScalingConfig",
+    "check_combination",
     "logn_query_scale",
     "resolve_scaling",
     "scaling_frequencies",
@@ -242,17 +243,23 @@ class Block(nn.Module):
         return x, kv, entropy
 
 
+def check_combination(model_cfg: ModelConfig, position_cfg: PositionConfig) -> None:
+    """Raise ValueError (one sentence) for model switches that do not combine with the position
+    family; needs no model, so a job checks it before anything trains."""
+    if model_cfg.attention_sink == "learned" and position_cfg.acts_on == "contextual":
+        raise ValueError(
+            f"model.attention_sink=learned does not combine with position={position_cfg.kind} "
+            "(its positions are counted over the logits row, which a sink would join); "
+            "allowed: attention_sink none or token."
+        )
+
+
 class DecoderLM(nn.Module):
     def __init__(self, model_cfg: ModelConfig, position_cfg: PositionConfig, train_length: int):
         super().__init__()
         model_cfg.validate()
         position_cfg.validate(model_cfg.head_dim, model_cfg.d_model)
-        if model_cfg.attention_sink == "learned" and position_cfg.acts_on == "contextual":
-            raise ValueError(
-                f"model.attention_sink=learned does not combine with position={position_cfg.kind} "
-                "(its positions are counted over the logits row, which a sink would join); "
-                "allowed: attention_sink none or token."
-            )
+        check_combination(model_cfg, position_cfg)
         if train_length < 2:
             raise ValueError(f"train_length {train_length} must be at least 2.")
         self.model_cfg, self.position_cfg, self.train_length = model_cfg, position_cfg, train_length
@@ -503,9 +510,6 @@ class DecoderLM(nn.Module):
             cos, sin, *keys = (t[:, None] for t in rotation)  # [N, 1, L, r/2] each
             if keys:  # the keys rotate (or scale) differently from the queries
                 k_cos, k_sin = keys
-        q_scale = None
-        if self.scaling.logn:
-            q_scale = logn_query_scale(positions.position_ids, self.train_length)[:, None, :, None]
         k_valid = positions.k_valid
         pairs = None
         spec = pair_positions(
@@ -516,6 +520,12 @@ class DecoderLM(nn.Module):
             pairs = pair_inputs(
                 spec, positions.position_ids, positions.k_pos, inv_freq, positions.k_valid
             )
+        q_scale = None
+        if self.scaling.logn:  # at each query's position (StreamingLLM's: in its cache)
+            at = positions.position_ids
+            if pairs is not None:
+                at = pairs.query_positions(at)
+            q_scale = logn_query_scale(at, self.train_length)[:, None, :, None]
         return AttentionInputs(
             cos=cos,
             sin=sin,

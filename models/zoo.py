@@ -32,6 +32,7 @@ against an independent evaluation (tests/models/test_zoo.py, tests/models/test_x
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -48,6 +49,8 @@ from models.positions import (
 
 # KERPLE keeps r1, r2 >= this (its reference clamps the parameters at 1e-2)
 KERPLE_EPS = 1e-2
+# ... and kerple_power's exponent r2 <= this
+KERPLE_POWER_MAX = 2.0
 
 
 def _distances(q_pos: torch.Tensor, k_pos: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -129,30 +132,61 @@ class T5(_BiasFamily):
 # --------------------------------------------------------------------------- KERPLE
 
 
+def clamp_through(x: torch.Tensor, low: float, high: float | None = None) -> torch.Tensor:
+    """``x.clamp(low, high)`` in value, with the gradient of the identity: a parameter outside
+    the range still learns, as in KERPLE's reference, which clamps the parameter's data (outside
+    autograd) and differentiates at the clamped value."""
+    return x + (x.clamp(low, high) - x).detach()
+
+
+def project_(low: float, high: float | None, param: torch.Tensor) -> None:
+    """Clamp ``param``'s data into [low, high] in place (a post-accumulate-grad hook: after its
+    gradient, before the optimizer step, where KERPLE's reference clamps it in the forward)."""
+    with torch.no_grad():
+        param.clamp_(low, high)
+
+
 def _kerple_log(head, q_pos, k_pos, r1, r2, factor):
     n = _distances(q_pos, k_pos, factor)
-    r1, r2 = r1.clamp(min=KERPLE_EPS)[head], r2.clamp(min=KERPLE_EPS)[head]
+    r1, r2 = clamp_through(r1, KERPLE_EPS)[head], clamp_through(r2, KERPLE_EPS)[head]
     return -r1 * torch.log1p(r2 * n)
 
 
 def _kerple_power(head, q_pos, k_pos, r1, r2, factor):
     n = _distances(q_pos, k_pos, factor)
-    r1, r2 = r1.clamp(min=KERPLE_EPS)[head], r2.clamp(KERPLE_EPS, 2.0)[head]
+    r1 = clamp_through(r1, KERPLE_EPS)[head]
+    r2 = clamp_through(r2, KERPLE_EPS, KERPLE_POWER_MAX)[head]
     # 0^r2 = 0, without pow's infinite gradient in r2 at 0
     positive = n > 0
     return torch.where(positive, -r1 * torch.where(positive, n, 1.0) ** r2, 0.0)
 
 
 class _Kerple(_BiasFamily):
-    """KERPLE: learned positive per-head r1 (init U(0, 2)) and r2 (init U(0, 1)), as the
-    paper's reference initialises them."""
+    """KERPLE: learned positive per-head r1 (the multiplier) and r2, initialised and kept in
+    range as the paper's reference (chijames/KERPLE, ``megatron/mpu/layers.py``): the bias reads
+    them clamped at KERPLE_EPS (r2 <= 2 for the power kernel), and their data is clamped in place
+    before every optimizer step, so that a parameter at the bound keeps its gradient and learns."""
 
     fn: Any = None
+    # init U(0, r1_scale) and U(0, r2_scale), drawn in the reference's order (first drawn first)
+    r1_scale, r2_scale, r2_first = 2.0, 1.0, False
+    r2_max: float | None = None
+    # the init ranges and the gradient at the bound changed (issue 50): retrain cached weights
+    weights_revision = 1
 
     def init(self, model: Any) -> None:
         heads = model.model_cfg.n_heads
-        model.kerple_r1 = nn.Parameter(torch.rand(heads) * 2)
-        model.kerple_r2 = nn.Parameter(torch.rand(heads))
+        if self.r2_first:
+            r2 = torch.rand(heads) * self.r2_scale
+            r1 = torch.rand(heads) * self.r1_scale
+        else:
+            r1 = torch.rand(heads) * self.r1_scale
+            r2 = torch.rand(heads) * self.r2_scale
+        model.kerple_r1, model.kerple_r2 = nn.Parameter(r1), nn.Parameter(r2)
+        model.kerple_r1.register_post_accumulate_grad_hook(partial(project_, KERPLE_EPS, None))
+        model.kerple_r2.register_post_accumulate_grad_hook(
+            partial(project_, KERPLE_EPS, self.r2_max)
+        )
 
     def score_bias(self, model: Any, length: int) -> ScoreBias:
         return ScoreBias(type(self).fn, (model.kerple_r1, model.kerple_r2, _pi_factor(model)))
@@ -160,36 +194,57 @@ class _Kerple(_BiasFamily):
 
 @register_family
 class KerpleLog(_Kerple):
+    """-r1 log(1 + r2 n): r1 (the reference's bias_p) U(0, 2), r2 (bias_a) U(0, 1)."""
+
     name, fn = "kerple_log", staticmethod(_kerple_log)
 
 
 @register_family
 class KerplePower(_Kerple):
+    """-r1 n^r2: the multiplier r1 (the reference's bias_a) U(0, 1), the exponent r2 (bias_p)
+    U(0, 2), kept in [KERPLE_EPS, 2]."""
+
     name, fn = "kerple_power", staticmethod(_kerple_power)
+    r1_scale, r2_scale, r2_first, r2_max = 1.0, 2.0, True, KERPLE_POWER_MAX
 
 
 # --------------------------------------------------------------------------- FIRE
 
 
-def _fire(head, q_pos, k_pos, w1, b1, w2, b2, c, threshold, factor):
+def _fire(head, q_pos, k_pos, w1, b1, w2, b2, c, multiplier, init_threshold, factor):
     c = c.clamp(min=1e-4)
     n = _distances(q_pos, k_pos, factor)
     i = q_pos.to(torch.float32) / factor
-    x = torch.log1p(c * n) / torch.log1p(c * torch.maximum(threshold.clamp(min=1.0), i))
+    threshold = multiplier.abs() * init_threshold  # L_thr = |m| L_0, the reference's
+    # at least 1: at i = 0 (n = 0) the ratio is 0, not 0 / 0
+    x = torch.log1p(c * n) / torch.log1p(c * torch.maximum(threshold, i).clamp(min=1.0))
     hidden = torch.relu(x[..., None] * w1 + b1)  # [..., W]
     if head.dim() == 0:  # flex: one entry, one head
         return (hidden * w2[head]).sum(-1) + b2[head]
     return _per_head(hidden @ w2.T + b2, head)  # [N, 1, T, S, H] -> [N, H, T, S]
 
 
+def _fire_threshold_as_multiplier(init_threshold: float, module, state_dict, prefix, *_) -> None:
+    """A load_state_dict pre-hook: a checkpoint of the raw-threshold FIRE (``fire_threshold``,
+    before issue 50) loads as m = L_thr / L_0, which gives the same bias."""
+    raw = state_dict.pop(prefix + "fire_threshold", None)
+    if raw is not None and prefix + "fire_l_multiplier" not in state_dict:
+        state_dict[prefix + "fire_l_multiplier"] = raw / init_threshold
+
+
 @register_family
 class Fire(_BiasFamily):
     """FIRE: b_h(i, j) = f(psi(n) / psi(max(L_thr, i)))_h with f an MLP 1 -> fire_width -> H
-    (ReLU), psi(x) = log(c x + 1), c and L_thr learned (init fire_c, and fire_threshold or the
-    training length, as in the paper)."""
+    (ReLU), psi(x) = log(c x + 1), c learned (init fire_c). As the paper's reference code (Li et
+    al. 2024, appendix: ``threshold = abs(L_multiplier * init_L)``), the threshold is a learned
+    multiplier of a fixed L_0 (fire_threshold, or the training length): L_thr = |m| L_0, m init
+    1, so that an optimizer step of about lr moves L_thr by about lr L_0 (a raw L_thr would move
+    by about lr, nothing at L_0 in the hundreds)."""
 
     name = "fire"
     fields = ("fire_width", "fire_c", "fire_threshold")
+    # the threshold became a multiplier of L_0 (issue 50): retrain cached weights
+    weights_revision = 1
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.fire_width < 1:
@@ -212,8 +267,13 @@ class Fire(_BiasFamily):
         model.fire_w2 = nn.Parameter((torch.rand(heads, width) * 2 - 1) * bound)
         model.fire_b2 = nn.Parameter((torch.rand(heads) * 2 - 1) * bound)
         model.fire_c = nn.Parameter(torch.tensor(float(cfg.fire_c)))
-        threshold = cfg.fire_threshold or model.train_length
-        model.fire_threshold = nn.Parameter(torch.tensor(float(threshold)))
+        model.fire_l_multiplier = nn.Parameter(torch.tensor(1.0))  # L_thr = |m| L_0
+        hook = partial(_fire_threshold_as_multiplier, self.init_threshold(model))
+        model.register_load_state_dict_pre_hook(hook)
+
+    def init_threshold(self, model: Any) -> float:
+        """L_0, what the learned multiplier multiplies: fire_threshold, or the training length."""
+        return float(model.position_cfg.fire_threshold or model.train_length)
 
     def score_bias(self, model: Any, length: int) -> ScoreBias:
         tensors = (
@@ -222,7 +282,8 @@ class Fire(_BiasFamily):
             model.fire_w2,
             model.fire_b2,
             model.fire_c,
-            model.fire_threshold,
+            model.fire_l_multiplier,
+            self.init_threshold(model),
             _pi_factor(model),
         )
         return ScoreBias(_fire, tensors)
@@ -298,14 +359,28 @@ def xpos_scale(rotary_dim: int) -> torch.Tensor:
     return (k / rotary_dim + 0.4) / 1.4
 
 
+def xpos_decay(
+    position_ids: torch.Tensor, centre: int, rotary_dim: int, scale_base: float
+) -> torch.Tensor:
+    """zeta_k^((i - centre) / gamma) for every position i of ``position_ids`` [N, L] and pair k,
+    float32 [N, L, r/2]; the difference i - centre is taken in integers, so exactly."""
+    power = (position_ids - centre).to(torch.float32)[..., None] / scale_base
+    return xpos_scale(rotary_dim).to(position_ids.device) ** power
+
+
 @register_family
 class XPos(Rope):
     """xPos (Sun et al. 2023): RoPE whose pair k of the query at position i is scaled by
-    zeta_k^(i / gamma) and of the key at position j by zeta_k^(-j / gamma), so that the q.k logit
-    carries zeta_k^((i - j) / gamma), a decay with distance (gamma = ``xpos_scale_base``).
-    Uncentred exponents as in the paper's formula (x-transformers and rotary-embedding-torch centre
-    them on the sequence, which changes no logit); position interpolation and the frequency
-    methods act on the rotation only."""
+    zeta_k^((i - c) / gamma) and of the key at position j by zeta_k^(-(j - c) / gamma), so that
+    the q.k logit carries zeta_k^((i - j) / gamma), a decay with distance (gamma =
+    ``xpos_scale_base``), whatever the centre c. The paper's formula has c = 0, whose key scale
+    zeta_0^(-j / gamma) leaves float32 from j ~ 36,000 at gamma 512 (non-finite logits);
+    x-transformers and rotary-embedding-torch centre on the sequence (c = L // 2). Here c is each
+    row's length (its largest position id + 1, which the KV cache keeps from the prefill: cached
+    keys and later queries share it), so exponents stay within the row's span at any offset: finite
+    while a row spans less than ~36,000 positions at gamma 512, and the logits are the uncentred
+    ones to float32 rounding. Position interpolation and the frequency methods act on the
+    rotation only."""
 
     name = "xpos"
     fields = ("base", "layout", "xpos_scale_base")
@@ -322,12 +397,22 @@ class XPos(Rope):
             raise ValueError(f"position.xpos_scale_base must be > 0, got {cfg.xpos_scale_base}.")
         super().check(cfg, head_dim, d_model)
 
+    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
+        # the scales (not the logits) depend on the centre, each row's length: the model then
+        # passes every row's own length (frozen at the prefill) as ``seq_len``
+        return True
+
     def rotary(self, model: Any, position_ids: torch.Tensor, seq_len: int):
         cos, sin = model.rotary_table(seq_len)(position_ids)  # [N, L, r/2] each
-        zeta = xpos_scale(2 * cos.shape[-1]).to(cos.device)  # [r/2]
-        power = position_ids.to(torch.float32)[..., None] / model.position_cfg.xpos_scale_base
-        decay = zeta**power  # [N, L, r/2]: zeta^(i / gamma)
+        centre = self.centre(position_ids, seq_len)
+        scale_base = model.position_cfg.xpos_scale_base
+        decay = xpos_decay(position_ids, centre, 2 * cos.shape[-1], scale_base)  # [N, L, r/2]
         return cos * decay, sin * decay, cos / decay, sin / decay
+
+    def centre(self, position_ids: torch.Tensor, seq_len: int) -> int:
+        """The exponents' centre c for rows of length ``seq_len`` at ``position_ids`` (which a
+        decoding step's few new positions cannot give): the length."""
+        return int(seq_len)
 
 
 # --------------------------------------------------------------------------- CoPE
@@ -364,6 +449,7 @@ class CoPE(Family):
     name, acts_on = "cope", "contextual"
     fields = ("cope_npos_max",)
     capabilities = ("positions",)  # position interpolation divides the counted positions
+    reads_position_ids = False  # positions are counted over the content
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.cope_npos_max < 2:

@@ -264,14 +264,14 @@ def _pair_attention(module, query, key, value, attention_mask, scaling=None, dro
         k_pos = q_pos
     else:  # a cache: consecutive positions up to the last query's
         k_pos = q_pos[:, -1:] - torch.arange(s - 1, -1, -1, device=query.device)  # [N, S]
-    if logn:
-        factor = logn_query_scale(q_pos, train_length)[:, None, :, None]
-        query = (query.float() * factor).to(query.dtype)
     k_valid = None  # padding keys: those the last query may not see (its row of the mask)
     if attention_mask is not None:
         last = attention_mask[:, 0, -1, :s]  # [N, S]
         k_valid = last if last.dtype == torch.bool else last == 0
     pairs = pair_inputs(spec, q_pos, k_pos, inv_freq.to(query.device), k_valid)
+    if logn:  # at each query's position (StreamingLLM's: in its cache)
+        factor = logn_query_scale(pairs.query_positions(q_pos), train_length)[:, None, :, None]
+        query = (query.float() * factor).to(query.dtype)
     q_far = rotate(query, pairs.q_cos, pairs.q_sin, "half")
     k_far = rotate(key, pairs.k_cos, pairs.k_sin, "half")
     scale = d**-0.5 if scaling is None else float(scaling)

@@ -357,6 +357,101 @@ def test_llama4_temperature_equals_transformers():
     ).abs().max() > 0.05
 
 
+def _llama4_attention_pair(qk_norm: bool, layer: int, length: int = 24):
+    """Layer ``layer`` of an irope DecoderLM (4 layers: three chunked RoPE, one NoPE; interleaved
+    pairs as Llama 4's complex rotation; chunks longer than the input) and transformers'
+    Llama4TextAttention with the same weights and ``use_qk_norm`` = ``qk_norm``: (ours, theirs)
+    outputs [1, L, D] of the same normed input, and whether their layer rotates."""
+    modeling = pytest.importorskip("transformers.models.llama4.modeling_llama4")
+    from transformers import Llama4TextConfig
+
+    config = Llama4TextConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_hidden_layers=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        floor_scale=4,
+        attn_scale=0.25,
+        attn_temperature_tuning=True,
+        use_qk_norm=qk_norm,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    position = PositionConfig(
+        kind="irope",
+        chunk=64,
+        layout="interleaved",
+        temperature_scale=0.25,
+        temperature_floor=4,
+        qk_norm=qk_norm,
+    )
+    cfg = ModelConfig(n_layers=4, d_model=32, n_heads=4, n_kv_heads=2)
+    model = DecoderLM(cfg, position, 32).eval()
+    ours_attn = model.blocks[layer].attn
+    theirs = modeling.Llama4TextAttention(config, layer_idx=layer).eval()
+    with torch.no_grad():
+        k_weight, v_weight = ours_attn.kv_proj.weight.chunk(2)  # kv_proj: keys then values
+        theirs.q_proj.weight.copy_(ours_attn.q_proj.weight)
+        theirs.k_proj.weight.copy_(k_weight)
+        theirs.v_proj.weight.copy_(v_weight)
+        theirs.o_proj.weight.copy_(ours_attn.o_proj.weight)
+    x = torch.randn(1, length, 32, generator=torch.Generator().manual_seed(7))
+    positions = torch.arange(length)[None]
+    mask = torch.full((length, length), float("-inf")).triu(1)[None, None]  # additive causal
+    with torch.no_grad():
+        freqs_cis = modeling.Llama4TextRotaryEmbedding(config)(x, positions)
+        expected = theirs(x, position_embeddings=freqs_cis, attention_mask=mask)[0]
+        inputs = model._attention_inputs(
+            model._positions(x[..., 0].long(), None, None, None), False
+        )
+        per_layer = model.family.layer_inputs(model, inputs)
+        ours = ours_attn(x, per_layer[layer], None)[0]
+    return ours, expected, theirs.use_rope
+
+
+@pytest.mark.parametrize("layer", [0, 3], ids=["rope_layer", "nope_layer"])
+def test_irope_qk_norm_equals_llama4_attention(layer):
+    """One RoPE layer (chunked, QK-norm after the rotation) and one NoPE layer (temperature, no
+    norm) against transformers' Llama4TextAttention (``use_qk_norm``: Llama4TextWeightlessRMSNorm
+    with ``rms_norm_eps`` 1e-5), with the norm on (irope's default) and off. Negative control:
+    ours without the norm differs from theirs with it on the RoPE layer; on the NoPE layer, where
+    neither applies it, the two settings agree."""
+    for qk_norm in (True, False):
+        ours, theirs, rotates = _llama4_attention_pair(qk_norm, layer)
+        assert rotates == (layer != 3)
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+    normed = _llama4_attention_pair(True, layer)[1]
+    plain = _llama4_attention_pair(False, layer)[0]
+    if layer == 3:
+        torch.testing.assert_close(plain, normed, atol=1e-5, rtol=1e-4)
+    else:
+        assert (plain - normed).abs().max() > 1e-3
+
+
+def test_qk_norm_is_irope_s_default_and_in_its_checkpoint_key():
+    """irope reads position.qk_norm (default on, as the Hydra preset); rnope_swa and rope do not:
+    it stays out of their parameters (and checkpoint keys)."""
+    assert PositionConfig(kind="irope").params()["qk_norm"] is True
+    assert "qk_norm" not in PositionConfig(kind="rnope_swa").params()
+    assert "qk_norm" not in PositionConfig(kind="rope").params()
+    model = _model("irope", n_layers=4)
+    per_layer = model.family.layer_inputs(
+        model,
+        model._attention_inputs(
+            model._positions(torch.zeros(1, 8).long(), None, None, None), False
+        ),
+    )
+    assert [inp.qk_norm for inp in per_layer] == [1e-5, 1e-5, 1e-5, None]
+    off = _model("irope", n_layers=4, qk_norm=False)
+    per_layer = off.family.layer_inputs(
+        off,
+        off._attention_inputs(off._positions(torch.zeros(1, 8).long(), None, None, None), False),
+    )
+    assert [inp.qk_norm for inp in per_layer] == [None] * 4
+
+
 def test_hybrid_fields_are_checked():
     with pytest.raises(
         ValueError, match="position.layers has 'chunked'; allowed per layer of position=rnope_swa"

@@ -11,6 +11,7 @@ that cache. Each comparison has a negative control (another group size, window o
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -314,3 +315,147 @@ def test_streaming_counts_from_the_first_token_whatever_its_position_id():
         model, padded, streaming, attention_mask=mask, position_ids=torch.arange(77)[None]
     )
     assert torch.allclose(out[:, 5:], here[:1], atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- StreamingLLM pos_shift
+
+
+def streaming_pos_shift_reference(
+    model: DecoderLM, ids: torch.Tensor, sinks: int, window: int, logn: bool, mixed: bool = False
+) -> torch.Tensor:
+    """mit-han-lab/streaming-llm with ``enable_streaming_llm`` and pos_shift, transcribed, in float64:
+    one token at a time; every layer caches its keys before any position enters (RoPE) and its
+    values; after each step ``StartRecentKVCache(start_size=sinks, recent_size=window - 1)`` keeps
+    the first ``sinks`` and the last window - 1 entries; the query stands at its position in the
+    cache (``position_ids`` = the cache's length before it, "query pos is min(cache_size, idx)"),
+    the keys at ``arange(kv_seq_len)``. Every term that reads a position reads those: RoPE, a score
+    bias b_h(query, key) (FIRE's normaliser psi(max(L_thr, query))), and log-n's factor
+    max(1, ln(query + 1) / ln L) on the query (lenbench's addition; the repo has none).
+
+    ``mixed=True`` is the negative control, the positions lenbench used before: a pair whose key
+    is in the recent window scored with the query at its own position id and the key at its own
+    (the same distance), only the sink pairs at cache positions, and log-n at the position id."""
+    m = copy.deepcopy(model).double()
+    cfg, base = m.model_cfg, m.position_cfg.base
+    h, g, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    n, length = ids.shape
+    bias = m.family.score_bias(m, length) if m.position_cfg.acts_on == "scores" else None
+    inv_freq = default_inv_freq(d, base).double()  # [d/2]
+    caches: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = [[] for _ in m.blocks]
+    logits = []
+    for t in range(length):
+        x = m.tok_emb(ids[:, t])  # [N, D]
+        for layer, block in enumerate(m.blocks):
+            a, cache = block.attn, caches[layer]
+            hidden = block.attn_norm(x)
+            q = a.q_proj(hidden).view(n, h, d)
+            k, v = a.kv_proj(hidden).view(n, 2, g, d).unbind(1)  # [N, G, d] each
+            query_at = len(cache)  # the cache's length before this token
+            cache.append((t, k, v))
+            pairs = []  # (query position, key position) each key is scored at
+            for c, (j, _, _) in enumerate(cache):
+                recent = t - j < window
+                pairs.append((t, j) if mixed and recent else (query_at, c))
+            factor = 1.0
+            if logn:
+                own = t if mixed else query_at
+                factor = max(1.0, math.log(own + 1) / math.log(m.train_length))
+            pq, pk = torch.tensor(pairs).T  # [C] each
+            qc = q * factor  # [N, H, d]
+            keys = torch.stack([entry[1] for entry in cache], 2).repeat_interleave(h // g, 1)
+            values = torch.stack([entry[2] for entry in cache], 2).repeat_interleave(h // g, 1)
+            if m.position_cfg.kind == "rope":  # "half" layout: channel c with c + d/2
+                phase = torch.exp(1j * (pq - pk)[:, None] * inv_freq)  # [C, d/2]
+                qz = torch.complex(qc[..., : d // 2], qc[..., d // 2 :])[:, :, None]
+                kz = torch.complex(keys[..., : d // 2], keys[..., d // 2 :])  # [N, H, C, d/2]
+                scores = (qz * kz.conj() * phase).real.sum(-1) / d**0.5  # [N, H, C]
+            else:
+                scores = torch.einsum("nhd,nhcd->nhc", qc, keys) / d**0.5
+            if bias is not None:  # b_h(query position, key position) of every head and key
+                heads = torch.arange(h)[None, :, None, None]
+                scores = scores + bias(heads, pq[None, None, None], pk[None, None, None])[:, :, 0]
+            probs = scores.softmax(-1)  # [N, H, C]
+            out = torch.einsum("nhc,nhcd->nhd", probs, values).reshape(n, -1)
+            x = x + a.o_proj(out)
+            x = x + block.mlp(block.mlp_norm(x))
+            if len(cache) > sinks + window - 1:  # StartRecentKVCache evicts after the step
+                cache[:] = cache[:sinks] + cache[len(cache) - (window - 1) :]
+        logits.append(m.lm_head(m.final_norm(x)).float())
+    return torch.stack(logits, 1)  # [N, L, V]
+
+
+@pytest.mark.parametrize(
+    ("kind", "logn"), [("fire", False), ("fire", True), ("rope", True)], ids=str
+)
+def test_streaming_puts_every_query_term_at_its_cache_position(kind, logn):
+    """StreamingLLM against its repo's pos_shift procedure on a family whose bias reads the query
+    position (FIRE with threshold 8: cache positions 0..12 straddle it, position ids reach 63) and
+    with log-n (L = 32: factor 1 at every cache position, up to 1.2 at the position ids): a prefill
+    and token-by-token decoding equal the transcription. Negative control: the old mixed positions
+    (own position ids for recent pairs and for log-n) differ from it, and from ours."""
+    torch.manual_seed(5)
+    cfg = ModelConfig(vocab_size=40, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2)
+    position = PositionConfig(kind=kind, fire_threshold=8) if kind == "fire" else PositionConfig()
+    model = DecoderLM(cfg, position, TRAIN).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.startswith("fire_"):  # FIRE keeps its threshold and c
+                param.mul_(4.0)
+    sinks, window = 3, 10  # cache positions 0..12, position ids up to 71
+    scaling = ScalingConfig(
+        "streaming", "streaming", {"sink_tokens": sinks, "window": window}, logn=logn
+    )
+    ids = IDS[:, :64]
+    expected = streaming_pos_shift_reference(model, ids, sinks, window, logn)
+    ours = _logits(model, ids, scaling)
+    assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(_decoded(model, ids, scaling, prefill=6), expected, atol=2e-3, rtol=1e-3)
+    # the repo's positions are the cache's: position ids offset by 13 change nothing
+    offset = torch.arange(ids.shape[1])[None] + 13
+    assert torch.allclose(_logits(model, ids, scaling, position_ids=offset), ours, atol=1e-4)
+    mixed = streaming_pos_shift_reference(model, ids, sinks, window, logn, mixed=True)
+    assert (mixed - expected).abs().max() > 0.05  # the control sees the difference
+    assert not torch.allclose(ours, mixed, atol=1e-2)
+
+
+def test_streaming_log_n_factor_at_the_cache_position_hand_computed():
+    """Issue 50's case: L = 32, 4 sinks, window auto (28): the query at position id 199 stands at
+    cache position 31, whose log-n factor is max(1, ln 32 / ln 32) = 1; its position id's would
+    be ln 200 / ln 32 = 1.529 (the old factor, the control)."""
+    from models.attention import logn_query_scale
+
+    model = _model()
+    streaming = ScalingConfig("st", "streaming", {"window": "auto"}, logn=True)
+    model.set_scaling(run_scaling(streaming, train_length=TRAIN, lengths=[256]))
+    positions = model._positions(torch.zeros(1, 200, dtype=torch.long), None, None, None)
+    inputs = model._attention_inputs(positions, False)
+    assert model.scaling.params["window"] == 28 and int(inputs.pairs.q_far[0, 199]) == 31
+    assert float(inputs.q_scale[0, 0, 199, 0]) == 1.0
+    old = float(logn_query_scale(torch.tensor(199), TRAIN))
+    assert old == pytest.approx(math.log(200) / math.log(32)) and round(old, 3) == 1.529
+
+
+def test_streaming_evicts_a_needle_only_beyond_layers_times_window():
+    """Is "StreamingLLM loses a needle outside its window" (T3) true by construction of the mask?
+    Only for a needle more than n_layers x window tokens back: such tokens change none of the last
+    query's logits. A needle evicted for the last query but within n_layers x window does change
+    them: a recent token attended to it in an earlier layer (as in the repo's cache, whose recent
+    keys were computed while the needle was still cached). So at the reference's depths (4L,
+    3 layers, window L - 4) whether the needle is lost is the trained model's doing, and T3
+    checks it. Negative control: the raw model sees the far needle."""
+    model = _model()  # 2 layers
+    sinks, window = 2, 10
+    streaming = ScalingConfig("st", "streaming", {"sink_tokens": sinks, "window": window})
+    length = IDS.shape[1]
+    last = _logits(model, IDS, streaming)[:, -1]
+
+    def changed_at(where: slice) -> torch.Tensor:
+        ids = IDS.clone()
+        ids[:, where] = (IDS[:, where] + 7) % 40
+        return ids
+
+    far = changed_at(slice(sinks + 3, length - 2 * window - 3))  # beyond 2 layers x window
+    assert torch.equal(_logits(model, far, streaming)[:, -1], last)
+    assert not torch.allclose(model(far).logits[:, -1], model(IDS).logits[:, -1], atol=1e-3)
+    relayed = changed_at(slice(length - 2 * window + 2, length - window - 2))  # one hop away
+    assert not torch.allclose(_logits(model, relayed, streaming)[:, -1], last, atol=1e-4)

@@ -1,6 +1,7 @@
-"""xPos (models/zoo.py) against rotary-embedding-torch's ``use_xpos`` (a test-only dependency),
-its fields and scalings (KV cache, left padding and shift invariance, with a strong decay:
-tests/models/test_zoo.py)."""
+"""xPos (models/zoo.py) against rotary-embedding-torch's ``use_xpos`` (a test-only dependency)
+and against the uncentred logits in float64 at offsets up to 10^6 (centred exponents stay
+finite), KV-cache decoding at such an offset, its fields and scalings (KV cache, left padding and
+shift invariance, with a strong decay: tests/models/test_zoo.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from models.positions import PositionConfig, rotate
 from models.scaling import applicable_methods
 from models.transformer import DecoderLM, ModelConfig
+from models.zoo import xpos_decay
 
 
 def xpos_model(scale_base: float = 512.0, layout: str = "interleaved") -> DecoderLM:
@@ -59,3 +61,103 @@ def test_xpos_fields_and_scalings():
     assert set(applicable_methods("xpos")) == set(applicable_methods("rope")) - pair_methods
     with pytest.raises(ValueError, match="xpos_scale_base must be > 0"):
         xpos_model(scale_base=0.0)
+
+
+def _rotated_logits(model, q, k, positions, centre=None):
+    """q.k logits [H, L, L] of q, k [H, L, d] after our xPos rotation at ``positions`` [L] (a
+    row of length max + 1), with the family's centre or ``centre``."""
+    ids = positions[None]
+    seq_len = int(positions.max()) + 1
+    if centre is None:
+        q_cos, q_sin, k_cos, k_sin = model.family.rotary(model, ids, seq_len)
+    else:  # the same rotation, exponents centred on ``centre`` (0: the old uncentred path)
+        cos, sin = model.rotary_table(seq_len)(ids)
+        decay = xpos_decay(ids, centre, 2 * cos.shape[-1], model.position_cfg.xpos_scale_base)
+        q_cos, q_sin, k_cos, k_sin = cos * decay, sin * decay, cos / decay, sin / decay
+    layout = model.position_cfg.layout
+    return rotate(q, q_cos, q_sin, layout) @ rotate(k, k_cos, k_sin, layout).transpose(-1, -2)
+
+
+def _uncentred_float64(model, q, k, positions):
+    """The uncentred xPos logits in float64: sum over channels of (RoPE-rotated q_i)(RoPE-rotated
+    k_j) zeta_pair^(i / gamma) zeta_pair^(-j / gamma), the two factors taken together as
+    zeta^((i - j) / gamma) (float64 overflows for each alone from ~290,000 positions). The
+    rotation is RoPE's float32-angle table, in float64."""
+    cos, sin = (t.double() for t in model.rotary_table(16)(positions[None]))  # [1, L, r/2]
+    layout = model.position_cfg.layout
+    q_rot, k_rot = rotate(q.double(), cos, sin, layout), rotate(k.double(), cos, sin, layout)
+    zeta = (torch.arange(0, 16, 2, dtype=torch.float64) / 16 + 0.4) / 1.4  # [r/2]
+    channel = zeta.repeat_interleave(2) if layout == "interleaved" else zeta.repeat(2)  # [d]
+    gap = (positions[:, None] - positions[None, :]).double()  # i - j, exact
+    decay = channel ** (gap[..., None] / model.position_cfg.xpos_scale_base)  # [L, L, d]
+    return torch.einsum("hic,hjc,ijc->hij", q_rot, k_rot, decay)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("scale_base", [512.0, 16.0])
+def test_xpos_logits_are_finite_and_uncentred_at_any_offset(scale_base, layout):
+    """Rows of 48 positions starting at offsets up to 10^6: finite logits equal to the uncentred
+    logits computed in float64 (and at offset 0, where the old uncentred float32 path is finite,
+    equal to it). Negative control: the old uncentred float32 path is non-finite from position
+    ~36,000 at gamma 512 (~1,100 at gamma 16)."""
+    model = xpos_model(scale_base, layout)
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 48, 16, generator=gen) for _ in range(2))
+    for offset in (0, 1_000, 40_000, 10**5, 10**6):
+        positions = torch.arange(48) + offset
+        with torch.no_grad():
+            ours = _rotated_logits(model, q, k, positions)
+            old = _rotated_logits(model, q, k, positions, centre=0)
+        assert torch.isfinite(ours).all(), offset
+        expected = _uncentred_float64(model, q, k, positions).float()
+        torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+        if offset == 0:
+            torch.testing.assert_close(ours, old, rtol=1e-5, atol=1e-5)
+        elif offset >= 40_000:
+            assert not torch.isfinite(old).all(), offset  # control: the old path overflows
+    # control: the float64 oracle tells the decay apart from another decay base
+    other = _uncentred_float64(xpos_model(scale_base * 2, layout), q, k, positions).float()
+    assert (ours - other).abs().max() > 1e-3
+
+
+def _decoded(model, ids, positions, prefill):
+    """Logits of a prefill of ``prefill`` tokens, then one token at a time with the KV cache."""
+    out = model(ids[:, :prefill], position_ids=positions[:prefill], use_cache=True)
+    steps = [out.logits]
+    for t in range(prefill, ids.shape[1]):  # each continues its row's positions
+        out = model(ids[:, t : t + 1], past=out.past, use_cache=True)
+        steps.append(out.logits)
+    return torch.cat(steps, dim=1)
+
+
+def test_xpos_cache_decoding_equals_the_full_forward_at_a_large_offset(monkeypatch):
+    """At position ids 10^6..10^6+19 (decay base 32): finite logits, and prefill + decoding with
+    the KV cache (keys cached scaled) equals the full forward: the centre is each row's length
+    frozen at the prefill, the same for cached keys and later queries. Negative controls: the old
+    uncentred exponents give non-finite logits; a centre taken per forward from its own position
+    ids (not kept by the cache) makes decoding differ from the full forward."""
+    from models.zoo import XPos
+
+    model = xpos_model(scale_base=32.0)
+    with torch.no_grad():  # sharp attention, so that a wrong key scale shows in the logits
+        for name, param in model.named_parameters():
+            if name.endswith(("q_proj.weight", "kv_proj.weight", "o_proj.weight")):
+                param.mul_(10.0)
+    ids = torch.randint(0, 250, (2, 20), generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(20) + 10**6
+    with torch.no_grad():
+        full = model(ids, position_ids=positions).logits
+        assert torch.isfinite(full).all()
+        torch.testing.assert_close(_decoded(model, ids, positions, 12), full, atol=1e-4, rtol=1e-4)
+        # the same model at offset 0: relative, so the same logits (float32 angles at 10^6 aside)
+        near = model(ids, position_ids=torch.arange(20)).logits
+        torch.testing.assert_close(full, near, atol=1e-2, rtol=1e-2)
+        with monkeypatch.context() as patch:
+            patch.setattr(XPos, "centre", lambda self, pos, n: 0)
+            assert not torch.isfinite(model(ids, position_ids=positions).logits).all()
+        with monkeypatch.context() as patch:
+            patch.setattr(XPos, "centre", lambda self, pos, n: int(pos.min()))
+            per_forward = model(ids, position_ids=positions).logits
+            torch.testing.assert_close(per_forward, full, atol=1e-4, rtol=1e-4)
+            decoded = _decoded(model, ids, positions, 12)
+            assert (decoded - full).abs().max() > 1e-2

@@ -3,18 +3,21 @@
 Each bias equals its oracle on random inputs with a perturbed-parameter control; every family
 works with the KV cache and left padding, is shift invariant exactly when it is relative, and has
 its gradients; p-RoPE reduces to RoPE and NoPE at its ends and differs from NeoX partial rotary.
+KERPLE initialises and learns at its bounds as chijames/KERPLE does, and FIRE's threshold learns as
+a multiplier of L as in the paper's code.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from models.attention import AttentionInputs, _attend_tiled, attend_flex
-from models.positions import PositionConfig
+from models.positions import PositionConfig, family
 from models.scaling import applicable_methods, default_inv_freq
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 from models.zoo import KERPLE_EPS, sandwich_table, t5_bucket
@@ -118,7 +121,8 @@ def test_kerple_hand_computed_values():
 
 def test_fire_equals_a_direct_evaluation_and_depends_on_the_query_position():
     model = zoo_model("fire", train_length=16)
-    c, threshold = model.fire_c.item(), model.fire_threshold.item()
+    c = model.fire_c.item()
+    threshold = abs(model.fire_l_multiplier.item()) * 16  # the reference's |L_multiplier| init_L
     mlp = torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.ReLU(), torch.nn.Linear(32, HEADS))
     with torch.no_grad():
         mlp[0].weight.copy_(model.fire_w1[:, None])
@@ -252,6 +256,193 @@ def test_learnable_bias_parameters_get_gradients(kind):
     model(ids).logits.logsumexp(-1).mean().backward()
     own = [p for n, p in model.named_parameters() if n.startswith(("t5_", "kerple_", "fire_"))]
     assert own and all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in own)
+
+
+# ----------------------------------------------------------------------------- as the references learn
+
+
+def _kerple_init(kind: str, heads: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r1, r2) as the family initialises them for ``heads`` heads under ``seed``."""
+    holder = SimpleNamespace(model_cfg=SimpleNamespace(n_heads=heads))
+    torch.manual_seed(seed)
+    family(kind).init(holder)
+    return holder.kerple_r1.detach(), holder.kerple_r2.detach()
+
+
+def _uniform_on(x: torch.Tensor, high: float) -> bool:
+    """Whether n draws look like U(0, high): all in [0, high], the largest above 0.99 high
+    (missed with probability 0.99^n) and the mean within 5 standard errors of high / 2."""
+    stderr = high / math.sqrt(12 * x.numel())
+    return (
+        bool((x >= 0).all() and (x <= high).all())
+        and float(x.max()) > 0.99 * high
+        and abs(float(x.mean()) - high / 2) < 5 * stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "kind,r1_high,r2_high", [("kerple_log", 2.0, 1.0), ("kerple_power", 1.0, 2.0)]
+)
+def test_kerple_initialises_as_its_reference(kind, r1_high, r2_high):
+    """chijames/KERPLE ``megatron/mpu/layers.py``: log -bias_p log(1 + bias_a n) draws bias_p
+    U(0, 2) then bias_a U(0, 1); power -bias_a n^bias_p draws the exponent bias_p U(0, 2) then the
+    multiplier bias_a U(0, 1). r1 is the multiplier, r2 the other. Negative control: the old
+    init (r1 U(0, 2), r2 U(0, 1) for both kernels) fails kerple_power's ranges."""
+    heads = 4096
+    r1, r2 = _kerple_init(kind, heads, seed=3)
+    assert _uniform_on(r1, r1_high) and _uniform_on(r2, r2_high)
+    # the reference's draws, in its order, under the same seed: bit for bit
+    torch.manual_seed(3)
+    bias_p, bias_a = torch.rand(heads) * 2, torch.rand(heads)
+    reference = (bias_p, bias_a) if kind == "kerple_log" else (bias_a, bias_p)
+    assert torch.equal(r1, reference[0]) and torch.equal(r2, reference[1])
+    torch.manual_seed(3)
+    old = torch.rand(heads) * 2, torch.rand(heads)
+    assert (_uniform_on(old[0], r1_high) and _uniform_on(old[1], r2_high)) == (kind == "kerple_log")
+
+
+def _kerple_reference_bias(kind: str, r1: torch.Tensor, r2: torch.Tensor, size: int):
+    """The reference's forward on parameters [H]: their data clamped in place first (bias_p
+    and bias_a at 1e-2, the power's exponent at most 2), then the kernel on the causal distances
+    (tril: 0 above the diagonal) -> [H, size, size]."""
+    with torch.no_grad():
+        r1.data = r1.data.clamp(min=1e-2)
+        r2.data = r2.data.clamp(min=1e-2, max=2 if kind == "kerple_power" else None)
+    diff = torch.tril(torch.arange(size)[:, None] - torch.arange(size)[None, :]).float()
+    if kind == "kerple_log":
+        return -r1[:, None, None] * torch.log(1 + r2[:, None, None] * diff)
+    return -diff.pow(r2[:, None, None]) * r1[:, None, None]
+
+
+def _our_bias(model: DecoderLM, size: int) -> torch.Tensor:
+    """The family's bias of every head at query and key positions 0..size-1 -> [H, size, size]."""
+    bias = model.family.score_bias(model, size)
+    pos = torch.arange(size)
+    head = torch.arange(HEADS)[None, :, None, None]
+    return bias(head, pos[None, None, :, None], pos[None, None, None, :])[0]
+
+
+@pytest.mark.parametrize("kind", ["kerple_log", "kerple_power"])
+def test_kerple_parameters_beyond_their_bounds_learn_as_the_reference(kind):
+    """A parameter below KERPLE_EPS (or a power exponent above 2) reads as its bound and still
+    has a gradient, the reference's (which clamps the data outside autograd); five Adam steps
+    follow the reference's parameters. Negative control: the old forward clamp gives that
+    parameter no gradient, and it never moves."""
+    size, steps = 12, 5
+    weights = torch.randn(HEADS, size, size, generator=torch.Generator().manual_seed(2))
+    start_r1 = torch.tensor([0.001, 0.5, -0.3, 1.2])  # heads 0 and 2 below the bound
+    start_r2 = torch.tensor([0.7, 0.004, 0.3, 2.5 if kind == "kerple_power" else 0.9])
+    model = zoo_model(kind, randomize=False).train()
+    ref_r1, ref_r2 = (torch.nn.Parameter(t.clone()) for t in (start_r1, start_r2))
+    with torch.no_grad():
+        model.kerple_r1.copy_(start_r1)
+        model.kerple_r2.copy_(start_r2)
+    ours_opt = torch.optim.Adam([model.kerple_r1, model.kerple_r2], lr=0.05)
+    ref_opt = torch.optim.Adam([ref_r1, ref_r2], lr=0.05)
+    for step in range(steps):
+        ours, ref = _our_bias(model, size), _kerple_reference_bias(kind, ref_r1, ref_r2, size)
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)  # the clamped values
+        (ours * weights).sum().backward()
+        (ref * weights).sum().backward()
+        if step == 0:
+            beyond = [(model.kerple_r1, [0, 2]), (model.kerple_r2, [1])]
+            beyond += [(model.kerple_r2, [3])] if kind == "kerple_power" else []
+            assert all(bool((p.grad[i].abs() > 1e-6).all()) for p, i in beyond)
+        torch.testing.assert_close(model.kerple_r1.grad, ref_r1.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(model.kerple_r2.grad, ref_r2.grad, rtol=1e-5, atol=1e-6)
+        ours_opt.step(), ref_opt.step()
+        ours_opt.zero_grad(), ref_opt.zero_grad()
+    # the same stored parameters (each clamped before its update, then updated)
+    torch.testing.assert_close(model.kerple_r1.detach(), ref_r1.detach())
+    torch.testing.assert_close(model.kerple_r2.detach(), ref_r2.detach())
+    assert float(ref_r1[0]) != pytest.approx(KERPLE_EPS)  # it moved off the bound
+    # control: the old forward clamp (x.clamp(min=eps)) cuts the gradient of head 0's r1
+    old_r1 = torch.nn.Parameter(start_r1.clone())
+    n = torch.arange(1, size).float()
+    bias = -old_r1.clamp(min=KERPLE_EPS)[:, None] * torch.log1p(0.5 * n)
+    (bias * weights[:, 0, 1:]).sum().backward()
+    assert float(old_r1.grad[0]) == 0.0 and float(old_r1.grad[2]) == 0.0
+
+
+def _identity_fire(train_length: int) -> DecoderLM:
+    """A FIRE model whose MLP passes x = psi(n) / psi(max(L_thr, i)) through to every head."""
+    model = zoo_model("fire", train_length=train_length, randomize=False)
+    with torch.no_grad():
+        for name in ("fire_w1", "fire_b1", "fire_w2", "fire_b2"):
+            getattr(model, name).zero_()
+        model.fire_w1[0] = 1.0
+        model.fire_w2[:, 0] = 1.0
+    return model
+
+
+def _threshold_after_adam(fit_threshold, steps: int = 800) -> float:
+    """Adam (lr 1e-3) on ``fit_threshold`` 's parameter for ``steps`` updates; the threshold
+    it ends at (``fit_threshold() -> (loss, parameter, threshold)``)."""
+    _, param, _ = fit_threshold()
+    opt = torch.optim.Adam([param], lr=1e-3)
+    for _ in range(steps):
+        loss, _, _ = fit_threshold()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(fit_threshold()[2].detach())
+
+
+def test_fire_threshold_learns_at_the_scale_of_the_training_length():
+    """FIRE's reference (Li et al. 2024, appendix) learns L_thr = |L_multiplier| init_L, so Adam
+    (steps of about lr) moves it by about lr L per update. Toy objective: the normalised
+    distances of a threshold L / 4 (float64, from the formula) over positions 0..L-1; 800 updates
+    at lr 1e-3 move L_thr from L down by more than L / 2. Negative control: the old parametrisation,
+    a raw L_thr (the same function with L_0 = 1 and the parameter starting at L), moves by less
+    than 2 positions."""
+    length = 64
+    model = _identity_fire(length)
+    for name, param in model.named_parameters():
+        param.requires_grad_(name == "fire_l_multiplier")
+    c = model.fire_c.item()
+    pos = torch.arange(length, dtype=torch.float64)
+    n = (pos[:, None] - pos[None, :]).clamp(min=0)
+    target = (torch.log1p(c * n) / torch.log1p(c * pos.clamp(min=length / 4)[:, None])).float()
+    causal = torch.ones(length, length).tril().bool()
+
+    def ours():
+        loss = ((_our_bias(model, length) - target)[:, causal] ** 2).mean()
+        return loss, model.fire_l_multiplier, model.fire_l_multiplier.abs() * length
+
+    assert float(ours()[2].detach()) == length  # the paper's init: L_thr = L
+    assert length - _threshold_after_adam(ours) > length / 2
+
+    # control: the old raw threshold, through the same bias function (L_0 = 1)
+    raw = torch.nn.Parameter(torch.tensor(float(length)))
+    bias = model.family.score_bias(model, length)
+    args = list(bias.args)
+    multiplier_at = next(i for i, a in enumerate(args) if a is model.fire_l_multiplier)
+    args[multiplier_at], args[multiplier_at + 1] = raw, 1.0
+    pos_i = torch.arange(length)
+    head = torch.arange(HEADS)[None, :, None, None]
+
+    def old():
+        values = bias.fn(head, pos_i[None, None, :, None], pos_i[None, None, None, :], *args)[0]
+        return ((values - target)[:, causal] ** 2).mean(), raw, raw.abs()
+
+    assert length - _threshold_after_adam(old) < 2.0  # about lr per update: 0.8
+
+
+def test_a_raw_threshold_fire_checkpoint_loads_as_its_multiplier():
+    """A state dict of the old FIRE (a raw ``fire_threshold`` L_thr) loads as m = L_thr / L_0 and
+    gives the old bias, L_thr = 40 with L_0 = 16. Negative control: the raw value taken as the
+    multiplier (L_thr = 640) gives another bias."""
+    model = zoo_model("fire", train_length=16)
+    state = {k: v for k, v in model.state_dict().items() if k != "fire_l_multiplier"}
+    old = zoo_model("fire", train_length=16)
+    old.load_state_dict({**state, "fire_threshold": torch.tensor(40.0)})
+    assert float(old.fire_l_multiplier) == pytest.approx(40.0 / 16)
+    with torch.no_grad():
+        model.fire_l_multiplier.fill_(2.5)
+    assert bias_at(old, 1, 30, 20) == pytest.approx(bias_at(model, 1, 30, 20), abs=1e-6)
+    with torch.no_grad():
+        model.fire_l_multiplier.fill_(40.0)
+    assert bias_at(old, 1, 30, 20) != pytest.approx(bias_at(model, 1, 30, 20), abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- config

@@ -293,6 +293,23 @@ def test_training_free_methods_run_in_attention_and_only_where_they_can(method, 
         one_sentence(str(info.value))
 
 
+def test_streaming_log_n_reads_the_query_cache_position(hf_model_dirs):
+    """StreamingLLM puts each query at its cache position (mit-han-lab/streaming-llm pos_shift), so
+    log-n reads that one too: a cache that fits the trained range (2 sinks + 8 recent, positions
+    0..9 < L = 16) leaves every factor at 1 however far the position ids go (up to 39, factor
+    1.33 there). Control: a cache that reaches past L (2 + 30) does change the logits."""
+    lm = load_adapter(hf_model_dirs["llama"], train_length=16)
+    tokens = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(0))
+    for window, changes in ((8, False), (30, True)):
+        params = {"sink_tokens": 2, "window": window}
+        with torch.no_grad():
+            with lm.scaled(ScalingConfig("st", "streaming", params)):
+                plain = lm(tokens).logits
+            with lm.scaled(ScalingConfig("st+logn", "streaming", params, logn=True)):
+                scaled = lm(tokens).logits
+        assert ((scaled - plain).abs().max() > 1e-3) == changes, window
+
+
 @pytest.mark.parametrize("arch", ["llama_yarn", "neox"])
 def test_rerope_far_pairs_follow_the_shipped_rotation(arch, hf_model_dirs):
     """Shipped YaRN (scaled cos/sin) and GPT-NeoX's partial rotary: ReRoPE's logits depend on
