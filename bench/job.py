@@ -32,7 +32,13 @@ from bench.corpora import Corpus, Document
 from bench.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
 from bench.metrics import ResolvedEval
 from bench.pretrained.source import PretrainedSource
-from bench.results import canonical_json, write_results
+from bench.results import (
+    canonical_json,
+    describe_row,
+    digest_problem,
+    non_finite_row,
+    write_results,
+)
 from bench.runtime import busy_cores, resolve_device
 from bench.schema import JobConfig
 from bench.source import ModelSource, SourceModel
@@ -278,17 +284,27 @@ ROW_IDENTITY = "_identity"
 
 
 def unreadable_results(path: Path, run_id: str) -> str | None:
-    """Why the result file at ``path`` is not this job's finished rows (None if it is)."""
+    """Why the result file at ``path`` is not this job's finished rows (None if it is): it cannot
+    be read, its rows do not match the SHA-256 recorded in it, it holds rows of another job, or a
+    measured value in it is NaN or infinite."""
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path, columns=["run_id"])
+        table = pq.read_table(path)
     except Exception as err:  # truncated, not parquet, unreadable
         return f"cannot be read ({type(err).__name__}: {_first_line(err)})"
+    problem = digest_problem(table)  # still readable, but a byte changed since it was written
+    if problem is not None:
+        return problem
     if table.num_rows == 0:
         return "has no rows"
-    if set(table.column("run_id").to_pylist()) != {run_id}:
+    if "run_id" not in table.column_names or set(table.column("run_id").to_pylist()) != {run_id}:
         return f"holds rows of other runs than {run_id}"
+    if {"value", "n"} <= set(table.column_names):
+        rows = table.select(["value", "n"]).to_pylist()
+        bad = non_finite_row(rows)
+        if bad is not None:  # written before such rows were refused
+            return f"holds a non-finite value ({rows[bad]['value']}), which is never a result"
     return None
 
 
@@ -302,7 +318,8 @@ def write_job_rows(
     base: dict[str, Any],
     trained: bool,
 ) -> dict[str, Any]:
-    """Add the identity columns to the measured rows, write them atomically, summarise the job.
+    """Add the identity columns to the measured rows, write them atomically, summarise the job;
+    a job with a measured value that is NaN or infinite fails and writes nothing.
 
     ``model_columns`` are the columns that say which model was measured: ``position``,
     ``position_params``, ``train_length`` (and the fine-tune columns where there are some).
@@ -327,17 +344,24 @@ def write_job_rows(
         "corpus_fingerprint": corpus.fingerprint,
         "code_version": code_version(),
     }
-    write_results(
-        [
-            {
-                **{k: v for k, v in row.items() if k != ROW_IDENTITY},
-                **identity,
-                **row.get(ROW_IDENTITY, {}),
-            }
-            for row in rows
-        ],
-        out_path,
-    )
+    full = [
+        {
+            **{k: v for k, v in row.items() if k != ROW_IDENTITY},
+            **identity,
+            **row.get(ROW_IDENTITY, {}),
+        }
+        for row in rows
+    ]
+    bad = non_finite_row(full)
+    if bad is not None:  # DESIGN.md: a non-finite metric value is a failed job, never a row
+        return _summary(
+            "failed",
+            f"the evaluation gave {full[bad]['value']} for {describe_row(full[bad])}; a "
+            "non-finite value is never a result, so this job wrote no rows.",
+            trained=trained,
+            **base,
+        )
+    write_results(full, out_path)
     seconds = time.perf_counter() - started
     return _summary(
         "done",
@@ -378,11 +402,15 @@ def _labels(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     return out
 
 
-def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
+def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str, Any]:
     """Run one job (module doc); return a summary dict with ``status`` and ``message``. Expected
     problems never raise: a bad config gives status ``invalid`` (message = one sentence),
     a scaling that does not apply gives ``not_applicable``, divergence or out-of-memory ``failed``.
     In all three nothing is trained after the problem and nothing is written.
+
+    ``failed_models`` (a sweep's, ``bench.cli.FailedModels``): ``earlier(keys)`` is the sentence
+    for a model that already failed to train in this sweep (the job fails without training it
+    again), ``record(key)`` notes that this job failed to obtain it, for the cells after it.
     """
     from bench.corpora import load_corpus
 
@@ -406,16 +434,25 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     out_path, cached = results_target(spec, model_id, base)
     if cached is not None:
         return cached
+    earlier = None
+    if failed_models is not None:
+        earlier = failed_models.earlier(_model_keys(spec, corpus, model_id))
+    if earlier is not None:
+        return _summary("failed", earlier, **base)
     configure_threads(job.threads)  # only jobs with work to do sample the machine's load
     from bench.train import TrainingDiverged
 
     try:
         model = source.model(corpus, spec)
     except TrainingDiverged as exc:
+        if failed_models is not None:
+            failed_models.record(model_id)
         return _summary("failed", f"training diverged: {exc}", trained=True, **base)
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc):
             raise
+        if failed_models is not None:
+            failed_models.record(model_id)
         message = f"out of memory while {source.obtains}: {_first_line(exc)}"
         return _summary("failed", message, **base)
     except ValueError as exc:
@@ -433,6 +470,15 @@ def run_job(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     rows += source.extra_rows(model, spec)
     columns = source.columns(model, corpus)
     return write_job_rows(spec, rows, corpus, columns, out_path, started, base, model.trained)
+
+
+def _model_keys(spec: JobSpec, corpus: Corpus, model_id: str) -> list[str]:
+    """The checkpoint keys a job's model needs: its own and, for a fine-tune, its parent's."""
+    if not (isinstance(spec.source, TrainedSource) and spec.job.extend.active):
+        return [model_id]
+    from bench.cache import weights_key
+
+    return [model_id, weights_key(base_job(spec.job), corpus)]
 
 
 def measure(
@@ -491,12 +537,17 @@ class TrainedSource:
             job.train.position_sampling,
             job.model.attention_sink,
         )
+        outside = outside or job.train.sampling_problem(job.position.family)
         if outside:
             raise NotApplicable(outside)
 
     def plan(self) -> tuple[ResolvedEval, ScalingConfig]:
         job = self.job
         resolved = job.eval.resolve(job.train.length)
+        ruler = resolved.metrics.get("ruler")
+        partial = ruler.check_fit() if ruler is not None else None  # raises if none fits
+        if partial:
+            log.warning("lenbench: %s", partial)
         passkey = resolved.metrics.get("passkey")
         if passkey is not None and passkey.template is None:  # evaluate with the trained template
             resolved.metrics["passkey"] = replace(passkey, template=job.train.passkey_template)

@@ -17,10 +17,20 @@ Column conventions after :func:`normalize_results`:
   that numeric axes (depth, delta, distance, context) and label axes (region ``inside`` /
   ``beyond``) share one parquet column; use ``pd.to_numeric(..., errors="coerce")`` to plot;
 * ``written_at`` is a UTC timestamp.
+
+Integrity: :func:`write_results` stores the SHA-256 of the rows (:func:`rows_sha256`) in the
+parquet file's key-value metadata (:data:`DIGEST_KEY`); every reader recomputes it
+(:func:`read_result_table`, :func:`digest_problem`), so a file whose bytes changed on disk but
+that still reads is refused (a job moves it aside and recomputes it) instead of silently changing
+a number. Files written before the digest existed (no such key, e.g. the committed ``results/``)
+are read as legacy files, unverified. A measured value (``n > 0``) is never NaN or infinite
+(:func:`non_finite_row`): such a row is refused on write and on read; a row that measured
+nothing (``n == 0``, e.g. no test document long enough) holds NaN.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -88,6 +98,8 @@ OPTIONAL_COLUMNS: list[str] = [
     "ci_hi",
 ]
 TIMESTAMP_COLUMN = "written_at"
+#: Key of a result file's parquet key-value metadata holding :func:`rows_sha256` of its rows.
+DIGEST_KEY = b"lenbench.rows_sha256"
 
 #: Metric names from DESIGN.md plus ``passkey_context``. Other metric names are accepted too.
 ROW_METRICS: tuple[str, ...] = (
@@ -398,6 +410,173 @@ def _is_missing(v: Any) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
+# ----------------------------------------------------------------------------- finite values
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float("nan") if _is_missing(value) else float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def non_finite_row(rows: pd.DataFrame | Sequence[Mapping[str, Any]]) -> int | None:
+    """Index (position) of the first row whose measured value is NaN or infinite, else None.
+
+    A row with ``n > 0`` measured something, so its ``value`` must be a finite number; a row with
+    ``n == 0`` measured nothing (e.g. ``nll`` when no test document is long enough) and holds NaN.
+    """
+    if isinstance(rows, pd.DataFrame):
+        if rows.empty:
+            return None
+        values = pd.to_numeric(rows["value"], errors="coerce").to_numpy(dtype=float)
+        n = pd.to_numeric(rows["n"], errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(values) & ~(n == 0)
+        return int(bad.nonzero()[0][0]) if bad.any() else None
+    for i, row in enumerate(rows):
+        if not math.isfinite(_as_float(row.get("value"))) and _as_float(row.get("n")) != 0:
+            return i
+    return None
+
+
+def describe_row(row: Mapping[str, Any] | pd.Series) -> str:
+    """``metric nll at eval length 1024 (bucket 512-1024) of series position rope {...}, scaling
+    none {...}, train length 256 (model ..., seed 0)``: where a row's value was measured."""
+
+    def get(key: str) -> Any:
+        value = row.get(key)
+        return None if _is_missing(value) else value
+
+    where = []
+    if get("bucket_lo") is not None or get("bucket_hi") is not None:
+        where.append(f"bucket {_number(get('bucket_lo'))}-{_number(get('bucket_hi'))}")
+    if get("axis") is not None:
+        where.append(f"{get('axis')}={get('axis_value')}")
+    if get("layer") is not None:
+        where.append(f"layer {get('layer')}")
+    for key in ("task", "template"):
+        if get(key) is not None:
+            where.append(f"{key} {get(key)}")
+    series = f"position {get('position')}"
+    if get("position_params") not in (None, "", "{}"):
+        series += f" {get('position_params')}"
+    series += f", scaling {get('scaling')}"
+    if get("scaling_params") not in (None, "", "{}"):
+        series += f" {get('scaling_params')}"
+    if get("train_length") is not None:
+        series += f", train length {get('train_length')}"
+    if get("finetune_method") is not None:
+        series += f", fine-tune {get('finetune_method')} at {get('finetune_length')}"
+        series += f" ({get('finetune_steps')} updates)"
+    model = [f"model {get('model_id')}"] if get("model_id") is not None else []
+    model += [f"seed {get('seed')}"] if get("seed") is not None else []
+    text = f"metric {get('metric')} at eval length {get('eval_length')}"
+    if where:
+        text += f" ({', '.join(where)})"
+    text += f" of series {series}"
+    return text + (f" ({', '.join(model)})" if model else "")
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "?"
+    x = float(value)
+    return str(int(x)) if x.is_integer() else repr(x)
+
+
+# ----------------------------------------------------------------------------- digests
+
+
+def _column_bytes(column: Any) -> bytes:
+    """A canonical byte form of one Arrow column's values: the same values give the same bytes
+    however the column is chunked, and whatever lies under its nulls."""
+    import pyarrow as pa
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = array.type
+    fixed = (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_timestamp(kind)
+        or pa.types.is_boolean(kind)
+    )
+    if not fixed:  # strings, lists, nulls: their Python values as JSON (floats as repr)
+        return json.dumps(array.to_pylist(), default=str, ensure_ascii=False).encode("utf-8")
+    nulls = array.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_timestamp(kind):
+        array = array.cast(pa.int64())
+    filled = array.fill_null(False if pa.types.is_boolean(kind) else 0)
+    values = np.ascontiguousarray(filled.to_numpy(zero_copy_only=False))
+    return nulls.tobytes() + values.astype(values.dtype.newbyteorder("<")).tobytes()
+
+
+def _type_name(kind: Any) -> str:
+    """An Arrow type as text, list types without their child's field name (pyarrow names it
+    ``item`` when it builds the list, parquet ``element`` when it reads it back) and large
+    variants as the plain ones (the same values, whichever a reader picks)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"list<{_type_name(kind.value_type)}>"
+    if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        return "string"
+    return str(kind)
+
+
+def rows_sha256(table: Any) -> str:
+    """SHA-256 (hex) of a pyarrow Table's rows: each column's name, type and values, in order.
+    Its schema metadata (where the digest itself is kept) does not enter it."""
+    digest = hashlib.sha256()
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        header = json.dumps([name, _type_name(column.type), len(column)]).encode("utf-8")
+        body = _column_bytes(column)
+        digest.update(len(header).to_bytes(8, "little") + header)
+        digest.update(len(body).to_bytes(8, "little") + body)
+    return digest.hexdigest()
+
+
+def recorded_sha256(table: Any) -> str | None:
+    """The rows' SHA-256 recorded in a result file's metadata, or None (a legacy file)."""
+    recorded = (table.schema.metadata or {}).get(DIGEST_KEY)
+    return None if recorded is None else recorded.decode("ascii", errors="replace")
+
+
+def digest_problem(table: Any) -> str | None:
+    """Why a result table read from disk is not the one written (its rows' SHA-256 differs from
+    the one recorded in it), else None; a file without a recorded digest (written before
+    lenbench recorded one) passes unverified."""
+    recorded = recorded_sha256(table)
+    if recorded is None or rows_sha256(table) == recorded:
+        return None
+    return (
+        "does not match the SHA-256 of its rows recorded when it was written (its bytes changed "
+        "on disk)"
+    )
+
+
+def read_result_table(path: str | Path) -> Any:
+    """The pyarrow Table of a result file, its digest verified; ValueError (one sentence naming
+    the file) when it cannot be read or its rows changed since they were written."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # noqa: BLE001 - any reader error means an unreadable file
+        raise ValueError(f"cannot read results file {str(path)!r}: {_one_line(exc)}") from exc
+    problem = digest_problem(table)
+    if problem is not None:
+        raise ValueError(
+            f"results file {str(path)!r} {problem}; rerun its job to recompute it (lenbench moves "
+            "the file aside), or remove the file."
+        )
+    return table
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 # ----------------------------------------------------------------------------- write / load
 
 
@@ -415,19 +594,34 @@ def write_results(rows: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | 
     The table goes to a hidden temporary file in the same directory, is flushed to disk and then
     renamed over ``path`` with ``os.replace``: readers see the old file or the new one, never a
     half-written one, and a crash leaves no ``*.parquet`` behind. One file per job (named by its
-    run_id) means a rerun replaces its own file instead of adding rows.
+    run_id) means a rerun replaces its own file instead of adding rows. The file's metadata holds
+    the SHA-256 of its rows (:data:`DIGEST_KEY`), checked by every reader here. Raises
+    ValueError on a row whose measured value is NaN or infinite (:func:`non_finite_row`).
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     df = normalize_results(rows)
     if df.empty:
         raise ValueError(f"no result rows to write to {str(path)!r}; pass at least one row")
     path = Path(path)
     if path.suffix != ".parquet":
         raise ValueError(f"results path {str(path)!r} must end in '.parquet'")
+    bad = non_finite_row(df)
+    if bad is not None:
+        raise ValueError(
+            f"refusing to write {str(path)!r}: {describe_row(df.iloc[bad])} is "
+            f"{df['value'].iloc[bad]}, and a non-finite value is never a result."
+        )
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    metadata = dict(table.schema.metadata or {})
+    metadata[DIGEST_KEY] = rows_sha256(table).encode("ascii")
+    table = table.replace_schema_metadata(metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        df.to_parquet(tmp_name, index=False)
+        pq.write_table(table, tmp_name)
         with open(tmp_name, "rb") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp_name, umask_mode())
@@ -474,13 +668,26 @@ def _first_bad_file(frames: list[pd.DataFrame]) -> str | None:
     return None
 
 
+def _effective_length_score(df: pd.DataFrame) -> list:
+    """Per row: the score an ``effective_length`` row reads (``task_params``' ``score``: one
+    cell per score), else None."""
+    if "task_params" not in df.columns:
+        return [None] * len(df)
+    return [
+        json.loads(params or "{}").get("score") if metric == "effective_length" else None
+        for metric, params in zip(df["metric"], df["task_params"], strict=True)
+    ]
+
+
 def dedup_results(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep, per measured cell (:data:`CELL_COLUMNS`, missing values compare equal), the newest row.
+    """Keep, per measured cell (:data:`CELL_COLUMNS`, and the score an ``effective_length`` row
+    reads; missing values compare equal), the newest row.
 
     Ties on ``written_at`` go to the row that comes later in ``df``.
     """
     ordered = df.sort_values(TIMESTAMP_COLUMN, kind="stable")
     key = ordered[CELL_COLUMNS].astype(object).where(ordered[CELL_COLUMNS].notna(), None)
+    key = key.assign(_score=_effective_length_score(ordered))
     keep = ~key.duplicated(keep="last").to_numpy()
     return ordered[keep].sort_index()
 
@@ -490,7 +697,10 @@ def load_results(paths: str | Path | Sequence[str | Path], *, dedup: bool = True
 
     Rows are validated and concatenated; with ``dedup`` (the default) each measured cell keeps
     only its newest row (see :func:`dedup_results`). A ``source_file`` column records where each
-    row came from. Files without ``written_at`` use their modification time.
+    row came from. Files without ``written_at`` use their modification time. Raises ValueError
+    (one sentence naming the file) on a file that cannot be read, whose rows do not match the
+    SHA-256 recorded in it (:func:`read_result_table`), or that holds a measured value that is
+    NaN or infinite (:func:`non_finite_row`).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -503,10 +713,7 @@ def load_results(paths: str | Path | Sequence[str | Path], *, dedup: bool = True
         raise ValueError(f"no .parquet result files found under {shown}")
     frames = []
     for f in files:
-        try:
-            raw = pd.read_parquet(f)
-        except Exception as exc:  # noqa: BLE001 - any reader error means an unreadable file
-            raise ValueError(f"cannot read results file {str(f)!r}: {exc}") from exc
+        raw = read_result_table(f).to_pandas()
         if raw.empty:
             continue
         missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
@@ -528,6 +735,13 @@ def load_results(paths: str | Path | Sequence[str | Path], *, dedup: bool = True
     except ValueError as exc:
         bad = _first_bad_file(frames)
         raise ValueError(f"{bad}: {exc}" if bad else str(exc)) from exc
+    bad_row = non_finite_row(df)
+    if bad_row is not None:
+        row = df.iloc[bad_row]
+        raise ValueError(
+            f"results file {row['source_file']!r} holds {row['value']} for {describe_row(row)}: a "
+            "non-finite value is never a result; rerun its job or remove the file."
+        )
     if dedup:
         df = dedup_results(df)
     return df.reset_index(drop=True)

@@ -9,6 +9,7 @@ used only by a run of the same weights config, and deleted once the checkpoint i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import tempfile
@@ -31,6 +32,7 @@ __all__ = [
     "atomic_write",
     "rng_state",
     "set_rng_state",
+    "state_sha256",
 ]
 
 RESUME_FILE = "resume.pt"
@@ -53,12 +55,44 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
         raise
 
 
+def _feed(digest: Any, obj: Any) -> None:
+    """Add ``obj`` (tensors, mappings, sequences and Python scalars, nested) to ``digest``."""
+    if isinstance(obj, torch.Tensor):
+        flat = obj.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"T{flat.dtype}{tuple(obj.shape)}:".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    elif isinstance(obj, Mapping):
+        items = sorted(obj.items(), key=lambda item: repr(item[0]))
+        digest.update(f"D{len(items)}:".encode())
+        for key, value in items:
+            _feed(digest, key)
+            _feed(digest, value)
+    elif isinstance(obj, (list, tuple)):
+        digest.update(f"L{len(obj)}:".encode())
+        for value in obj:
+            _feed(digest, value)
+    elif obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        text = repr(obj).encode()
+        digest.update(f"S{type(obj).__name__}{len(text)}:".encode() + text)
+    else:
+        raise TypeError(f"cannot digest a {type(obj).__name__} in a resumable state")
+
+
+def state_sha256(state: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a resumable state's content: every tensor's dtype, shape and bytes and
+    every other value, in a fixed order (what ``torch.load`` gives back hashes the same)."""
+    digest = hashlib.sha256()
+    _feed(digest, state)
+    return digest.hexdigest()
+
+
 class ResumeFile:
     """The resumable state of one unfinished checkpoint, tagged with its key and weights config.
 
     ``load()`` returns the state a :meth:`save` wrote for the same key and config, else None (a
     missing file; an unreadable or foreign one with a warning: training then starts over and
-    overwrites it). ``clear()`` deletes it.
+    overwrites it; a state whose content no longer matches the SHA-256 recorded in it, or that
+    has none, with a warning, and the file is deleted). ``clear()`` deletes it.
     """
 
     def __init__(self, path: Path, key: str, weights_config: Mapping[str, Any]):
@@ -82,10 +116,42 @@ class ResumeFile:
                 stacklevel=2,
             )
             return None
+        problem = self._digest_problem(payload)
+        if problem is not None:
+            warnings.warn(
+                f"resume state {self.path} {problem}; dropped it, training from scratch.",
+                stacklevel=2,
+            )
+            self.clear()
+            return None
         return payload["state"]
 
+    @staticmethod
+    def _digest_problem(payload: Mapping[str, Any]) -> str | None:
+        recorded = payload.get("sha256")
+        if not isinstance(recorded, str):
+            return (
+                "has no recorded SHA-256 (written by an older lenbench), so it cannot be verified"
+            )
+        try:
+            actual = state_sha256(payload["state"])
+        except (KeyError, TypeError) as err:
+            return f"cannot be verified ({err})"
+        if actual != recorded:
+            return (
+                "does not match the SHA-256 recorded when it was written (its bytes changed on "
+                "disk)"
+            )
+        return None
+
     def save(self, state: Mapping[str, Any]) -> None:
-        payload = {"key": self.key, "config": self.config, "state": dict(state)}
+        state = dict(state)
+        payload = {
+            "key": self.key,
+            "config": self.config,
+            "state": state,
+            "sha256": state_sha256(state),
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, lambda handle: torch.save(payload, handle))
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from bench.batches import TrainingStream, validation_batches
 from bench.corpora import Corpus
@@ -31,6 +30,7 @@ from bench.extend import finetune_recipe, finetune_scaling
 from bench.metrics.passkey import corpus_filler_source, passkey_verdicts
 from bench.optim import ADAM_EPS, lm_loss, lr_at, param_groups
 from bench.passkey import PasskeyExample, passkey_grid
+from bench.progress import progress_bar
 from bench.resume import SaveClock, rng_state, set_rng_state
 from bench.runtime import autocast, make_accelerator, warn_if_emulated_bf16
 from bench.schema import JobConfig, TrainConfig
@@ -76,6 +76,36 @@ def check_progress(final_loss: float, steps: int, vocab_size: int) -> None:
             step=steps,
             loss=final_loss,
         )
+
+
+def divergence_advice(job: JobConfig, step: int, lr: float) -> str:
+    """What to change after a non-finite loss at update ``step`` (1-based) whose lr was ``lr``:
+    the rest of the sentence after "the loss is nan". At update 1 the loss is the initial
+    model's, before any update, so the learning rate cannot be the cause; the precision is
+    named only where it is not fp32 already."""
+    section = "extend" if job.extend.active else "train"
+    spec = finetune_recipe(job) if job.extend.active else job.train
+    position = job.position
+    changed = position.params()
+    # the position's parameters that differ from their defaults (xpos_scale_base=0.001), else all
+    defaults = type(position)(kind=position.kind).params()
+    named = {k: v for k, v in changed.items() if v != defaults.get(k)} or changed
+    params = ", ".join(f"position.{k}={v!r}" for k, v in named.items())
+    check = f"the parameters of position={position.kind}" + (f" ({params})" if params else "")
+    bf16 = spec.precision != "fp32"
+    if step == 1:
+        advice = (
+            f"before any update, so the initial model's forward pass overflows, not the lr: check "
+            f"{check}" + (f" or use train.precision=fp32 (now {spec.precision})" if bf16 else "")
+        )
+    else:
+        advice = (
+            f"(lr {lr:.3g}, precision {spec.precision}); lower {section}.lr, raise "
+            f"{section}.warmup_steps, set train.grad_clip, "
+            + ("use train.precision=fp32, " if bf16 else "")
+            + f"or check {check}"
+        )
+    return advice + "."
 
 
 #: The retrieval check of ``train.until_retrieves``: this many depths from 0 to 1 times this many
@@ -365,7 +395,7 @@ class Trainer:
             what = f"finetune {self.job.extend.name} L={length}"
         else:
             what = f"train {self.job.position.kind} L={length}"
-        self.bar = tqdm(
+        self.bar = progress_bar(
             total=self.spec.steps,
             initial=self.start,
             desc=what,
@@ -435,9 +465,8 @@ class Trainer:
             step, loss = self.checked + first + 1, float(values[first])
             self.bar.close()
             raise TrainingDiverged(
-                f"training diverged at step {step} of {self.spec.steps}: the loss is {loss} (lr "
-                f"{lr_at(step - 1, self.spec):.3g}, precision {self.spec.precision}); lower "
-                "train.lr, raise train.warmup_steps, set train.grad_clip, or use precision fp32.",
+                f"training diverged at step {step} of {self.spec.steps}: the loss is {loss} "
+                f"{divergence_advice(self.job, step, lr_at(step - 1, self.spec))}",
                 step=step,
                 loss=loss,
             )
@@ -651,7 +680,9 @@ def train_model(
     checkpoint).
 
     Returns (model in eval mode on the accelerator's device, :class:`TrainStats`).
-    Raises TrainingDiverged (a ValueError) if the loss becomes NaN or infinite.
+    Raises TrainingDiverged (a ValueError) if the loss becomes NaN or infinite or a long run ends
+    no better than a uniform guess; when that run had resumed from a saved state, the state is
+    deleted first (``resume.clear()``) and the message says so, so a rerun starts from scratch.
     """
     started = time.perf_counter()
     if job.extend.active and init is None:
@@ -673,4 +704,18 @@ def train_model(
         started=started,
     )
     trainer.setup()
-    return trainer.train()
+    try:
+        return trainer.train()
+    except TrainingDiverged as exc:
+        if resume is None or not trainer.start:
+            raise
+        # the saved state may be what failed (a resumed run fails again the same way every
+        # rerun): drop it, so that the next run starts from scratch
+        if trainer.accelerator.is_main_process:
+            resume.clear()
+        raise TrainingDiverged(
+            f"{str(exc).rstrip('.')}; this run had resumed from the saved state of update "
+            f"{trainer.start}, which is now dropped, so a rerun trains from scratch.",
+            step=exc.step,
+            loss=exc.loss,
+        ) from exc

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from bench import results as R
@@ -155,11 +156,11 @@ def test_atomic_write_leaves_nothing_half_written(
     write_results([row(value=1.0)], target)
     before = target.read_bytes()
 
-    def crash(self: pd.DataFrame, path: str, **kw: object) -> None:
+    def crash(table: object, path: str, **kw: object) -> None:
         Path(path).write_bytes(b"PAR1 half written")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", crash)
+    monkeypatch.setattr(pq, "write_table", crash)
     with pytest.raises(RuntimeError, match="disk full"):
         write_results([row(value=2.0)], target)
     assert target.read_bytes() == before  # the old complete file is untouched

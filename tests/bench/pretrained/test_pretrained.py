@@ -8,6 +8,7 @@ both paths; a different rope layout breaks it (negative control).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 from collections import Counter
@@ -89,7 +90,12 @@ def by_key(rows):
         "layer",
         "task",
     )
-    out = {tuple(r.get(k) for k in keys): r for r in rows}
+
+    # an effective_length row per score (task_params names it)
+    def score(r):
+        return json.loads(r.get("task_params") or "{}").get("score")
+
+    out = {(*(r.get(k) for k in keys), score(r)): r for r in rows}
     assert len(out) == len(rows), "rows must be unique per key"
     return out
 
