@@ -86,6 +86,12 @@ class Estimate:
     n_seeds: int = 0
     ci: str = ""
     digits: int = 3
+    # per-seed mean and spread on the scale the interval was made on (log for ratios), where
+    # the interval is a seed t-interval: what :func:`seeds_to_decide` reads
+    seed_mean: float = math.nan
+    seed_sd: float = math.nan
+    log_scale: bool = False
+    seeds_needed: int | None = None  # set by decide() where the interval straddles
 
     def text(self, digits: int | None = None) -> str:
         digits = self.digits if digits is None else digits
@@ -94,7 +100,36 @@ class Estimate:
         ci = "" if math.isnan(self.lo) else f" [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
         ci = " [no CI]" if self.ci == NO_CI else ci
         seeds = f" ({self.n_seeds} seed{'s' * (self.n_seeds != 1)})" if self.n_seeds else ""
+        if self.seeds_needed is not None:
+            if self.seeds_needed <= self.n_seeds:
+                more = "the seeds' interval alone decides; the document bootstrap keeps it open"
+            elif self.seeds_needed > MAX_SEEDS_TO_DECIDE:
+                more = f"more than {MAX_SEEDS_TO_DECIDE} seeds to decide at this spread"
+            else:
+                more = f"at least {self.seeds_needed} seeds to decide at this spread"
+            seeds = seeds[:-1] + f"; {more})" if seeds else seeds
         return f"{self.name} {self.value:.{digits}f}{ci}{seeds}"
+
+
+#: seeds_to_decide searches up to this count
+MAX_SEEDS_TO_DECIDE = 1000
+
+
+def seeds_to_decide(e: Estimate, threshold: float) -> int | None:
+    """The fewest seeds whose t-interval, at the observed per-seed mean and spread of ``e``,
+    would lie on one side of ``threshold`` (``MAX_SEEDS_TO_DECIDE`` + 1 if none up to it; None
+    without a seed spread). A lower estimate where the interval was also widened to a document
+    bootstrap, which more seeds narrow less."""
+    if e.n_seeds < 2 or not math.isfinite(e.seed_sd):
+        return None
+    bar = math.log(threshold) if e.log_scale else threshold
+    gap = abs(e.seed_mean - bar)
+    if e.seed_sd == 0:
+        return e.n_seeds if gap > 0 else MAX_SEEDS_TO_DECIDE + 1
+    for n in range(2, MAX_SEEDS_TO_DECIDE + 1):
+        if stats.t.ppf(0.5 + LEVEL / 2, n - 1) * e.seed_sd / math.sqrt(n) < gap:
+            return n
+    return MAX_SEEDS_TO_DECIDE + 1
 
 
 @dataclass
@@ -144,7 +179,12 @@ def decide(e: Estimate, threshold: float, claim: str) -> Check:
         "at_most": (hi <= threshold, lo > threshold),
         "at_least": (lo >= threshold, hi < threshold),
     }[claim]
-    return True if holds else (False if fails else UNDECIDED)
+    if holds or fails:
+        return bool(holds)
+    needed = seeds_to_decide(e, threshold)
+    if needed is not None:
+        e.seeds_needed = max(needed, e.seeds_needed or 0)
+    return UNDECIDED
 
 
 def _all(checks: list[Check]) -> Check:
@@ -366,7 +406,9 @@ def _summarise(name: str, values: np.ndarray, ses: np.ndarray, transform=None) -
         stats.t.ppf(0.5 + LEVEL / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
     )
     t = transform
-    return Estimate(name, t(mean), t(mean - half), t(mean + half), len(values), SEED_CI)
+    return Estimate(name, t(mean), t(mean - half), t(mean + half), len(values), SEED_CI,
+                    seed_mean=mean, seed_sd=float(values.std(ddof=1)),
+                    log_scale=transform is math.exp)  # fmt: skip
 
 
 def nll_difference(a: pd.DataFrame, b: pd.DataFrame, multiple_a: float, multiple_b: float):
@@ -467,6 +509,7 @@ def widened(e: Estimate, boot: tuple[float, float] | None, transform=None) -> Es
         e.value, e.lo, e.hi = (
             transform(x) if not math.isnan(x) else x for x in (e.value, e.lo, e.hi)
         )
+        e.log_scale = transform is math.exp
     return e
 
 

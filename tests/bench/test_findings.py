@@ -819,3 +819,28 @@ def test_every_finding_declares_a_scope_and_a_scope_is_required() -> None:
     with pytest.raises(TypeError, match="scope must be a Scope"):
         register_finding("X9", {"positions": ("rope",)})(f1_absolute_degrade)
     assert "X9" not in findings()
+
+
+# --------------------------------------------------------------------------- power
+
+
+def test_an_undecided_seed_interval_says_how_many_seeds_would_decide_it() -> None:
+    """At the observed mean 0.5 and spread 1, the t-interval half-width t(n-1) / sqrt(n) drops
+    below 0.5 first at n = 18 (hand: t_16 2.120 / sqrt 17 = 0.514, t_17 2.110 / sqrt 18 = 0.497).
+    Negative controls: a decided interval gets no count; a mean on the threshold never decides."""
+    from bench.findings import _summarise, seeds_to_decide
+
+    values = np.array([-0.5, 0.5, 1.5])  # mean 0.5, sd 1
+    e = _summarise("d", values, np.full(3, np.nan))
+    assert decide(e, 0.0, "above") == UNDECIDED
+    assert e.seeds_needed == 18 and "at least 18 seeds to decide" in e.text()
+    decided = _summarise("d", np.array([1.0, 1.1, 1.2]), np.full(3, np.nan))
+    assert decide(decided, 0.0, "above") is True and decided.seeds_needed is None
+    assert "to decide" not in decided.text()
+    on = _summarise("d", np.array([-1.0, 0.0, 1.0]), np.full(3, np.nan))
+    assert seeds_to_decide(on, 0.0) > 1000
+    # a ratio (exp of a log mean): the threshold is compared on the log scale
+    ratio = _summarise("r", np.log([0.9, 1.1, 1.3]), np.full(3, np.nan), transform=math.exp)
+    assert ratio.log_scale and seeds_to_decide(ratio, 1.0) == seeds_to_decide(
+        _summarise("l", np.log([0.9, 1.1, 1.3]), np.full(3, np.nan)), 0.0
+    )
