@@ -2,7 +2,8 @@
 
 A checkpoint's key is ``sha256(canonical JSON of weights_config(job, corpus))[:16]``: only what
 changes the weights (model, position, data and train fields not marked ``weights: False`` in
-``bench.schema``, seed, corpus fingerprint, ``CODE_SALT``). Eval-time settings never enter it.
+``bench.schema``, seed, corpus fingerprint, ``CODE_SALT``, and the position family's
+``weights_revision`` when it is > 0). Eval-time settings never enter it.
 A fine-tune's (``extend`` active, ``bench.extend``) is the hash of its parent's key and config and
 its own ``extend`` fields; its checkpoint also stores the scaling it was trained with.
 
@@ -131,6 +132,9 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
         "train": weights_dict(job.train),
         "seed": job.seed,
     }
+    revision = job.position.family.weights_revision
+    if revision:  # a family's own code change (models.positions.Family.weights_revision)
+        out["position_revision"] = revision
     if job.train.passkey_fraction > 0:
         # the template's text, not only its name: editing a template retrains its models
         out["passkey_text"] = asdict(passkey_template(job.train.passkey_template))

@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import sys
 import traceback
 from collections.abc import Sequence
@@ -74,8 +75,12 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     40-job sweep).
     """
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    failed = None
+    if multirun:  # a model that failed to train in this sweep is not trained again
+        hydra_cfg = HydraConfig.get()
+        failed = FailedModels(Path(hydra_cfg.sweep.dir), hydra_cfg.job.override_dirname)
     try:
-        summary = run_job(cfg)
+        summary = run_job(cfg, failed)
     except OSError as exc:  # an unwritable or full results/cache directory: one sentence
         message = io_sentence(exc) if exc.filename is not None else one_line(exc)
         summary = {"status": "failed", "message": message}
@@ -101,6 +106,36 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     else:
         log.info("lenbench: %s", message)
     return summary
+
+
+class FailedModels:
+    """The checkpoint keys whose training failed (diverged, out of memory) in this sweep: one
+    file per key under ``<sweep dir>/.failed_models``, emptied when the sweep starts
+    (:class:`ReportCallback`), so that a later cell needing the same model reports the failure
+    in one sentence instead of training it again (jobs in other processes see it too)."""
+
+    DIR = ".failed_models"
+
+    def __init__(self, sweep_dir: Path, job: str) -> None:
+        self.root, self.job = sweep_dir / self.DIR, job
+
+    def earlier(self, keys: Sequence[str]) -> str | None:
+        for key in keys:
+            try:
+                job = (self.root / key).read_text().strip()
+            except OSError:
+                continue
+            return (
+                f"model {key} already failed to train earlier in this sweep (job "
+                f"[{job}]), so it is not trained again; that job's error says why."
+            )
+        return None
+
+    def record(self, key: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(self.job + "\n")
+        tmp.replace(self.root / key)
 
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
@@ -168,6 +203,8 @@ class ReportCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
         self._stale = _status_files(self._sweep_dir)
+        # failures of an earlier sweep in the same dir do not stop this one's trainings
+        shutil.rmtree(self._sweep_dir / FailedModels.DIR, ignore_errors=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = self._sweep_dir or Path(str(config.hydra.sweep.dir))
@@ -203,8 +240,9 @@ class ReportCallback(Callback):
         reports = _absolute(config.paths.reports, base) / name
         try:
             path = generate_report([results], reports)
-        except ValueError as exc:
-            print(f"{ERROR_PREFIX}report not written: {exc}", flush=True)
+        except ValueError as exc:  # e.g. a refused result file: the run did not succeed
+            print(f"{ERROR_PREFIX}report not written: {exc}", file=sys.stderr, flush=True)
+            _OUTCOME.update(report_failed=True)
             return
         except OSError as exc:  # the results are kept; the run must not look like a success
             print(

@@ -42,7 +42,7 @@ from bench.train_config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS
 from models.scaling_config import ScalingConfig
-from models.transformer import ModelConfig
+from models.transformer import ModelConfig, check_combination
 
 __all__ = [
     "SCHEMA_NAME",
@@ -217,6 +217,16 @@ class JobConfig:
             tokens = parse_length(self.scaling.target_length, self.train.length, what)
             self.scaling.target_length = integer(what, tokens, 1)
         self.position.validate(self.model.head_dim, self.model.d_model)
+        self.position.check_foreign_fields()  # another family's field would change nothing
+        check_combination(self.model, self.position)  # else the model's constructor would fail
+        probe = getattr(self.eval, "position_probe_r2", None)
+        layers = self.model.n_layers
+        if self.pretrained is None and probe is not None and probe.enabled:
+            if probe.layer is not None and probe.layer > layers:  # else found after training
+                raise ValueError(
+                    f"eval.position_probe_r2.layer {probe.layer} is out of range for "
+                    f"model.n_layers {layers}; allowed: 0..{layers} (0 = embeddings) or null."
+                )
         length = self.train.length
         rows = self.position.max_positions
         if self.position.kind == "learned" and 0 < rows < length:

@@ -20,7 +20,7 @@ from bench.checks import (
     parse_length,
 )
 from bench.passkey import PASSKEY_FILLERS, PASSKEY_TEMPLATES, min_passkey_length
-from bench.ruler import RULER_TASKS, params_from
+from bench.ruler import RULER_END, RULER_TASKS, min_ruler_length, params_from
 from bench.runtime import PRECISIONS
 from models.scaling import SCALING_METHODS
 
@@ -185,6 +185,7 @@ class TrainConfig:
             raise ValueError(f"train.ruler_params: {exc}") from None
         self.ruler_params = dict(self.ruler_params)
         self._check_ruler_stages()
+        self._check_task_lengths()
         choice("train.position_sampling", self.position_sampling, POSITION_SAMPLINGS)
         self.max_position = integer(
             "train.max_position", self.max_position, self.length, optional=True
@@ -236,6 +237,22 @@ class TrainConfig:
                 "must end before the last update (the rows after them are train.ruler_tasks)."
             )
 
+    def _check_task_lengths(self) -> None:
+        """Every RULER task of the task rows fits in a training row (checked here, not when the
+        training stream is built after the sweep has started)."""
+        if self.passkey_fraction == 0.0:
+            return
+        tasks = {*self.ruler_tasks, *(t for stage in self.ruler_stages for t in stage["tasks"])}
+        params = params_from(self.ruler_params)
+        for task in sorted(tasks - {"passkey"}):
+            needed = min_ruler_length(task, params) + len(RULER_END.encode("utf-8"))
+            if self.length + 1 < needed:
+                raise ValueError(
+                    f"train.length {self.length} is too short for ruler task {task!r} training "
+                    f"examples (train.ruler_tasks / train.ruler_stages); allowed: train.length >= "
+                    f"{needed - 1}, other tasks, or train.passkey_fraction=0."
+                )
+
     def _check_until_retrieves(self) -> None:
         """``until_retrieves`` in (0, 1] needs passkey rows to learn from and a decay to end with."""
         self.retrieval_check_every = integer(
@@ -264,6 +281,18 @@ class TrainConfig:
                 f"than the {self.passkey_template} template's {minimum} tokens; use a longer "
                 "train.length or set train.until_retrieves=null."
             )
+
+    def sampling_problem(self, family: Any) -> str | None:
+        """Why ``position_sampling`` means nothing for a model of position ``family`` (one that
+        reads no position ids: every sampling trains the contiguous model again, bit for bit,
+        under another checkpoint key and label), or None."""
+        if self.position_sampling == "contiguous" or family.reads_position_ids:
+            return None
+        return (
+            f"train.position_sampling={self.position_sampling} means nothing for position="
+            f"{family.name} (it reads no position ids, so it would train the contiguous model "
+            "again under another key); allowed for it: contiguous"
+        )
 
     @property
     def sampled_positions(self) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -93,7 +93,7 @@ class PositionConfig:
     frequency_fraction: float = field(default=0.75, metadata={"weights": "if_read"})  # p_rope
     fire_width: int = field(default=32, metadata={"weights": "if_read"})  # fire: MLP hidden units
     fire_c: float = field(default=0.1, metadata={"weights": "if_read"})  # fire: init of c
-    fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_thr; 0: L
+    fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_0; 0: L
     xpos_scale_base: float = field(default=512.0, metadata={"weights": "if_read"})  # xpos: gamma
     cope_npos_max: int = field(default=64, metadata={"weights": "if_read"})  # cope: positions
     # hybrid layer patterns (models.hybrid): the pattern repeated over the depth; [] = the family's
@@ -103,6 +103,8 @@ class PositionConfig:
     # Llama 4's query temperature in NoPE layers: log1p(floor((p + 1) / floor)) * scale + 1
     temperature_scale: float = field(default=0.0, metadata={"weights": "if_read"})  # 0: none
     temperature_floor: int = field(default=0, metadata={"weights": "if_read"})  # 0: the chunk
+    # Llama 4's weightless RMS norm of q and k on the RoPE layers, after the rotation (irope)
+    qk_norm: bool = field(default=True, metadata={"weights": "if_read"})
     # learned only; read only past the table's end, so not in the checkpoint key (bench.checks.WEIGHTS)
     out_of_range: str = field(default="error", metadata={"weights": False})
 
@@ -110,6 +112,26 @@ class PositionConfig:
         if self.base <= 1:
             raise ValueError(f"position.base must be greater than 1, got {self.base}.")
         family(self.kind).check(self, head_dim, d_model)
+
+    def check_foreign_fields(self) -> None:
+        """Raise ValueError (one sentence) for a field another family reads that is set to
+        something other than its default: this family would ignore it (and its checkpoint key
+        would too), so the run would be labelled with a setting that changes nothing. A job's
+        config check (``bench.schema.JobConfig``), not :meth:`validate`: a model is still built
+        from a checkpoint whose stored config holds such a field (its key never did)."""
+        read = family(self.kind).fields
+        for f in fields(self):
+            if f.name == "kind" or f.name in read:
+                continue
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            value = getattr(self, f.name)
+            if (list(value) if isinstance(value, (list, tuple)) else value) != default:
+                accepted = ", ".join(f"position.{name}" for name in read)
+                accepts = f"accepts: {accepted}" if read else "accepts no position.* field"
+                raise ValueError(
+                    f"position.{f.name}={value!r} means nothing for position={self.kind} (another "
+                    f"family's field, which it would ignore); position={self.kind} {accepts}."
+                )
 
     @property
     def family(self) -> Family:
@@ -156,6 +178,13 @@ class Family:
     #: what eval-time scaling methods can act on (``models.scaling.CAPABILITIES``); a method
     #: applies when the family has everything it acts on
     capabilities: tuple[str, ...] = ()
+    #: whether the model reads the position ids at all (False: only the causal mask, or the
+    #: content, orders tokens); training on sampled position ids then trains the same model
+    reads_position_ids: bool = True
+    #: bump when a code change alters the weights this family trains to (its initialisation, how
+    #: its parameters learn): it enters the checkpoint key when > 0 (``bench.cache``), so that
+    #: this family's cached checkpoints are retrained and every other family's are kept
+    weights_revision: int = 0
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         """Raise ValueError (one sentence) for fields this family cannot use with this geometry."""
@@ -392,6 +421,7 @@ class NoPE(Family):
 
     name, acts_on = "nope", "none"
     capabilities = ("pairs",)  # nothing to re-position: a windowed method only masks
+    reads_position_ids = False
 
 
 # --------------------------------------------------------------------------- RoPE

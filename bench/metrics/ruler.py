@@ -152,9 +152,17 @@ class RulerConfig(MetricConfig):
         if not some:
             return None
         skips = ", ".join(f"{task} below {need[task]}" for task in some)
+        reference = self.reference_length
+        late = [task for task in some if reference is not None and need[task] > reference]
+        note = (
+            f"; no relative effective length for {', '.join(late)} (the reference length "
+            f"{reference} is too short)"
+            if late
+            else ""
+        )
         return (
             f"ruler tasks that fit only some eval lengths {lengths} are skipped at the shorter "
-            f"ones: {skips} tokens."
+            f"ones: {skips} tokens{note}."
         )
 
 

@@ -85,6 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"hold, {NOTHING_CHECKED} if no finding could be measured, else 0",
     )
     args = parser.parse_args(argv)
+    if args.check and args.out is not None:
+        parser.error(
+            f"--out {str(args.out)!r} has no use with --check, which writes nothing; run "
+            "lenbench-report --out DIR for the report, and --check alone for the findings' verdict."
+        )
     try:
         paths: list[str | Path] = list(args.results) or [latest_experiment_dir(args.results_root)]
         df = load_results(paths)
@@ -93,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(markdown_table(findings_table(results)))
             if any_failed(results):
                 return 1
+            if not results:
+                print("No registered finding is about these rows (none of their series here).")
             return NOTHING_CHECKED if all(r.status == NOT_MEASURED for r in results) else 0
         out = args.out if args.out is not None else Path("reports") / _experiment_name(df)
         report = render(df, paths, out)

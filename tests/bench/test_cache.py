@@ -115,6 +115,7 @@ def test_weights_fields_are_declared_on_the_schema() -> None:
         "cope_npos_max",
     }  # each only for the family reading it (models/zoo.py)
     zoo |= {"layers", "window", "chunk", "temperature_scale", "temperature_floor"}  # hybrid
+    zoo |= {"qk_norm"}  # irope: Llama 4's QK-norm (issue 50), so older irope keys change
     assert set(weight_fields(PositionSchema)) == position | zoo  # not out_of_range
     assert set(weights_dict(PositionSchema(kind="rope"))) == position
     assert set(weights_dict(PositionSchema(kind="t5"))) == position | {
@@ -134,6 +135,21 @@ def test_weights_fields_are_declared_on_the_schema() -> None:
     # a data kind keys on its own settings only (no hf or pycorpus keys for a text corpus)
     data = {"name", "split_fractions", "max_files", "max_bytes", "paths", "suffixes", "root"}
     assert set(weights_config(make_cfg())["data"]) == data
+
+
+def test_irope_keys_carry_qk_norm() -> None:
+    """Llama 4's QK-norm joined irope (issue 50): irope's key holds position.qk_norm, so an irope
+    checkpoint cached before (no such entry, no norm) is not reused, and norm on and off are two
+    keys. Control: rope, which does not read the field, keys without it (its key is as before)."""
+    cfg = make_cfg()
+    irope = replace(cfg, position=PositionSchema(kind="irope"))
+    config = weights_config(irope)
+    assert config["position"]["qk_norm"] is True
+    before = {**config, "position": {k: v for k, v in config["position"].items() if k != "qk_norm"}}
+    assert key_of(before) != weights_key(irope)
+    off = replace(cfg, position=PositionSchema(kind="irope", qk_norm=False))
+    assert weights_key(off) != weights_key(irope)
+    assert "qk_norm" not in weights_config(cfg)["position"]
 
 
 def test_checkpoint_keys_and_result_params_share_one_canonical_json() -> None:
@@ -197,6 +213,26 @@ def test_key_changes_with_seed_corpus_and_salt(monkeypatch: pytest.MonkeyPatch) 
     before = weights_key(cfg)
     monkeypatch.setattr(cache, "CODE_SALT", CODE_SALT + "-bumped")
     assert weights_key(cfg) != before
+
+
+def test_a_family_revision_changes_only_that_familys_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Family.weights_revision (models.positions) enters the key when > 0: KERPLE's and FIRE's
+    initialisation and learning changed (issue 50), so their cached checkpoints are retrained;
+    every other family's key (xPos: centring changes no logit) is as before. Negative control:
+    with the revision back at 0 the key is the old one (no revision entry)."""
+    from models.positions import family
+
+    cfg = make_cfg()
+    for kind in ("rope", "t5", "xpos", "kerple_log", "kerple_power", "fire"):
+        job = replace(cfg, position=PositionSchema(kind=kind))
+        revised = kind in ("kerple_log", "kerple_power", "fire")
+        config = weights_config(job)
+        assert config.get("position_revision") == (1 if revised else None), kind
+        key = weights_key(job)
+        with monkeypatch.context() as patch:
+            patch.setattr(type(family(kind)), "weights_revision", 0)
+            assert "position_revision" not in weights_config(job)
+            assert (weights_key(job) != key) == revised, kind
 
 
 # --------------------------------------------------------------------------- get_or_train
@@ -559,10 +595,11 @@ def test_resuming_from_a_perturbed_optimizer_state_changes_the_weights(
         with pytest.raises(Killed):
             get_or_train(cfg, corpus, tmp_path / "b", progress=False)
     path = tmp_path / "b" / meta["key"] / "resume.pt"
-    payload = torch.load(path, weights_only=True)
-    for moments in payload["state"]["optimizer"]["state"].values():
+    stored = ResumeFile(path, meta["key"], weights_config(cfg, corpus))
+    state = stored.load()
+    for moments in state["optimizer"]["state"].values():
         moments["exp_avg_sq"].mul_(4.0)
-    torch.save(payload, path)
+    stored.save(state)  # with its SHA-256: a state changed behind its back is dropped instead
     resumed, meta_b, _ = get_or_train(cfg, corpus, tmp_path / "b", progress=False)
     assert meta_b["train_stats"]["resumed_from"] == 4
     assert not same_weights(resumed, reference)

@@ -216,9 +216,11 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     "zoo": (72, 6),  # 3 seeds x 13 families x (none, linear); linear skipped for alibi, nope
     # per seed (3): lm rope x 8 scalings; retrieval rope x 8 scalings + the yarn tune (scaling none)
     "training_free": (51, 45),
-    # per seed (3): lm_sampling 4 positions x 3 samplings, lm_hybrid 3 positions, lm_sinks rope
-    # x 3 sinks; each arm skips the rest of 6 positions x 3 samplings x 3 sinks
-    "train_for_length": (54, 432),
+    # per seed (3): lm_sampling 3 positions x 3 samplings + NoPE contiguous (NoPE reads no
+    # position ids: its randomized and pose cells would train the contiguous model again, so they
+    # are skipped), lm_hybrid 3 positions, lm_sinks rope x 3 sinks; each arm skips the rest of
+    # 6 positions x 3 samplings x 3 sinks
+    "train_for_length": (48, 438),
     # per seed (3): ruler arm rope x 5 scalings, + the pi and yarn tunes (scaling none)
     "ruler": (21, 24),
 }
@@ -397,6 +399,63 @@ BAD_OVERRIDES = [
         "scaling.oracle=true sets the factor for each eval length and scaling.target_length=2x",
     ),
     (["data.paths=[a.txt]"], "data.paths is a setting of data=text, not of data=pycorpus"),
+    # settings that mean nothing for the model (issue 51): another family's field, a training
+    # position sampling for a family that reads no position ids, StreamingLLM whose sinks cover
+    # the trained range or whose window is one token
+    (
+        ["position=kerple_log", "position.layout=bogus"],
+        "position.layout='bogus' means nothing for position=kerple_log (another family's field, "
+        "which it would ignore); position=kerple_log accepts no position.* field.",
+    ),
+    (
+        ["position=sandwich", "position.num_buckets=0"],
+        "position.num_buckets=0 means nothing for position=sandwich",
+    ),
+    (
+        ["position=rnope_swa", "position.chunk=16"],
+        "position.chunk=16 means nothing for position=rnope_swa (another family's field, which it "
+        "would ignore); position=rnope_swa accepts: position.base, position.layout, "
+        "position.rotary_fraction, position.layers, position.window.",
+    ),
+    (
+        ["position=cope", "train.position_sampling=randomized"],
+        "train.position_sampling=randomized means nothing for position=cope (it reads no position "
+        "ids, so it would train the contiguous model again under another key); allowed for it: "
+        "contiguous.",
+    ),
+    (
+        ["position=nope", "train.position_sampling=pose"],
+        "train.position_sampling=pose means nothing for position=nope",
+    ),
+    (
+        ["scaling=streaming", "scaling.params.sink_tokens=1000"],
+        "streaming: sink_tokens 1000 must be below the training length 256",
+    ),
+    (
+        ["scaling=streaming", "scaling.params.window=1"],
+        "streaming: window 1 must be at least 2",
+    ),
+    (
+        ["train.ruler_tasks=[fwe]", "train.passkey_fraction=0.2", "train.length=128"],
+        "train.length 128 is too short for ruler task 'fwe' training examples",
+    ),
+    # cross-field checks of the config, before the sweep (every cell shares them): exit 2, not
+    # a failed job per cell after the sweep has started
+    (
+        ["+experiment=smoke", "position=cope", "model.attention_sink=learned"],
+        "model.attention_sink=learned does not combine with position=cope",
+    ),
+    (
+        ["+experiment=smoke", "eval.position_probe_r2.layer=5"],
+        "eval.position_probe_r2.layer 5 is out of range for model.n_layers 1; allowed: 0..1",
+    ),
+    # RULER tasks that fit none of the eval lengths (smoke: 64 and 128 tokens)
+    (
+        ["+experiment=smoke", "eval.ruler.enabled=true"],
+        "eval.ruler.tasks has tasks that fit none of the ruler eval lengths [64, 128] (tokens they "
+        "need: niah_multikey 156, niah_multivalue 177, niah_multiquery 131, vt 178, cwe 142, "
+        "fwe 221)",
+    ),
 ]
 
 

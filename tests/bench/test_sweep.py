@@ -311,3 +311,29 @@ def test_run_job_with_an_empty_test_split_is_invalid_before_training(monkeypatch
         cfg = compose("config", overrides=overrides)
     with pytest.raises(AssertionError, match="must not be reached"):
         job_module.run_job(cfg)
+
+
+def test_a_model_that_failed_is_not_trained_again_in_the_same_sweep(tmp_path, monkeypatch, capsys):
+    """rope/none's training diverges; rope/linear needs the same checkpoint: it reports the
+    failure in one sentence instead of training the model again (issue 51)."""
+    args = ("position=rope", "hydra.callbacks.report.enabled=false")
+    code, calls, statuses = run_sweep(tmp_path, monkeypatch, *args, fail_for="rope")
+    assert code == 1 and calls == ["rope"]  # trained once, not once per cell
+    first, second = statuses[("rope", "none")], statuses[("rope", "linear")]
+    assert first["status"] == second["status"] == "failed"
+    assert "training diverged" in first["message"] and first["model_id"] == second["model_id"]
+    assert second["message"] == (
+        f"model {first['model_id']} already failed to train earlier in this sweep (job "
+        f"[{first['job']}]), so it is not trained again; that job's error says why."
+    )
+    # controls: the next sweep trains it again, also in the same sweep dir (a sweep remembers
+    # only its own failures), and a model that trains is reused as before
+    sweep_dir = next((tmp_path / "multirun").iterdir())
+    monkeypatch.undo()  # the first sweep's training counter
+    monkeypatch.chdir(tmp_path)
+    counter = TrainCounter(monkeypatch, "rope")
+    assert main(smoke_args(tmp_path, *args, f"hydra.sweep.dir={sweep_dir}")) == 1
+    assert counter.calls == ["rope"]
+    monkeypatch.undo()
+    code, calls, statuses = run_sweep(tmp_path, monkeypatch, *args)
+    assert code == 0 and calls == ["rope"] and statuses[("rope", "linear")]["status"] == "done"

@@ -4,6 +4,7 @@ command end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -55,9 +56,16 @@ def test_sinks_and_spans_enter_the_checkpoint_key_only_when_used(tmp_path):
     assert weights_dict(ModelSchema(attention_sink="token"))["attention_sink"] == "token"
     assert key("position=rope", "model.attention_sink=none") == plain
     assert key("position=rope", "model.attention_sink=learned") != plain
-    assert key("position=rope", "position.window=8") == plain  # rope does not read the window
     assert key("position=rnope_swa", "position.window=8") != key("position=rnope_swa")
-    assert key("position=rnope_swa", "position.chunk=8") == key("position=rnope_swa")
+    # another family's field is refused before it could reach a key (issue 51) ...
+    with pytest.raises(ValueError, match="position.window=8 means nothing for position=rope"):
+        key("position=rope", "position.window=8")
+    with pytest.raises(ValueError, match="position.chunk=8 means nothing for position=rnope_swa"):
+        key("position=rnope_swa", "position.chunk=8")
+    # ... and would not enter it: the key holds only the fields the family reads
+    swa = study_job("arm=lm_hybrid", "position=rnope_swa").position
+    assert weights_dict(swa) == weights_dict(dataclasses.replace(swa, chunk=8))
+    assert weights_dict(swa) != weights_dict(dataclasses.replace(swa, window=8))
     with pytest.raises(ValueError, match="model.attention_sink 'on' is unknown"):
         study_job("model.attention_sink=on")
 
