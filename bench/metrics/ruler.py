@@ -69,6 +69,8 @@ TOK = ByteTokenizer()
 _ALNUM_IDS = torch.tensor([i for i in range(256) if chr(i).isascii() and chr(i).isalnum()])
 SCORES = ("exact", "match")
 RULE = "largest evaluated length with it and every shorter one passing; not interpolated"
+#: the protocol: the filler is at least this share of every evaluated window
+MIN_FILLER_SHARE = 0.5
 
 
 @dataclass
@@ -134,7 +136,8 @@ class RulerConfig(MetricConfig):
     def check_fit(self) -> str | None:
         """For a resolved section on byte tokens (a lenbench model): raise ValueError (one
         sentence) when a task fits none of its eval lengths; return the warning for tasks that
-        fit only some of them (skipped at the others), else None. Called before training."""
+        fit only some of them (skipped at the others) and for windows whose filler is under
+        :data:`MIN_FILLER_SHARE`, else None. Called before training."""
         if not self.enabled or not self.lengths:
             return None
         params = params_from(self.params)
@@ -148,9 +151,21 @@ class RulerConfig(MetricConfig):
                 f"{lengths} (tokens they need: {needs}); allowed: longer eval lengths "
                 f"(eval.lengths, {self.key('lengths')}) or tasks without them."
             )
+        warnings = []
+        thin = [
+            f"{task} at {length} ({1 - need[task] / length:.0%})"
+            for task in self.tasks
+            for length in lengths
+            if need[task] <= length and need[task] / length > 1 - MIN_FILLER_SHARE
+        ]
+        if thin:
+            warnings.append(
+                f"ruler: the filler is under {MIN_FILLER_SHARE:.0%} of the window (the protocol's "
+                f"minimum; the rest is the task's fixed text) for {', '.join(thin)}."
+            )
         some = [task for task in self.tasks if need[task] > lengths[0]]
         if not some:
-            return None
+            return " ".join(warnings) or None
         skips = ", ".join(f"{task} below {need[task]}" for task in some)
         reference = self.reference_length
         late = [task for task in some if reference is not None and need[task] > reference]
@@ -160,10 +175,12 @@ class RulerConfig(MetricConfig):
             if late
             else ""
         )
-        return (
+        warnings.insert(
+            0,
             f"ruler tasks that fit only some eval lengths {lengths} are skipped at the shorter "
-            f"ones: {skips} tokens{note}."
+            f"ones: {skips} tokens{note}.",
         )
+        return " ".join(warnings)
 
 
 def _finish(cfg: RulerConfig, rows: list[dict]) -> list[dict]:
