@@ -533,7 +533,7 @@ class Trainer:
                 model, self.check_examples, batch_size=spec.batch_size, device=self.device
             )
             model.train()
-        from bench.findings import wilson  # F5's interval; pandas only when a check runs
+        from bench.findings.stats import wilson  # F5's interval; pandas only when a check runs
 
         hits, n = sum(verdicts), len(verdicts)
         self.retrieval_checks[done] = hits / n

@@ -110,9 +110,7 @@ def _seed_columns(section: str, header_start: str) -> list[int]:
 
 
 def _accuracies(rows: pd.DataFrame, seed: int) -> list[float]:
-    return [
-        float(F._trials(F._at(rows[rows["seed"] == seed], k))["acc"].iloc[0]) for k in (1, 2, 4)
-    ]
+    return [float(F.trials(F.at(rows[rows["seed"] == seed], k))["acc"].iloc[0]) for k in (1, 2, 4)]
 
 
 #: how a README names F4's methods
@@ -121,7 +119,7 @@ F4_NAMES = {"YaRN": "yarn", "PI": "pi", "direct": "direct"}
 
 def _curve(df: pd.DataFrame, method: str) -> pd.DataFrame:
     """The passkey rows of the RoPE fine-tune the README calls ``method``, every update count."""
-    return F._passkey(F.select(df, "rope", None, tuned=F4_NAMES[method]))
+    return F.passkey(F.select(df, "rope", None, tuned=F4_NAMES[method]))
 
 
 def _worst(curve: pd.DataFrame, updates: int, seed: int) -> float:
@@ -132,10 +130,10 @@ def _worst(curve: pd.DataFrame, updates: int, seed: int) -> float:
 def _zero_shot_models(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """A README row's label (its start) -> that zero-shot model's passkey rows."""
     return {
-        "raw RoPE": F._passkey(F.select(df, "rope")),
-        "NTK-aware zero-shot": F._passkey(F.select(df, "rope", "ntk")),
-        "YaRN zero-shot": F._passkey(F.select(df, "rope", "yarn")),
-        "PI zero-shot": F._passkey(F.select(df, "rope", "linear")),
+        "raw RoPE": F.passkey(F.select(df, "rope")),
+        "NTK-aware zero-shot": F.passkey(F.select(df, "rope", "ntk")),
+        "YaRN zero-shot": F.passkey(F.select(df, "rope", "yarn")),
+        "PI zero-shot": F.passkey(F.select(df, "rope", "linear")),
     }
 
 
@@ -193,15 +191,15 @@ def check_robustness(section: str, results=RESULTS) -> int:
     header = ["sinusoidal", "learned", "rope", "alibi"]
     checked = 0
     for pos, cell in zip(header, ratios["perplexity at 4L / at L"], strict=True):
-        ((_, g),) = F.by_series(F._window_nll(F.select(df, pos)))
-        m = F._per_seed(g, 4).merge(F._per_seed(g, 1), on="seed")
+        ((_, g),) = F.by_series(F.window_nll(F.select(df, pos)))
+        m = F.per_seed(g, 4).merge(F.per_seed(g, 1), on="seed")
         for p, v in zip(cell.split(" / "), np.exp(m["value_x"] - m["value_y"]), strict=True):
             assert agrees(p, v), (pos, p, v)
             checked += 1
     for pos, cell in zip(header, ratios["shift ΔNLL at Δ = 4L (nats)"], strict=True):
         if not cell:
             continue
-        r = F._shift(df, pos)
+        r = F.shift_rows(df, pos)
         top = r[r["delta"] == r["delta"].max()].groupby("seed")["value"].mean()
         for p, v in zip(cell.split(" / "), top, strict=True):
             assert agrees(p, v), (pos, p, v)
@@ -210,7 +208,7 @@ def check_robustness(section: str, results=RESULTS) -> int:
         section, f"| per seed ({' / '.join(map(str, seeds))}), NLL at 4L (nats) |"
     )["RoPE, zero-shot"]
     for method, cell in zip(("ntk", "yarn"), diffs, strict=True):
-        a, b = F._window_nll(F.select(df, "rope", method)), F._window_nll(F.select(df, "rope"))
+        a, b = F.window_nll(F.select(df, "rope", method)), F.window_nll(F.select(df, "rope"))
         d, _ = F.nll_difference(a, b, 4, 4)
         for p, v in zip(cell.split(" / "), d, strict=True):
             assert agrees(p, v), (method, p, v)
@@ -282,7 +280,7 @@ def check_budget(section: str, results: Path = RESULTS) -> int:
     """Per seed: the updates its training ran (``train_steps``) and raw RoPE's passkey accuracy
     at L, 2L, 4L on the evaluation's examples; a row for every seed in the rows."""
     df = committed_rows(results)
-    raw = F._passkey(F.select(df, "rope"))
+    raw = F.passkey(F.select(df, "rope"))
     table = markdown_table(section, BUDGET_HEADER)
     assert sorted(int(s) for s in table) == sorted(int(s) for s in raw["seed"].unique())
     checked = 0

@@ -46,7 +46,7 @@ def test_the_committed_findings_are_what_the_rows_give():
     assert status["R1"] != NOT_MEASURED, status
     assert set(df["seed"]) == set(SEEDS)
     assert set(df["scaling"]) >= set(METHODS)
-    assert set(F._col(df, "finetune_method").dropna()) == set(TUNED)
+    assert set(F.col(df, "finetune_method").dropna()) == set(TUNED)
 
 
 def _cell_agrees(cell: str, k: float, n: float) -> None:
@@ -65,14 +65,14 @@ def test_the_calibration_table_is_the_base_models_rows_at_L():
     df = committed_rows(RESULTS)
     table = markdown_table(NUMBERS.read_text(encoding="utf-8"), "| task | chance | seed 4 |")
     assert set(table) == {*RULER_TASKS, "passkey"}
-    raw = F._at(F.select(df, "rope", "none"), 1)
+    raw = F.at(F.select(df, "rope", "none"), 1)
     for task, cells in table.items():
         if task == "passkey":
-            trials = F._trials(F._passkey(raw)).set_index("seed")
+            trials = F.trials(F.passkey(raw)).set_index("seed")
         else:
             rows = raw[raw["metric"] != "effective_length"]
-            r = rows[(F._col(rows, "task") == task) & (rows["axis"] == "score")]
-            trials = F._trials(r[r["axis_value"] == "exact"]).set_index("seed")
+            r = rows[(F.col(rows, "task") == task) & (rows["axis"] == "score")]
+            trials = F.trials(r[r["axis_value"] == "exact"]).set_index("seed")
         for seed, cell in zip(SEEDS, cells[1:], strict=True):
             _cell_agrees(cell, trials.loc[seed, "k"], trials.loc[seed, "n"])
 
@@ -144,8 +144,8 @@ def _per_seed_cells(rows, seed: int) -> list[str]:
     assert len(mean) == 3, mean
     (exact,) = _relative_effective_lengths(ruler, "exact")["value"].astype(int)
     (match,) = _relative_effective_lengths(ruler, "match")["value"].astype(int)
-    passkey = F._passkey(rows)
-    accs = [float(F._trials(F._at(passkey, k))["acc"].iloc[0]) for k in (1, 2, 4)]
+    passkey = F.passkey(rows)
+    accs = [float(F.trials(F.at(passkey, k))["acc"].iloc[0]) for k in (1, 2, 4)]
     return [*(f"{v:.2f}" for v in mean), f"{exact} / {match}", " / ".join(f"{a:.2f}" for a in accs)]
 
 

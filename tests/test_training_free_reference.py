@@ -49,7 +49,7 @@ def test_per_method_ratios_in_the_readme_are_the_rows():
     assert set(table) == set(METHODS)
     checked = 0
     for method, cells in table.items():
-        ((_, rows),) = F.by_series(F._window_nll(F.select(df, "rope", method)))
+        ((_, rows),) = F.by_series(F.window_nll(F.select(df, "rope", method)))
         checked += assert_ratio_cells(rows, method, cells[1:])
     assert checked == len(METHODS) * (9 + 3)
 
@@ -66,9 +66,9 @@ def test_passkey_accuracies_in_the_readme_are_the_rows():
             rows = rows[rows["finetune_steps"] == rows["finetune_steps"].max()]
         else:
             rows = F.select(df, "rope", method)
-        passkey = F._passkey(rows)
+        passkey = F.passkey(rows)
         for k, cell in zip((1, 2, 4), cells, strict=True):
-            e = F.accuracy_estimate(F._at(passkey, k), method)
+            e = F.accuracy_estimate(F.at(passkey, k), method)
             ((value, lo, hi),) = ESTIMATE.findall(cell)
             for printed, v in ((value, e.value), (lo, e.lo), (hi, e.hi)):
                 assert agrees(printed, v), (method, k, printed, v)

@@ -53,7 +53,7 @@ def test_per_family_ratios_in_the_readme_are_the_rows():
     assert set(table) == set(FAMILIES)
     checked = 0
     for family, cells in table.items():
-        ((_, rows),) = F.by_series(F._window_nll(F.select(df, family)))
+        ((_, rows),) = F.by_series(F.window_nll(F.select(df, family)))
         checked += assert_ratio_cells(rows, family, cells)
     assert checked == len(FAMILIES) * (9 + 3)
 

@@ -36,7 +36,7 @@ import torch
 
 from bench.checks import choice, integer, number
 from bench.corpora import Document
-from bench.findings import wilson
+from bench.findings.stats import wilson
 from bench.metrics.context import EvalContext, make_row
 from bench.metrics.passkey import corpus_filler_source, decode_in_context, passkey_verdicts
 from bench.metrics.registry import MetricConfig, register_metric

@@ -1,4 +1,4 @@
-"""Tests for bench/findings.py, the report's Findings section and ``lenbench-report --check``.
+"""Tests for bench/findings/, the report's Findings section and ``lenbench-report --check``.
 
 Synthetic rows shaped as the metrics write them: a world where every finding holds, one negative
 control per finding (it does not hold), and absent rows (not measured).
@@ -34,7 +34,7 @@ from bench.findings import (
     register_finding,
     wilson,
 )
-from bench.findings_zoo import BIAS_FAMILIES, RELATIVE_FAMILIES
+from bench.findings.zoo import BIAS_FAMILIES, RELATIVE_FAMILIES
 from bench.report import generate_report, main
 from bench.report.cli import NOTHING_CHECKED
 from bench.results import canonical_json, normalize_results, write_results
@@ -764,8 +764,7 @@ def test_report_to_an_unwritable_directory_is_one_sentence(tmp_path: Path, capsy
 def test_ratio_of_ratios_is_the_hand_computed_value() -> None:
     """kerple_log 2.0 -> 2.1 and rope 2.0 -> 2.6 nats (+0.01 (s - 1) each beyond L, which cancels):
     exp(0.1) / exp(0.6); a seed t-interval of zero width, widened by documents that disagree."""
-    from bench.findings import select
-    from bench.findings_zoo import ratio_of_ratios
+    from bench.findings import ratio_of_ratios, select
 
     world = rows(nll={("kerple_log", "none"): (2.0, 2.05, 2.1)}, zoo=True)
     world = [r for r in world if "arm" not in r]  # one rope series (not the study's arms)
@@ -828,19 +827,19 @@ def test_an_undecided_seed_interval_says_how_many_seeds_would_decide_it() -> Non
     """At the observed mean 0.5 and spread 1, the t-interval half-width t(n-1) / sqrt(n) drops
     below 0.5 first at n = 18 (hand: t_16 2.120 / sqrt 17 = 0.514, t_17 2.110 / sqrt 18 = 0.497).
     Negative controls: a decided interval gets no count; a mean on the threshold never decides."""
-    from bench.findings import _summarise, seeds_to_decide
+    from bench.findings import seeds_to_decide, summarise
 
     values = np.array([-0.5, 0.5, 1.5])  # mean 0.5, sd 1
-    e = _summarise("d", values, np.full(3, np.nan))
+    e = summarise("d", values, np.full(3, np.nan))
     assert decide(e, 0.0, "above") == UNDECIDED
     assert e.seeds_needed == 18 and "at least 18 seeds to decide" in e.text()
-    decided = _summarise("d", np.array([1.0, 1.1, 1.2]), np.full(3, np.nan))
+    decided = summarise("d", np.array([1.0, 1.1, 1.2]), np.full(3, np.nan))
     assert decide(decided, 0.0, "above") is True and decided.seeds_needed is None
     assert "to decide" not in decided.text()
-    on = _summarise("d", np.array([-1.0, 0.0, 1.0]), np.full(3, np.nan))
+    on = summarise("d", np.array([-1.0, 0.0, 1.0]), np.full(3, np.nan))
     assert seeds_to_decide(on, 0.0) > 1000
     # a ratio (exp of a log mean): the threshold is compared on the log scale
-    ratio = _summarise("r", np.log([0.9, 1.1, 1.3]), np.full(3, np.nan), transform=math.exp)
+    ratio = summarise("r", np.log([0.9, 1.1, 1.3]), np.full(3, np.nan), transform=math.exp)
     assert ratio.log_scale and seeds_to_decide(ratio, 1.0) == seeds_to_decide(
-        _summarise("l", np.log([0.9, 1.1, 1.3]), np.full(3, np.nan)), 0.0
+        summarise("l", np.log([0.9, 1.1, 1.3]), np.full(3, np.nan)), 0.0
     )

@@ -10,10 +10,10 @@ import pytest
 from scipy import stats
 
 from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings, wilson
-from bench.findings_ruler import (
-    _exact,
+from bench.findings.ruler import (
     degradation_difference,
     difference_of_accuracies,
+    exact_trials,
     flat_length,
     r1_multi_needle_harder,
     r2_effective_below_flat,
@@ -72,7 +72,9 @@ def test_r1_reads_a_failure_at_l_as_its_own_observation():
     assert any(e.name.startswith("niah_multivalue acc at L") for e in result.estimates)
     # negative control, the old reading: single minus multi-value beyond L is decidedly above 0
     at = df[df["eval_length"] == 2 * L]
-    old = difference_of_accuracies(_exact(at, "niah_single"), _exact(at, "niah_multivalue"), "d")
+    old = difference_of_accuracies(
+        exact_trials(at, "niah_single"), exact_trials(at, "niah_multivalue"), "d"
+    )
     assert old.lo > 0
     # only failures at L: nothing R1 can compare
     assert r1_multi_needle_harder(r1_rows((1.0, 0.0, 0.0), (0.0, 0.0, 0.0))).status == NOT_MEASURED

@@ -91,7 +91,7 @@ def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
         "[95% CI] (seeds); ratios and NLLs use whole-window `nll` rows of models that were not "
         "fine-tuned (raw = scaling none), CIs across seeds (mean ± t-interval) or, with one "
         "seed, from the run's stored bootstrap CIs; passkey accuracies carry Wilson intervals of "
-        "their trials (column `ci`). Thresholds are fixed constants in `bench/findings.py` and `bench/findings_*.py`. "
+        "their trials (column `ci`). Thresholds are fixed constants in each study module of `bench/findings/` (listed in `reports/FINDINGS.md`). "
         "Each finding is checked only on the series it is about (its declared scope: "
         "`bench.findings.Scope`). Source: `tables/findings.csv`.",
         markdown_table(table.drop(columns=["ci"])),

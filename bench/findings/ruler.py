@@ -1,4 +1,4 @@
-"""RULER findings (issue #28), registered beside F1-F6, Z1-Z2, T1-T3 and L1-L3.
+"""RULER findings (issue #28), listed after F1-F6, Z1-Z2, T1-T3 and L1-L3.
 
 R1-R2 restate RULER's claims (Hsieh et al. 2024) as checks on a results table, with thresholds
 fixed before the study's reference run (``+experiment=ruler``; reports/ruler/README.md):
@@ -25,32 +25,23 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from bench.findings import (
-    ACC_CI,
-    ALIBI_MAX_RATIO,
-    LEVEL,
-    NEAR_ZERO_ACC,
+from bench.findings.core import ALIBI_MAX_RATIO, NEAR_ZERO_ACC
+from bench.findings.registry import (
     NOT_MEASURED,
-    UNDECIDED,
-    Check,
-    Estimate,
     FindingResult,
     Scope,
-    _col,
-    _status,
-    _trials,
-    _window_nll,
-    _with_series,
-    decide,
     register_finding,
-    wilson,
+    status,
 )
+from bench.findings.rows import col, trials, window_nll, with_series
+from bench.findings.stats import ACC_CI, UNDECIDED, Check, Estimate, decide, t_half_width, wilson
 from bench.series import series_labels
 
 #: R1: the tasks compared with niah_single.
 R1_HARDER = ("niah_multikey", "niah_multivalue")
+#: Where a report lists this module's findings: after the train-for-length study's.
+ORDER = 4
 #: R2: "flat" = ppl(x) / ppl(L) at most this (F2's bar, fixed before the run).
 FLAT_RATIO = ALIBI_MAX_RATIO
 DEGRADATION_CI = (
@@ -64,14 +55,14 @@ NEWCOMBE_CI = (
 
 
 def _task_rows(df: pd.DataFrame) -> pd.DataFrame:
-    task = _col(df, "task")
-    return _with_series(df[task.notna() & (df["metric"] != "effective_length")])
+    task = col(df, "task")
+    return with_series(df[task.notna() & (df["metric"] != "effective_length")])
 
 
-def _exact(rows: pd.DataFrame, task: str) -> pd.DataFrame:
+def exact_trials(rows: pd.DataFrame, task: str) -> pd.DataFrame:
     """Per seed: successes and trials of ``task``'s exact score."""
     r = rows[(rows["task"] == task) & (rows["axis"] == "score") & (rows["axis_value"] == "exact")]
-    return _trials(r).set_index("seed")[["k", "n"]]
+    return trials(r).set_index("seed")[["k", "n"]]
 
 
 def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Estimate:
@@ -89,8 +80,7 @@ def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Est
     hi = d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
     if len(seeds) >= 2:
         per_seed = (a["k"] / a["n"] - b["k"] / b["n"]).to_numpy(dtype=float)
-        half = stats.t.ppf(0.5 + LEVEL / 2, len(per_seed) - 1) * per_seed.std(ddof=1)
-        half /= math.sqrt(len(per_seed))
+        half = t_half_width(per_seed)
         lo, hi = min(lo, per_seed.mean() - half), max(hi, per_seed.mean() + half)
     return Estimate(name, d, lo, hi, len(seeds), NEWCOMBE_CI)
 
@@ -128,8 +118,7 @@ def degradation_difference(
             s * (p.loc[seeds, "k"] / p.loc[seeds, "n"]).to_numpy(dtype=float)
             for s, p in zip(signs, parts, strict=True)
         )
-        half = stats.t.ppf(0.5 + LEVEL / 2, len(per_seed) - 1) * per_seed.std(ddof=1)
-        half /= math.sqrt(len(per_seed))
+        half = t_half_width(per_seed)
         lo, hi = min(lo, per_seed.mean() - half), max(hi, per_seed.mean() + half)
     return Estimate(name, d, lo, hi, len(seeds), DEGRADATION_CI)
 
@@ -139,7 +128,16 @@ def _fails_at_l(trials: pd.DataFrame) -> bool:
     return bool(wilson(trials["k"].sum(), trials["n"].sum())[1] <= NEAR_ZERO_ACC)
 
 
-@register_finding("R1", Scope(metrics=("niah_single", *R1_HARDER)))
+@register_finding(
+    "R1",
+    Scope(metrics=("niah_single", *R1_HARDER)),
+    claim="multi-key and multi-value needle retrieval degrade more from L to every evaluated "
+    "length beyond L than single-needle retrieval does (difference of the drops in exact "
+    "accuracy, CI > 0; a task that fails at L is an observation of its own, not R1's case)",
+    source="Hsieh et al. 2024, RULER: What's the Real Context Size of Your Long-Context Language "
+    "Models?, Section 5 / Figure 2 (multi-key NIAH and multi-value degrade first)",
+    thresholds={"NEAR_ZERO_ACC": NEAR_ZERO_ACC},
+)
 def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
     rows = _task_rows(df)
     est, checks, missing, at_l_failures = [], [], [], []
@@ -149,14 +147,14 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
         suffix = f" [{label}]" if label else ""
         train = int(g["train_length"].iloc[0])
         at_l = g[g["eval_length"] == train]
-        single_l = _exact(at_l, "niah_single")
+        single_l = exact_trials(at_l, "niah_single")
         if single_l.empty:
             missing.append(f"niah_single acc at L{suffix}")
             checks.append(None)
             continue
         beyond = sorted(int(x) for x in g["eval_length"].unique() if x > train)
         for task in ("niah_single", *R1_HARDER):
-            t = _exact(at_l, task)
+            t = exact_trials(at_l, task)
             if not t.empty:
                 k, n = t["k"].sum(), t["n"].sum()
                 est.append(Estimate(f"{task} acc at L{suffix}", k / n, *wilson(k, n),
@@ -165,7 +163,7 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
             at_l_failures.append(f"niah_single{suffix}")
             continue
         for task in R1_HARDER:
-            other_l = _exact(at_l, task)
+            other_l = exact_trials(at_l, task)
             if other_l.empty:
                 missing.append(f"{task} acc at L{suffix}")
                 checks.append(None)
@@ -175,7 +173,7 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
                 continue
             for length in beyond:
                 at = g[g["eval_length"] == length]
-                single, other = _exact(at, "niah_single"), _exact(at, task)
+                single, other = exact_trials(at, "niah_single"), exact_trials(at, task)
                 x = length // train
                 name = f"{task} drop - niah_single drop, L to {x}L{suffix}"
                 if single.empty or other.empty:
@@ -191,17 +189,7 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
     elif not checks:
         missing.append("a series whose needle tasks work at L")
         checks.append(None)
-    result = FindingResult(
-        "R1",
-        "multi-key and multi-value needle retrieval degrade more from L to every evaluated "
-        "length beyond L than single-needle retrieval does (difference of the drops in exact "
-        "accuracy, CI > 0; a task that fails at L is an observation of its own, not R1's case)",
-        _status(checks),
-        "Hsieh et al. 2024, RULER: What's the Real Context Size of Your Long-Context Language "
-        "Models?, Section 5 / Figure 2 (multi-key NIAH and multi-value degrade first)",
-        est,
-        missing,
-    )
+    result = FindingResult(status=status(checks), estimates=est, missing=missing)
     if at_l_failures:
         result.notes.append(
             f"fails at L (exact accuracy's upper end <= {NEAR_ZERO_ACC}; no drop to compare): "
@@ -261,23 +249,39 @@ def _r2_checks(eff: pd.DataFrame, nll: pd.DataFrame, score: str):
     return est, checks, missing
 
 
-@register_finding("R2", Scope(metrics=("effective_length",)))
+#: R2's claim, naming the headline score its rows were decided on.
+R2_CLAIM = (
+    "a method's effective length (tasks' mean of the {score} score, >= 0.85 x its score "
+    "at L) is below the length up to which its perplexity stays flat (ppl(x)/ppl(L) <= "
+    f"{FLAT_RATIO}), on every seed, for the series whose perplexity stays flat beyond L"
+)
+
+
+@register_finding(
+    "R2",
+    Scope(metrics=("effective_length",)),
+    claim=R2_CLAIM.format(score="exact"),
+    source="Hsieh et al. 2024, RULER, Section 1 (perplexity and passkey do not show the effective "
+    "context); Fang et al. 2025, What is Wrong with Perplexity for Long-context Language "
+    "Modeling? (LongPPL)",
+    thresholds={"FLAT_RATIO": FLAT_RATIO},
+)
 def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
     """Decided on the headline score's effective lengths (``eval.ruler.score``, exact by
     default; rows written before both scores were stored have one, their own); the other score's
     reading is reported beside it."""
-    df = _with_series(df)
+    df = with_series(df)
     eff = df[
         (df["metric"] == "effective_length")
-        & (_col(df, "task") == "average")
-        & (_col(df, "axis") == "relative_threshold")
+        & (col(df, "task") == "average")
+        & (col(df, "axis") == "relative_threshold")
     ]
-    params = [_params(p) for p in _col(eff, "task_params")]
+    params = [_params(p) for p in col(eff, "task_params")]
     eff = eff.assign(
         _score=[p.get("score", "match") for p in params],
         _headline=[bool(p.get("headline", True)) for p in params],
     )
-    nll = _window_nll(df)
+    nll = window_nll(df)
     is_headline = eff["_headline"].astype(bool)
     headline = eff.loc[is_headline]
     score = str(headline["_score"].iloc[0]) if not headline.empty else "exact"
@@ -286,22 +290,16 @@ def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
     for other, rows in eff.loc[~is_headline].groupby("_score", sort=True):
         o_est, o_checks, _ = _r2_checks(rows, nll, str(other))
         est += o_est
-        status = _status(o_checks) if o_checks else NOT_MEASURED
-        notes.append(f"on the {other} score (not the headline) R2 would be: {status}")
+        other_status = status(o_checks) if o_checks else NOT_MEASURED
+        notes.append(f"on the {other} score (not the headline) R2 would be: {other_status}")
     if not checks:
         missing.append("a series whose perplexity stays flat beyond L on every seed")
         checks.append(None)
     result = FindingResult(
-        "R2",
-        f"a method's effective length (tasks' mean of the {score} score, >= 0.85 x its score "
-        f"at L) is below the length up to which its perplexity stays flat (ppl(x)/ppl(L) <= "
-        f"{FLAT_RATIO}), on every seed, for the series whose perplexity stays flat beyond L",
-        _status(checks),
-        "Hsieh et al. 2024, RULER, Section 1 (perplexity and passkey do not show the effective "
-        "context); Fang et al. 2025, What is Wrong with Perplexity for Long-context Language "
-        "Modeling? (LongPPL)",
-        est,
-        missing,
+        claim=R2_CLAIM.format(score=score),
+        status=status(checks),
+        estimates=est,
+        missing=missing,
     )
     result.notes += notes
     return result

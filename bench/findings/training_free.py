@@ -1,4 +1,4 @@
-"""Training-free context extension's findings (issue #26), registered beside F1-F6 and Z1-Z2.
+"""Training-free context extension's findings (issue #26), listed after F1-F6 and Z1-Z2.
 
 T1-T3 restate the papers' claims as checks on a results table, with thresholds fixed before the
 reference run (``+experiment=training_free``; reports/training_free/README.md):
@@ -26,28 +26,16 @@ import math
 
 import pandas as pd
 
-from bench.findings import (
+from bench.findings.core import (
     ALIBI_MAX_RATIO,
-    FAR,
     NEAR_ZERO_ACC,
     RETRIEVAL_MIN_ACC,
-    Estimate,
-    FindingResult,
-    Scope,
-    _all,
-    _at,
-    _check_raw_rope_beyond,
-    _col,
-    _named,
-    _passkey_labels,
-    _passkey_series,
-    _status,
-    accuracy_estimate,
-    decide,
-    ppl_ratios,
-    register_finding,
-    select,
+    check_raw_rope_beyond,
 )
+from bench.findings.estimates import FAR, accuracy_estimate, ppl_ratios
+from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
+from bench.findings.rows import at, col, named, passkey_labels, passkey_series, select
+from bench.findings.stats import Estimate, decide
 
 #: T1: perplexity at 4L at most this multiple of perplexity at L (upper end of the interval).
 #: Our margin, fixed before the run: looser than F2's 2% for ALiBi, since the grouped or clipped
@@ -57,6 +45,8 @@ FLAT_MARGIN = 1.10
 T1_METHODS = ("self_extend", "rerope")
 #: T3: passkey depths whose needle lies outside StreamingLLM's window at 4L (module doc).
 OUTSIDE_WINDOW_DEPTH = 0.5
+#: Where a report lists this module's findings: after the zoo's.
+ORDER = 2
 
 
 def _ratio_checks(df, method, threshold, claim, est, checks, missing) -> None:
@@ -78,34 +68,30 @@ def _ratio_checks(df, method, threshold, claim, est, checks, missing) -> None:
         metrics=("nll",),
         finetunes=("none",),
     ),
+    thresholds={"FAR": FAR, "FLAT_MARGIN": FLAT_MARGIN},
+    claim=f"Self-Extend and ReRoPE keep perplexity at {FAR}L within {FLAT_MARGIN:g}x of that at L "
+    f"(ratio CI <= {FLAT_MARGIN:g}) where raw RoPE degrades (CI > {FLAT_MARGIN:g})",
+    source="Jin et al. 2024, LLM Maybe LongLM (Self-Extend), PG19 perplexity of Llama-2 beyond its "
+    "window; Su 2023, ReRoPE (kexue.fm 9708, bojone/rerope), Llama-2 loss at 16k",
 )
 def t1_training_free_perplexity(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
     for method in T1_METHODS:
         _ratio_checks(df, method, FLAT_MARGIN, "at_most", est, checks, missing)
     _ratio_checks(df, "none", FLAT_MARGIN, "above", est, checks, missing)
-    return FindingResult(
-        "T1",
-        f"Self-Extend and ReRoPE keep perplexity at {FAR}L within {FLAT_MARGIN:g}x of that at L "
-        f"(ratio CI <= {FLAT_MARGIN:g}) where raw RoPE degrades (CI > {FLAT_MARGIN:g})",
-        _status(checks),
-        "Jin et al. 2024, LLM Maybe LongLM (Self-Extend), PG19 perplexity of Llama-2 beyond its "
-        "window; Su 2023, ReRoPE (kexue.fm 9708, bojone/rerope), Llama-2 loss at 16k",
-        est,
-        missing,
-    )
+    return FindingResult(status=status(checks), estimates=est, missing=missing)
 
 
 def _accuracy_checks(df, method, lengths, threshold, claim, est, checks, missing) -> None:
     """Passkey accuracy of rope under ``method`` at each multiple of L in ``lengths``."""
-    series = _passkey_series(select(df, "rope", method))
-    labels = _passkey_labels([k for k, _ in series])
+    series = passkey_series(select(df, "rope", method))
+    labels = passkey_labels([k for k, _ in series])
     found = False
     for key, rows in series:
         for k in lengths:
-            e = accuracy_estimate(_at(rows, k), _named(f"rope {method} acc at {k}L", key, labels))
+            e = accuracy_estimate(at(rows, k), named(f"rope {method} acc at {k}L", key, labels))
             if math.isnan(e.value):
-                missing.append(_named(f"rope {method} passkey at {k}L", key, labels))
+                missing.append(named(f"rope {method} passkey at {k}L", key, labels))
                 checks.append(None)
                 continue
             found = True
@@ -124,6 +110,10 @@ def _accuracy_checks(df, method, lengths, threshold, claim, est, checks, missing
         metrics=("passkey_acc",),
         finetunes=("none",),
     ),
+    thresholds={"FAR": FAR, "RETRIEVAL_MIN_ACC": RETRIEVAL_MIN_ACC, "NEAR_ZERO_ACC": NEAR_ZERO_ACC},
+    claim=f"Self-Extend retrieves the passkey at 2L and {FAR}L (accuracy >= {RETRIEVAL_MIN_ACC} on "
+    f"its interval) where raw RoPE does not (<= {NEAR_ZERO_ACC} at 2L..{FAR}L)",
+    source="Jin et al. 2024, LLM Maybe LongLM (Self-Extend), passkey retrieval beyond the window",
 )
 def t2_self_extend_retrieval(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
@@ -131,30 +121,38 @@ def t2_self_extend_retrieval(df: pd.DataFrame) -> FindingResult:
         df, "self_extend", (2, FAR), RETRIEVAL_MIN_ACC, "at_least", est, checks, missing
     )
     raw_checks: list = []
-    est += _check_raw_rope_beyond(df, raw_checks, missing)
-    checks.append(_all(raw_checks))
-    return FindingResult(
-        "T2",
-        f"Self-Extend retrieves the passkey at 2L and {FAR}L (accuracy >= {RETRIEVAL_MIN_ACC} on "
-        f"its interval) where raw RoPE does not (<= {NEAR_ZERO_ACC} at 2L..{FAR}L)",
-        _status(checks),
-        "Jin et al. 2024, LLM Maybe LongLM (Self-Extend), passkey retrieval beyond the window",
-        est,
-        missing,
-    )
+    est += check_raw_rope_beyond(df, raw_checks, missing)
+    checks.append(all_of(raw_checks))
+    return FindingResult(status=status(checks), estimates=est, missing=missing)
 
 
 def _outside_window(rows: pd.DataFrame) -> pd.DataFrame:
     """Per-depth passkey rows at 4L whose depth is at most :data:`OUTSIDE_WINDOW_DEPTH`."""
-    p = rows[(rows["metric"] == "passkey_acc") & (_col(rows, "axis") == "depth")]
-    depth = pd.to_numeric(_col(p, "axis_value"), errors="coerce")
-    return _at(p[depth <= OUTSIDE_WINDOW_DEPTH], FAR)
+    p = rows[(rows["metric"] == "passkey_acc") & (col(rows, "axis") == "depth")]
+    depth = pd.to_numeric(col(p, "axis_value"), errors="coerce")
+    return at(p[depth <= OUTSIDE_WINDOW_DEPTH], FAR)
 
 
 @register_finding(
-    "T3", Scope(positions=("rope",), scalings=("streaming",), metrics=("nll",), finetunes=("none",))
+    "T3",
+    Scope(positions=("rope",), scalings=("streaming",), metrics=("nll",), finetunes=("none",)),
+    thresholds={
+        "FAR": FAR,
+        "ALIBI_MAX_RATIO": ALIBI_MAX_RATIO,
+        "OUTSIDE_WINDOW_DEPTH": OUTSIDE_WINDOW_DEPTH,
+        "NEAR_ZERO_ACC": NEAR_ZERO_ACC,
+    },
+    claim=f"StreamingLLM keeps perplexity flat at {FAR}L (ratio CI <= {ALIBI_MAX_RATIO:g}) but "
+    f"cannot retrieve a needle outside its window (accuracy at {FAR}L over depths <= "
+    f"{OUTSIDE_WINDOW_DEPTH:g}: CI <= {NEAR_ZERO_ACC})",
+    source="Xiao et al. 2024, Efficient Streaming Language Models with Attention Sinks, perplexity "
+    "on long texts and the limits of the window (their Section 5, FAQ of mit-han-lab/"
+    "streaming-llm)",
 )
 def t3_streaming_flat_but_forgetful(df: pd.DataFrame) -> FindingResult:
+    """The mask alone would lose a needle only beyond n_layers x window tokens before the
+    question (tests/models/test_training_free.py); within that reach, losing it is the trained
+    model's doing."""
     est, checks, missing = [], [], []
     _ratio_checks(df, "streaming", ALIBI_MAX_RATIO, "at_most", est, checks, missing)
     streaming = select(df, "rope", "streaming")
@@ -168,18 +166,7 @@ def t3_streaming_flat_but_forgetful(df: pd.DataFrame) -> FindingResult:
     else:
         est.append(e)
         checks.append(decide(e, NEAR_ZERO_ACC, "at_most"))
-    return FindingResult(
-        "T3",
-        f"StreamingLLM keeps perplexity flat at {FAR}L (ratio CI <= {ALIBI_MAX_RATIO:g}) but "
-        f"cannot retrieve a needle outside its window (accuracy at {FAR}L over depths <= "
-        f"{OUTSIDE_WINDOW_DEPTH:g}: CI <= {NEAR_ZERO_ACC})",
-        _status(checks),
-        "Xiao et al. 2024, Efficient Streaming Language Models with Attention Sinks, perplexity "
-        "on long texts and the limits of the window (their Section 5, FAQ of mit-han-lab/"
-        "streaming-llm)",
-        est,
-        missing,
-    )
+    return FindingResult(status=status(checks), estimates=est, missing=missing)
 
 
 __all__ = ["FLAT_MARGIN", "OUTSIDE_WINDOW_DEPTH", "T1_METHODS", "Estimate"]

@@ -1,10 +1,10 @@
-"""Train-for-length findings (issue #27), registered beside F1-F6, Z1-Z2 and T1-T3.
+"""Train-for-length findings (issue #27), listed after F1-F6, Z1-Z2 and T1-T3.
 
 L1-L3 restate published claims as checks on a results table, with thresholds fixed before the
 study's reference run (``+experiment=train_for_length``; reports/train_for_length/README.md).
 Every comparison pairs two series of one arm (same experiment, arm, training length and corpus:
 the same model size and data, seeds paired), as the ratio of the two perplexity ratios
-ppl_a(4L)/ppl_a(L) / (ppl_b(4L)/ppl_b(L)) (:func:`bench.findings_zoo.ratio_of_ratios`):
+ppl_a(4L)/ppl_a(L) / (ppl_b(4L)/ppl_b(L)) (:func:`bench.findings.estimates.ratio_of_ratios`):
 
 - **L1** (Ruoss et al. 2023, randomized positional encodings; their claim is for algorithmic
   tasks, here it is checked for language modelling): a model trained on randomized positions
@@ -27,21 +27,11 @@ import math
 
 import pandas as pd
 
-from bench.findings import (
-    ALIBI_MAX_RATIO,
-    FAR,
-    Check,
-    FindingResult,
-    Scope,
-    _all,
-    _col,
-    _status,
-    decide,
-    difference_estimate,
-    register_finding,
-    select,
-)
-from bench.findings_zoo import ratio_of_ratios
+from bench.findings.core import ALIBI_MAX_RATIO
+from bench.findings.estimates import FAR, difference_estimate, ratio_of_ratios
+from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
+from bench.findings.rows import col, select
+from bench.findings.stats import Check, decide
 
 #: L1: the families whose extrapolation randomized positions should improve (Ruoss et al.).
 L1_FAMILIES = ("learned", "sinusoidal", "rope")
@@ -59,6 +49,8 @@ L3_SINKS = ("learned", "token")
 #: L3: "unchanged" = the ratio of in-distribution perplexities within this factor of 1 (F2's
 #: bar for "flat", fixed before the run; StreamingLLM's difference was 0.2%).
 SINK_MARGIN = ALIBI_MAX_RATIO
+#: Where a report lists this module's findings: after the training-free study's.
+ORDER = 3
 
 #: What makes two series comparable: the same study cell apart from what is compared.
 _SAME_SETTING = ("experiment", "arm", "train_length", "corpus_fingerprint")
@@ -69,8 +61,8 @@ def _training(df: pd.DataFrame) -> pd.DataFrame:
     predate the columns, or did not set them, were contiguous and sink-free)."""
     return df.assign(
         # object first: a column absent from the rows is float NaN, which pandas will not fill with text
-        _sampling=_col(df, "position_sampling").astype(object).fillna("contiguous"),
-        _sink=_col(df, "attention_sink").astype(object).fillna("none"),
+        _sampling=col(df, "position_sampling").astype(object).fillna("contiguous"),
+        _sink=col(df, "attention_sink").astype(object).fillna("none"),
     )
 
 
@@ -135,6 +127,12 @@ def _ratio_of_ratios_checks(df, pairs, est, checks, missing) -> None:
         samplings=("randomized",),
         also_samplings=("contiguous", "pose"),
     ),
+    thresholds={"FAR": FAR},
+    claim=f"randomized training positions: {', '.join(L1_FAMILIES)} each degrade less from L to "
+    f"{FAR}L than when trained on contiguous positions (ratio of the perplexity ratios, CI < 1; "
+    "checked for language modelling, the paper's claim is for algorithmic tasks)",
+    source="Ruoss et al. 2023, Randomized Positional Encodings Boost Length Generalization of "
+    "Transformers (ACL 2023), Table 1 (algorithmic tasks); PoSE: Zhu et al. 2024 (reported)",
 )
 def l1_randomized_positions(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
@@ -147,21 +145,18 @@ def l1_randomized_positions(df: pd.DataFrame) -> FindingResult:
         for s, f in L1_REPORTED
     ]
     _ratio_of_ratios_checks(df, pairs, est, checks, missing)
-    return FindingResult(
-        "L1",
-        f"randomized training positions: {', '.join(L1_FAMILIES)} each degrade less from L to "
-        f"{FAR}L than when trained on contiguous positions (ratio of the perplexity ratios, CI < 1; "
-        "checked for language modelling, the paper's claim is for algorithmic tasks)",
-        _status(checks),
-        "Ruoss et al. 2023, Randomized Positional Encodings Boost Length Generalization of "
-        "Transformers (ACL 2023), Table 1 (algorithmic tasks); PoSE: Zhu et al. 2024 (reported)",
-        est,
-        missing,
-    )
+    return FindingResult(status=status(checks), estimates=est, missing=missing)
 
 
 @register_finding(
-    "L2", Scope(positions=L2_FAMILIES, scalings=("none",), metrics=("nll",), finetunes=("none",))
+    "L2",
+    Scope(positions=L2_FAMILIES, scalings=("none",), metrics=("nll",), finetunes=("none",)),
+    thresholds={"FAR": FAR},
+    claim=f"hybrid NoPE/RoPE layers ({', '.join(L2_FAMILIES)}) degrade less from L to {FAR}L than "
+    "all-RoPE of the same size (ratio of the perplexity ratios, CI < 1)",
+    source="Yang et al. 2025, Rope to Nope and Back Again: A New Hybrid Attention Strategy "
+    "(RNoPE-SWA); Meta 2025, Llama 4 (iRoPE: interleaved NoPE layers, chunked attention, "
+    "query temperature)",
 )
 def l2_hybrid_layers(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
@@ -170,17 +165,7 @@ def l2_hybrid_layers(df: pd.DataFrame) -> FindingResult:
         for f in L2_FAMILIES
     ]
     _ratio_of_ratios_checks(df, pairs, est, checks, missing)
-    return FindingResult(
-        "L2",
-        f"hybrid NoPE/RoPE layers ({', '.join(L2_FAMILIES)}) degrade less from L to {FAR}L than "
-        "all-RoPE of the same size (ratio of the perplexity ratios, CI < 1)",
-        _status(checks),
-        "Yang et al. 2025, Rope to Nope and Back Again: A New Hybrid Attention Strategy "
-        "(RNoPE-SWA); Meta 2025, Llama 4 (iRoPE: interleaved NoPE layers, chunked attention, "
-        "query temperature)",
-        est,
-        missing,
-    )
+    return FindingResult(status=status(checks), estimates=est, missing=missing)
 
 
 @register_finding(
@@ -193,6 +178,11 @@ def l2_hybrid_layers(df: pd.DataFrame) -> FindingResult:
         sinks=L3_SINKS,
         also_sinks=("none",),
     ),
+    thresholds={"SINK_MARGIN": SINK_MARGIN},
+    claim=f"an attention sink (learned logits, sink token) leaves in-distribution perplexity "
+    f"unchanged: ppl_sink(L)/ppl(L) within [1/{SINK_MARGIN}, {SINK_MARGIN}] (whole CI)",
+    source="Xiao et al. 2024, StreamingLLM (ICLR 2024), Table 3: 160M models pre-trained without and "
+    "with a sink token, 18.05 vs 18.01; OpenAI 2025, gpt-oss model card (learned sinks)",
 )
 def l3_sink_in_distribution(df: pd.DataFrame) -> FindingResult:
     est, checks, missing = [], [], []
@@ -213,14 +203,5 @@ def l3_sink_in_distribution(df: pd.DataFrame) -> FindingResult:
                 decide(e, SINK_MARGIN, "at_most"),
                 decide(e, 1 / SINK_MARGIN, "at_least"),
             ]
-            checks.append(_all(inside))
-    return FindingResult(
-        "L3",
-        f"an attention sink (learned logits, sink token) leaves in-distribution perplexity "
-        f"unchanged: ppl_sink(L)/ppl(L) within [1/{SINK_MARGIN}, {SINK_MARGIN}] (whole CI)",
-        _status(checks),
-        "Xiao et al. 2024, StreamingLLM (ICLR 2024), Table 3: 160M models pre-trained without and "
-        "with a sink token, 18.05 vs 18.01; OpenAI 2025, gpt-oss model card (learned sinks)",
-        est,
-        missing,
-    )
+            checks.append(all_of(inside))
+    return FindingResult(status=status(checks), estimates=est, missing=missing)

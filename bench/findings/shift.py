@@ -1,0 +1,53 @@
+"""The shift probe's checks, shared by F6 (the findings reference) and Z1 (the zoo): offsetting
+every position id changes nothing for an encoding whose logits read only i - j, and changes the
+NLL of one whose logits read absolute positions."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.findings.rows import by_series, named, per_seed, shift_rows
+from bench.findings.stats import Estimate, decide, summarise
+from bench.series import series_labels
+
+#: F6, Z1: |shift ΔNLL| (nats) at every delta > 0 that counts as "≈ 0" for relative encodings.
+SHIFT_ZERO_TOL = 0.01
+
+
+def shift_invariant_checks(df: pd.DataFrame, positions: tuple[str, ...]):
+    """(estimates, checks, missing): per series of each relative family, the largest |shift
+    ΔNLL| over every delta > 0, checked against :data:`SHIFT_ZERO_TOL` (a tolerance on a value,
+    not on an interval: relative encodings give 0 up to rounding)."""
+    est, checks, missing = [], [], []
+    for pos in positions:
+        series = by_series(shift_rows(df, pos))
+        if not series:
+            missing.append(pos)
+            checks.append(None)
+        labels = series_labels([k for k, _ in series])
+        for key, rows in series:
+            worst = float(rows["value"].abs().max())
+            name = named(f"{pos} max |dNLL|", key, labels)
+            est.append(Estimate(name, worst, n_seeds=rows["seed"].nunique()))
+            checks.append(worst <= SHIFT_ZERO_TOL)
+    return est, checks, missing
+
+
+def shift_sensitive_checks(df: pd.DataFrame, positions: tuple[str, ...]):
+    """(estimates, checks, missing): per series of each position-dependent family, shift ΔNLL at
+    the largest delta, checked for CI > 0."""
+    est, checks, missing = [], [], []
+    for pos in positions:
+        series = by_series(shift_rows(df, pos))
+        if not series:
+            missing.append(pos)
+            checks.append(None)
+        labels = series_labels([k for k, _ in series])
+        for key, rows in series:
+            top = rows[rows["delta"] == rows["delta"].max()]
+            r = per_seed(top, None)
+            name = named(f"{pos} dNLL at delta={int(top['delta'].iloc[0])}", key, labels)
+            e = summarise(name, r["value"], r["se"])
+            est.append(e)
+            checks.append(decide(e, 0.0, "above"))
+    return est, checks, missing
