@@ -44,7 +44,7 @@ from bench.schema import JobConfig
 from bench.source import ModelSource, SourceModel
 from models.scaling import applicable_methods
 from models.scaling_config import ScalingConfig, run_scaling
-from models.transformer import resolve_scaling
+from models.transformer import resolved_scaling
 
 log = logging.getLogger("lenbench")
 
@@ -648,12 +648,12 @@ def _check_scaling_at_lengths(
     position, length_trained = job.position, job.train.length
     for length in eval_lengths:
         try:
-            resolved = resolve_scaling(scaling, job.model, position, length_trained, length)
+            resolved = resolved_scaling(scaling, job.model, position, length_trained, length)
         except ValueError as exc:
             raise ValueError(
                 f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
             ) from None
-        if position.range_error(length - 1, length, length_trained, resolved.linear_factor):
+        if position.range_error(length - 1, length, length_trained, resolved.position_factor):
             rows = position.table_rows(length_trained)
             raise ValueError(
                 f"eval length {length} is beyond the learned position table ({rows} rows) and "

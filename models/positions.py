@@ -146,15 +146,20 @@ class PositionConfig:
         return self.max_positions or int(train_length)
 
     def range_error(
-        self, max_position: int, seq_len: int, train_length: int, linear_factor: float | None = None
+        self,
+        max_position: int,
+        seq_len: int,
+        train_length: int,
+        position_factor: float | None = None,
     ) -> str | None:
         """Why positions 0..max_position of a seq_len-token sequence cannot be used, or None.
 
-        ``linear_factor`` is the active linear position interpolation
-        (``ScalingConfig.linear_factor``). Needs no model: the same rule as the model's lookup.
+        ``position_factor`` is the active scaling's position transform
+        (``models.resolved_scaling.ResolvedScaling.position_factor``; None: none). Needs no model:
+        the same rule as the model's lookup.
         """
         return family(self.kind).range_error(
-            self, int(max_position), int(seq_len), int(train_length), linear_factor
+            self, int(max_position), int(seq_len), int(train_length), position_factor
         )
 
     @property
@@ -166,8 +171,10 @@ class Family:
     """A position encoding: its fields, its checks, where it acts and how.
 
     ``model`` in the hooks is the ``DecoderLM``; a family reads ``model.position_cfg``,
-    ``model.model_cfg``, ``model.scaling``, the active scaling's ``model.frequencies(seq_len)`` /
-    ``model.rotary_table(seq_len)``, and what its own :meth:`init` registered on the model.
+    ``model.model_cfg``, the active scaling's resolved facts ``model.resolved_scaling``
+    (``models.resolved_scaling.ResolvedScaling``: its position transform, pair spec and caches;
+    never a method's name), its ``model.frequencies(seq_len)`` / ``model.rotary_table(seq_len)``,
+    and what its own :meth:`init` registered on the model.
     ``seq_len`` is the length a length-dependent signal is built for (each row's own length).
     """
 
@@ -200,9 +207,9 @@ class Family:
         for a family without frequencies."""
         return None
 
-    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
+    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
         """Whether the signal depends on the sequence length under ``scaling`` (the active
-        ``ScalingConfig``; ``method`` its registered ``ScalingMethod``)."""
+        ``models.resolved_scaling.ResolvedScaling``; ``scaling.method`` its registered method)."""
         return False
 
     def embed(self, model: Any, position_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -242,9 +249,10 @@ class Family:
         max_position: int,
         seq_len: int,
         train_length: int,
-        linear_factor: float | None,
+        position_factor: float | None,
     ) -> str | None:
-        """Why position ``max_position`` cannot be encoded (a finite table), or None."""
+        """Why position ``max_position`` cannot be encoded (a finite table), or None, under the
+        active scaling's position transform ``position_factor`` (None: none)."""
         return None
 
 
@@ -293,8 +301,8 @@ def family(kind: str) -> Family:
 class _FrequencyFamily(Family):
     """A family built on inverse frequencies, which the scaling methods rewrite."""
 
-    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
-        return bool(method.length_dependent)
+    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
+        return bool(scaling.method.length_dependent)
 
 
 @register_family
@@ -358,7 +366,7 @@ class Learned(Family):
 
     name, acts_on = "learned", "input"
     fields = ("max_positions", "out_of_range")
-    capabilities = ("positions",)  # position interpolation stretches the table
+    capabilities = ("positions",)  # a position transform stretches the table
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.max_positions < 0:
@@ -376,9 +384,10 @@ class Learned(Family):
         rows = model.position_cfg.table_rows(model.train_length)
         model.pos_table = torch.nn.Parameter(torch.randn(rows, model.model_cfg.d_model) * 0.02)
 
-    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
-        # the interpolate policy stretches the table to each sequence, unless linear PI fixes it
-        return cfg.out_of_range == "interpolate" and scaling.linear_factor is None
+    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
+        # the interpolate policy stretches the table to each sequence, unless a position
+        # transform (position interpolation) fixes the stretch
+        return cfg.out_of_range == "interpolate" and scaling.position_factor is None
 
     def embed(self, model: Any, position_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
         out_of_range = model.position_cfg.out_of_range
@@ -387,16 +396,16 @@ class Learned(Family):
             model.pos_table.shape[0],
             seq_len,
             out_of_range,
-            model.scaling.linear_factor,
+            model.resolved_scaling.position_factor,
         )
         return learned_lookup(model.pos_table, coordinates, out_of_range)
 
-    def range_error(self, cfg, max_position, seq_len, train_length, linear_factor):
+    def range_error(self, cfg, max_position, seq_len, train_length, position_factor):
         if cfg.out_of_range == "clamp":
             return None
         rows = cfg.table_rows(train_length)
         coordinates = learned_table_coordinates(
-            torch.tensor([max_position]), rows, seq_len, cfg.out_of_range, linear_factor
+            torch.tensor([max_position]), rows, seq_len, cfg.out_of_range, position_factor
         )
         return _beyond_table(coordinates, rows)
 
@@ -523,16 +532,17 @@ def learned_table_coordinates(
     rows: int,
     seq_len: int,
     out_of_range: str,
-    linear_factor: float | None = None,
+    position_factor: float | None = None,
 ) -> torch.Tensor:
     """Float32 table coordinates of position ids: the table is stretched, endpoints aligned.
 
-    Linear interpolation stretches ``rows`` rows to ``rows * factor``; the ``interpolate`` policy
-    stretches them to the sequence length when it is longer; otherwise coordinates are positions.
+    A position transform (position interpolation by ``position_factor``) stretches ``rows`` rows
+    to ``rows * factor``; else the ``interpolate`` policy stretches them to the sequence length
+    when it is longer; otherwise coordinates are positions.
     """
     stretched_rows = rows
-    if linear_factor is not None:
-        stretched_rows = rows * float(linear_factor)
+    if position_factor is not None:
+        stretched_rows = rows * float(position_factor)
     elif out_of_range == "interpolate":
         stretched_rows = max(rows, int(seq_len))
     return position_ids.float() * ((rows - 1) / max(stretched_rows - 1, 1))

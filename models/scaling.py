@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "AUTO_PROBE_RATIO",
     "CAPABILITIES",
     "PairPositions",
     "EVERY_FAMILY",
@@ -50,6 +51,7 @@ __all__ = [
     "ScalingMethod",
     "applicable_methods",
     "default_inv_freq",
+    "frequencies_change",
     "logn_factor",
     "ntk_base",
     "pair_positions",
@@ -81,12 +83,20 @@ ScalingFn = Callable[..., tuple[torch.Tensor, float]]
 EVERY_FAMILY = "*"
 #: What a scaling method can act on; each position family lists the ones it has
 #: (``models.positions.Family.capabilities``): ``positions`` (position ids or distances, which
-#: position interpolation divides), ``frequencies`` (a sinusoid's inverse frequencies, which NTK
+#: position interpolation divides: a method acting on them returns the default frequencies divided
+#: by one factor, which a family without frequencies reads as its position transform,
+#: ``models.resolved_scaling``), ``frequencies`` (a sinusoid's inverse frequencies, which NTK
 #: rescales), ``rotary`` (per-rotary-pair frequencies: YaRN, Llama-3, LongRoPE) and ``pairs``
 #: (the position signal of a query-key pair is a function of the two positions alone, so a
 #: training-free method may score a pair at other positions: RoPE by a rotation, a score bias by
 #: its function; NoPE trivially. Not xPos, whose keys also scale, nor CoPE or absolute ones).
 CAPABILITIES = ("positions", "frequencies", "rotary", "pairs")
+#: A method is probed with its "auto" parameters set for a target of this many training lengths
+#: (where it is registered, and where it is set on a model): one that changes nothing there is
+#: refused, since every row labelled with it would equal the raw model's.
+AUTO_PROBE_RATIO = 4
+#: the probe geometry of a registration: rotary dimension, base, training length
+_PROBE = (64, 10000.0, 256)
 
 
 @dataclass(frozen=True)
@@ -122,8 +132,18 @@ class ScalingMethod:
         return tuple(_method_params(self.fn)[0])
 
     def applies(self, capabilities: Sequence[str]) -> bool:
-        """Whether the method means something for a family with these capabilities."""
-        return EVERY_FAMILY in self.applies_to or set(self.applies_to) <= set(capabilities)
+        """Whether the method means something for a family with these capabilities.
+
+        A family reads what the method acts on: frequencies where it has them, else the position
+        transform (one factor per run, ``models.resolved_scaling``); so a length-dependent method
+        applies only to a family with frequencies (``frequencies`` or ``rotary``).
+        """
+        if EVERY_FAMILY in self.applies_to:
+            return True
+        caps = set(capabilities)
+        if not set(self.applies_to) <= caps:
+            return False
+        return not (self.length_dependent and not caps & {"frequencies", "rotary"})
 
 
 SCALING_METHODS: dict[str, ScalingMethod] = {}
@@ -150,6 +170,10 @@ def register_scaling(
     keyword arguments here are the method's facts (:class:`ScalingMethod`). ``auto_rule(params,
     target_length, train_length) -> params`` resolves the "auto" values of ``auto_keys`` (default:
     each becomes max(1, target / train_length)).
+
+    A method that changes nothing is refused (one sentence): here, where every required parameter
+    takes "auto" and so can be probed (set for an :data:`AUTO_PROBE_RATIO` x target), and again
+    where it is set on a model, for that family (``models.resolved_scaling.resolve``).
     """
 
     def decorator(fn: ScalingFn) -> ScalingFn:
@@ -179,7 +203,7 @@ def register_scaling(
                     f"Scaling method {name!r} declares {what} {unknown}, which its function does "
                     f"not accept; its parameters: {sorted(accepted) or 'none'}."
                 )
-        SCALING_METHODS[name] = ScalingMethod(
+        method = ScalingMethod(
             name,
             fn,
             tuple(applies_to),
@@ -189,9 +213,53 @@ def register_scaling(
             bool(pair_method),
             auto_rule,
         )
+        if _changes_nothing(method):
+            raise ValueError(
+                f"Scaling method {name!r} changes nothing: with its auto parameters set for a "
+                f"{AUTO_PROBE_RATIO:g}x target its frequencies and attention factor are the default "
+                f"ones, so every row labelled {name!r} would equal the raw model's."
+            )
+        SCALING_METHODS[name] = method
         return fn
 
     return decorator
+
+
+def frequencies_change(method: ScalingMethod, geometry: RopeGeometry, params: dict) -> bool:
+    """Whether ``method`` with ``params`` gives other frequencies (beyond float64 rounding) or
+    another attention factor than the default ones at ``geometry`` (not for a pair method)."""
+    inv_freq, attention_factor = method(geometry, **params)
+    default = default_inv_freq(geometry.rotary_dim, geometry.base)
+    same = inv_freq.shape == default.shape and torch.allclose(
+        inv_freq.to(torch.float64), default, rtol=1e-9, atol=0.0
+    )
+    return float(attention_factor) != 1.0 or not same
+
+
+def _changes_nothing(method: ScalingMethod) -> bool:
+    """Whether a method being registered changes nothing at the probe: its "auto" parameters set
+    for an AUTO_PROBE_RATIO x target (by its ``auto_rule``, else that ratio), at a probe geometry.
+    Only a method whose required parameters all take "auto" can be probed here (the others are
+    probed where they are set on a model, ``models.resolved_scaling``); a pair method always
+    changes the pairs, and the raw model (a method for every family) changes nothing by design."""
+    if method.pair_method or EVERY_FAMILY in method.applies_to:
+        return False
+    allowed, required = _method_params(method.fn)
+    if not required <= set(method.auto_keys):
+        return False
+    rotary_dim, base, length = _PROBE
+    target = AUTO_PROBE_RATIO * length
+    params = dict.fromkeys(method.auto_keys, "auto")
+    if method.auto_rule is not None:
+        params = method.auto_rule(params, target, length)
+    else:
+        params = dict.fromkeys(method.auto_keys, float(AUTO_PROBE_RATIO))
+    try:
+        return not frequencies_change(
+            method, RopeGeometry(rotary_dim, base, length, target), params
+        )
+    except (ValueError, TypeError, NameError):  # refused, or a helper defined later in its
+        return False  # module: the probe says nothing (the method is probed again where set)
 
 
 def _method_params(fn: ScalingFn) -> tuple[set[str], set[str]]:

@@ -41,11 +41,6 @@ class ScalingConfig:
     oracle: bool = False
 
     @property
-    def linear_factor(self) -> float | None:
-        """The factor linear position interpolation divides positions by; None for other methods."""
-        return float(self.params.get("factor", 1.0)) if self.method == "linear" else None
-
-    @property
     def auto_factor(self) -> bool:
         """Whether a static factor is still ``"auto"`` (not yet resolved to a number)."""
         return any(self.params.get(key) == AUTO for key in _auto_keys(self.method))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,8 @@ from torch import nn
 
 from models.attention import Attention, AttentionInputs, logn_query_scale, pair_inputs
 from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
-from models.scaling import applicable_methods, pair_positions, rope_parameters, scaling_method
-from models.scaling_config import ScalingConfig, resolve_params
+from models.resolved_scaling import ResolvedScaling, family_frequencies, resolve
+from models.scaling_config import ScalingConfig
 from models.scoring import chunked_token_nll
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "check_combination",
     "logn_query_scale",
     "resolve_scaling",
+    "resolved_scaling",
     "scaling_frequencies",
 ]
 
@@ -143,6 +144,21 @@ class LMOutput:
     token_nll: torch.Tensor | None = None  # [N, L] float32 NLL of the targets, when given
 
 
+def resolved_scaling(
+    scaling: ScalingConfig | None,
+    model_cfg: ModelConfig,
+    position_cfg: PositionConfig,
+    train_length: int,
+    eval_length: int | None = None,
+) -> ResolvedScaling:
+    """``scaling`` (None = raw) resolved for this geometry: its parameters concrete and its facts
+    computed once (``models.resolved_scaling.resolve``, which says what it refuses). Needs no model.
+    """
+    return resolve(
+        scaling, position_cfg, model_cfg.head_dim, model_cfg.d_model, train_length, eval_length
+    )
+
+
 def resolve_scaling(
     scaling: ScalingConfig | None,
     model_cfg: ModelConfig,
@@ -154,28 +170,11 @@ def resolve_scaling(
 
     A factor "auto" is set for ``scaling.target_length`` if given (not with ``oracle``), else for
     ``eval_length`` (``models.scaling_config.resolve_params``). Raises ValueError (one sentence)
-    for an unknown method, a method that does not apply to the position family, or parameters the
-    method rejects for this geometry. Needs no model.
+    for an unknown method, a method that does not apply to the position family, parameters the
+    method rejects for this geometry, or a method that changes nothing for it
+    (:func:`resolved_scaling`). Needs no model.
     """
-    scaling = scaling or ScalingConfig()
-    kind = position_cfg.kind
-    scaling_method(scaling.method)  # known
-    allowed = applicable_methods(kind)
-    if scaling.method not in allowed:
-        raise ValueError(
-            f"scaling method {scaling.method!r} does not apply to position family {kind!r}; "
-            f"allowed for {kind}: {', '.join(allowed)} (each may add logn)."
-        )
-    dims = position_cfg.family.frequency_dims(position_cfg, model_cfg.head_dim, model_cfg.d_model)
-    pairs = int(dims[0] * dims[1]) // 2 if dims else 0
-    params = resolve_params(
-        scaling, train_length=train_length, eval_length=eval_length, rotary_pairs=pairs
-    )
-    resolved = replace(scaling, params=params)
-    # validates the parameters now, not mid-eval
-    scaling_frequencies(resolved, model_cfg, position_cfg, train_length, train_length)
-    pair_positions(resolved.method, train_length=train_length, **resolved.params)
-    return resolved
+    return resolved_scaling(scaling, model_cfg, position_cfg, train_length, eval_length).config
 
 
 def scaling_frequencies(
@@ -187,18 +186,8 @@ def scaling_frequencies(
 ) -> tuple[torch.Tensor, float] | None:
     """inv_freq and attention factor of a resolved scaling for a family with frequencies (RoPE:
     per head; sinusoidal: the model width); None for a family without them."""
-    dims = position_cfg.family.frequency_dims(position_cfg, model_cfg.head_dim, model_cfg.d_model)
-    if dims is None:
-        return None
-    dim, fraction = dims
-    return rope_parameters(
-        scaling.method,
-        head_dim=dim,
-        base=position_cfg.base,
-        original_length=train_length,
-        seq_len=seq_len,
-        rotary_fraction=fraction,
-        **scaling.params,
+    return family_frequencies(
+        scaling, position_cfg, model_cfg.head_dim, model_cfg.d_model, train_length, seq_len
     )
 
 
@@ -275,8 +264,7 @@ class DecoderLM(nn.Module):
         if model_cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self._init_weights()
-        self.scaling = ScalingConfig()
-        self._tables: dict[int | None, RotaryTable] = {}
+        self.resolved_scaling = resolved_scaling(None, model_cfg, position_cfg, train_length)
 
     def _init_weights(self) -> None:
         # GPT-2 init: residual projections shrink with depth so the stream's variance stays O(1)
@@ -299,10 +287,14 @@ class DecoderLM(nn.Module):
         lengths fixes one factor for the run first (``models.scaling_config.run_scaling``), so that the
         length passed here changes only an oracle scaling.
         """
-        resolved = resolve_scaling(
+        self.resolved_scaling = resolved_scaling(
             scaling, self.model_cfg, self.position_cfg, self.train_length, eval_length
         )
-        self.scaling, self._tables = resolved, {}
+
+    @property
+    def scaling(self) -> ScalingConfig:
+        """The active scaling setting, parameters concrete (its facts: ``resolved_scaling``)."""
+        return self.resolved_scaling.config
 
     @contextlib.contextmanager
     def scaled(
@@ -312,46 +304,36 @@ class DecoderLM(nn.Module):
 
         The previous scaling comes back on exit, also when the block raises.
         """
-        previous = self.scaling, self._tables
+        previous = self.resolved_scaling
         self.set_scaling(scaling, eval_length)
         try:
             yield self
         finally:
-            self.scaling, self._tables = previous
+            self.resolved_scaling = previous
 
     def position_range_error(self, max_position: int, seq_len: int) -> str | None:
         """Why positions 0..max_position of a seq_len-token sequence cannot be embedded, or None.
 
-        Follows the active scaling (linear interpolation stretches a learned table).
+        Follows the active scaling (a position transform stretches a learned table).
         """
         return self.position_cfg.range_error(
-            max_position, seq_len, self.train_length, self.scaling.linear_factor
+            max_position, seq_len, self.train_length, self.resolved_scaling.position_factor
         )
 
     def frequencies(self, seq_len: int) -> tuple[torch.Tensor, float]:
         """inv_freq and attention factor of the active scaling at ``seq_len`` (families with
-        frequencies only)."""
-        cfgs = self.model_cfg, self.position_cfg, self.train_length
-        found = scaling_frequencies(self.scaling, *cfgs, seq_len)
-        if found is None:
-            raise ValueError(f"position family {self.position_cfg.kind!r} has no frequencies.")
-        inv_freq, attention_factor = found
-        return self.family.adjust_frequencies(self.position_cfg, inv_freq), attention_factor
+        frequencies only), as the family uses them; computed once per scaling set (per length
+        for a length-dependent method)."""
+        return self.resolved_scaling.frequencies(seq_len)
 
     def rotary_table(self, seq_len: int) -> RotaryTable:
         """The cos/sin table of the active scaling: one per length if its method depends on the
         length (it declares so where it is registered), else one for every length."""
-        key = seq_len if scaling_method(self.scaling.method).length_dependent else None
-        if key not in self._tables:
-            if len(self._tables) > 16:
-                self._tables.clear()
-            self._tables[key] = RotaryTable(*self.frequencies(seq_len))
-        return self._tables[key]
+        return self.resolved_scaling.rotary_table(seq_len)
 
     def _length_dependent(self) -> bool:
         """Whether the position signal depends on the sequence length (and so on each row's)."""
-        method = scaling_method(self.scaling.method)
-        return self.family.length_dependent(self.position_cfg, self.scaling, method)
+        return self.resolved_scaling.length_dependent()
 
     def _per_row_length(
         self,
@@ -512,9 +494,7 @@ class DecoderLM(nn.Module):
                 k_cos, k_sin = keys
         k_valid = positions.k_valid
         pairs = None
-        spec = pair_positions(
-            self.scaling.method, train_length=self.train_length, **self.scaling.params
-        )
+        spec = self.resolved_scaling.pairs  # checked once, when the scaling was set
         if spec is not None:  # a training-free method: RoPE moves far pairs by a rotation
             inv_freq = self.frequencies(self.train_length)[0] if family.acts_on == "qk" else None
             pairs = pair_inputs(

@@ -24,8 +24,10 @@ and one contextual family (``acts_on == "contextual"``):
   from j to i, a learned embedding interpolated at that count and dotted with the query; it
   reads no position id at all.
 
-Position interpolation (``scaling=linear``) divides positions and distances by its factor for
-every family here (CoPE's counted positions included). Formulas and their sources: ``../shared/REFERENCE-ZOO.md``; each is tested
+A method acting on positions (``applies_to=("positions",)``, e.g. ``scaling=linear``) divides
+positions and distances by its factor for every family here: the families without frequencies
+read the resolved position transform (``models.resolved_scaling.ResolvedScaling.position_factor``,
+CoPE's counted positions included), the rotary ones the method's frequencies. Formulas and their sources: ``../shared/REFERENCE-ZOO.md``; each is tested
 against an independent evaluation (tests/models/test_zoo.py, tests/models/test_xpos.py).
 """
 
@@ -59,10 +61,9 @@ def _distances(q_pos: torch.Tensor, k_pos: torch.Tensor, factor: torch.Tensor) -
 
 
 def _pi_factor(model: Any) -> torch.Tensor:
-    """The active position-interpolation factor as a float32 0-d tensor (1: none)."""
-    return torch.tensor(
-        float(model.scaling.linear_factor or 1.0), device=model.tok_emb.weight.device
-    )
+    """The active position transform's factor as a float32 0-d tensor (1: none), built once per
+    scaling set (``models.resolved_scaling``)."""
+    return model.resolved_scaling.factor_tensor(model.tok_emb.weight.device)
 
 
 def _per_head(values: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
@@ -75,7 +76,7 @@ def _per_head(values: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
 
 class _BiasFamily(Family):
     acts_on = "scores"
-    # position interpolation divides the distance; a training-free method re-positions a pair
+    # a position transform divides the distance; a training-free method re-positions a pair
     capabilities = ("positions", "pairs")
 
 
@@ -316,9 +317,19 @@ class Sandwich(_BiasFamily):
 
     def score_bias(self, model: Any, length: int) -> ScoreBias:
         heads, device = model.model_cfg.n_heads, model.tok_emb.weight.device
-        factor = float(model.scaling.linear_factor or 1.0)
-        table = sandwich_table(length, model.model_cfg.d_model, factor).to(device)  # [length]
-        compression = torch.arange(1, heads + 1, device=device, dtype=torch.float32) * 8 / heads
+        resolved = model.resolved_scaling
+        # built once per scaling set and grown by doubling: an entry depends only on its n
+        key = ("sandwich_table", str(device))
+        table = resolved.cache.get(key)
+        if table is None or table.shape[0] < length:
+            size = max(int(length), 2 * (0 if table is None else table.shape[0]))
+            factor = float(resolved.position_factor or 1.0)
+            table = sandwich_table(size, model.model_cfg.d_model, factor).to(device)  # [size]
+            resolved.cache[key] = table
+        compression = resolved.cached(
+            ("sandwich_compression", heads, str(device)),
+            lambda: torch.arange(1, heads + 1, device=device, dtype=torch.float32) * 8 / heads,
+        )
         return ScoreBias(_sandwich, (table, compression))
 
 
@@ -360,12 +371,19 @@ def xpos_scale(rotary_dim: int) -> torch.Tensor:
 
 
 def xpos_decay(
-    position_ids: torch.Tensor, centre: int, rotary_dim: int, scale_base: float
+    position_ids: torch.Tensor,
+    centre: int,
+    rotary_dim: int,
+    scale_base: float,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """zeta_k^((i - centre) / gamma) for every position i of ``position_ids`` [N, L] and pair k,
-    float32 [N, L, r/2]; the difference i - centre is taken in integers, so exactly."""
+    float32 [N, L, r/2]; the difference i - centre is taken in integers, so exactly. ``scale``:
+    :func:`xpos_scale` of ``rotary_dim`` already on the device (else built here)."""
     power = (position_ids - centre).to(torch.float32)[..., None] / scale_base
-    return xpos_scale(rotary_dim).to(position_ids.device) ** power
+    if scale is None:
+        scale = xpos_scale(rotary_dim).to(position_ids.device)
+    return scale**power
 
 
 @register_family
@@ -379,8 +397,8 @@ class XPos(Rope):
     row's length (its largest position id + 1, which the KV cache keeps from the prefill: cached
     keys and later queries share it), so exponents stay within the row's span at any offset: finite
     while a row spans less than ~36,000 positions at gamma 512, and the logits are the uncentred
-    ones to float32 rounding. Position interpolation and the frequency methods act on the
-    rotation only."""
+    ones to float32 rounding. A position transform and the frequency methods act on the rotation
+    only (through its frequencies)."""
 
     name = "xpos"
     fields = ("base", "layout", "xpos_scale_base")
@@ -397,7 +415,7 @@ class XPos(Rope):
             raise ValueError(f"position.xpos_scale_base must be > 0, got {cfg.xpos_scale_base}.")
         super().check(cfg, head_dim, d_model)
 
-    def length_dependent(self, cfg: PositionConfig, scaling: Any, method: Any) -> bool:
+    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
         # the scales (not the logits) depend on the centre, each row's length: the model then
         # passes every row's own length (frozen at the prefill) as ``seq_len``
         return True
@@ -406,7 +424,11 @@ class XPos(Rope):
         cos, sin = model.rotary_table(seq_len)(position_ids)  # [N, L, r/2] each
         centre = self.centre(position_ids, seq_len)
         scale_base = model.position_cfg.xpos_scale_base
-        decay = xpos_decay(position_ids, centre, 2 * cos.shape[-1], scale_base)  # [N, L, r/2]
+        rotary_dim, device = 2 * cos.shape[-1], position_ids.device
+        scale = model.resolved_scaling.cached(
+            ("xpos_scale", rotary_dim, str(device)), lambda: xpos_scale(rotary_dim).to(device)
+        )
+        decay = xpos_decay(position_ids, centre, rotary_dim, scale_base, scale)  # [N, L, r/2]
         return cos * decay, sin * decay, cos / decay, sin / decay
 
     def centre(self, position_ids: torch.Tensor, seq_len: int) -> int:
@@ -448,7 +470,7 @@ class CoPE(Family):
 
     name, acts_on = "cope", "contextual"
     fields = ("cope_npos_max",)
-    capabilities = ("positions",)  # position interpolation divides the counted positions
+    capabilities = ("positions",)  # a position transform divides the counted positions
     reads_position_ids = False  # positions are counted over the content
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
@@ -464,5 +486,5 @@ class CoPE(Family):
         model.cope_emb = nn.Parameter(torch.zeros(shape))  # [layers, npos_max, d]
 
     def contextual_bias(self, model: Any) -> ContextualBias:
-        factor = float(model.scaling.linear_factor or 1.0)
+        factor = float(model.resolved_scaling.position_factor or 1.0)
         return ContextualBias(_cope, (model.cope_emb, factor, model.position_cfg.cope_npos_max))

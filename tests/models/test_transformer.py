@@ -15,6 +15,7 @@ from models.transformer import (
     ScalingConfig,
     logn_query_scale,
     resolve_scaling,
+    resolved_scaling,
 )
 
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4, mlp="swiglu")
@@ -460,8 +461,10 @@ def test_position_range_error_matches_the_forward_pass_and_needs_no_model():
         assert model.position_range_error(31, 32) is None
         model(random_tokens(1, 32))
         assert model.position_range_error(32, 33) is not None
-    resolved = resolve_scaling(linear, model.model_cfg, cfg, 16, 32)
-    assert cfg.range_error(31, 32, 16, resolved.linear_factor) is None
+    resolved = resolved_scaling(linear, model.model_cfg, cfg, 16, 32)
+    assert resolved.position_factor == 2.0
+    assert cfg.range_error(31, 32, 16, resolved.position_factor) is None
+    assert cfg.range_error(32, 33, 16, resolved.position_factor) is not None
     # clamp and interpolate accept every position; relative families never refuse
     for policy in ("clamp", "interpolate"):
         assert PositionConfig(kind="learned", out_of_range=policy).range_error(99, 100, 16) is None

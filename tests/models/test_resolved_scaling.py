@@ -1,0 +1,245 @@
+"""A scaling is resolved once, when it is set (models/resolved_scaling.py), and every family reads
+its facts, never a method's name.
+
+A renamed copy of ``linear`` changes every family that offers methods acting on positions exactly
+as ``linear`` does (negative control: before the resolved position transform, the score-bias
+families, the learned table and CoPE read a factor set only for the name ``linear`` and gave the
+raw logits). A method that changes nothing is refused where it is registered or set, one sentence
+each; a method is offered only to families that can honour it. The per-forward rebuilds (pair
+spec, Sandwich table, factor tensor, xPos scale) are cached without changing a number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from models.positions import PositionConfig, families
+from models.resolved_scaling import PROBE_ROTARY_DIM
+from models.scaling import (
+    SCALING_METHODS,
+    RopeGeometry,
+    applicable_methods,
+    default_inv_freq,
+    register_scaling,
+)
+from models.transformer import DecoderLM, ModelConfig, ScalingConfig, resolved_scaling
+from models.zoo import sandwich_table, xpos_scale
+
+#: the families that offer methods acting on positions (issue 52: thirteen)
+POSITION_FAMILIES = (
+    "rope",
+    "sinusoidal",
+    "learned",
+    "t5",
+    "kerple_log",
+    "kerple_power",
+    "fire",
+    "sandwich",
+    "p_rope",
+    "xpos",
+    "cope",
+    "rnope_swa",
+    "irope",
+)
+MODEL = ModelConfig(n_layers=2, d_model=32, n_heads=4)
+
+
+@contextlib.contextmanager
+def registered(name: str, fn, **facts) -> Iterator[None]:
+    """``fn`` registered as scaling method ``name`` through the public decorator, removed after."""
+    register_scaling(name, **facts)(fn)
+    try:
+        yield
+    finally:
+        SCALING_METHODS.pop(name, None)
+
+
+def linear_copy(name: str = "my_linear"):
+    """``linear`` under another name: its function and every fact it declares."""
+    linear = SCALING_METHODS["linear"]
+    return registered(
+        name,
+        linear.fn,
+        applies_to=linear.applies_to,
+        length_dependent=linear.length_dependent,
+        auto_keys=linear.auto_keys,
+        list_params=linear.list_params,
+        pair_method=linear.pair_method,
+        auto_rule=linear.auto_rule,
+    )
+
+
+def model_of(kind: str, train_length: int = 16) -> DecoderLM:
+    torch.manual_seed(0)
+    model = DecoderLM(MODEL, PositionConfig(kind=kind), train_length).eval()
+    with torch.no_grad():  # CoPE's embeddings start at zero, where no position can matter
+        for name, param in model.named_parameters():
+            if name.startswith("cope_"):
+                param.normal_()
+    return model
+
+
+def logits(model: DecoderLM, scaling: ScalingConfig | None, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad(), model.scaled(scaling):
+        return model(ids).logits
+
+
+def test_the_families_that_offer_positions_methods():
+    offering = {k for k, f in families().items() if "positions" in f.capabilities}
+    assert offering == set(POSITION_FAMILIES)
+    with linear_copy():
+        assert {k for k in families() if "my_linear" in applicable_methods(k)} == offering
+    assert "my_linear" not in SCALING_METHODS  # removed again
+
+
+@pytest.mark.parametrize("kind", POSITION_FAMILIES)
+def test_a_renamed_linear_acts_as_linear_on_every_family(kind):
+    model = model_of(kind)
+    ids = torch.randint(0, 250, (2, 12), generator=torch.Generator().manual_seed(1))
+    raw = logits(model, None, ids)
+    linear = logits(model, ScalingConfig("linear", "linear", {"factor": 4.0}), ids)
+    with linear_copy():
+        renamed = logits(model, ScalingConfig("my_linear", "my_linear", {"factor": 4.0}), ids)
+        resolved = resolved_scaling(
+            ScalingConfig("my_linear", "my_linear", {"factor": 4.0}),
+            MODEL,
+            model.position_cfg,
+            16,
+        )
+    torch.testing.assert_close(renamed, linear, rtol=0, atol=0)
+    assert float((renamed - raw).abs().max()) > 1e-5  # control: the method changes the logits
+    if resolved.has_frequencies:  # the rotary families and sinusoidal read the frequencies
+        assert resolved.position_factor is None
+    else:
+        assert resolved.position_factor == 4.0
+
+
+@pytest.mark.parametrize("factor", [1.0, 4.0, 6.0, 1000 / 300, 3.90625])
+def test_the_position_transform_is_the_number_given(factor):
+    """The factor read from the method's frequencies is the one it was given, to the bit (a
+    family reads what ``linear``'s config says)."""
+    for kind in ("t5", "learned", "cope"):
+        cfg = PositionConfig(kind=kind)
+        with linear_copy():
+            for name in ("linear", "my_linear"):
+                scaling = ScalingConfig(name, name, {"factor": factor})
+                assert resolved_scaling(scaling, MODEL, cfg, 16).position_factor == factor
+    raw = resolved_scaling(None, MODEL, PositionConfig(kind="learned"), 16)
+    assert raw.position_factor is None  # no transform: the interpolate policy stretches
+
+
+def _default(geometry: RopeGeometry, **_) -> tuple[torch.Tensor, float]:
+    return default_inv_freq(geometry.rotary_dim, geometry.base), 1.0
+
+
+def test_a_method_that_changes_nothing_is_refused_when_registered():
+    def unchanged(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
+        return _default(geometry)
+
+    for fn, facts in [
+        (lambda geometry: _default(geometry), {"applies_to": ("positions",)}),
+        (unchanged, {"applies_to": ("positions",), "auto_keys": ("factor",)}),
+        (unchanged, {"applies_to": ("rotary",), "auto_keys": ("factor",)}),
+    ]:
+        with pytest.raises(ValueError, match=r"'noop' changes nothing: .* the raw model's\.$"):
+            register_scaling("noop", **facts)(fn)
+        assert "noop" not in SCALING_METHODS
+    with linear_copy():  # control: the same probe passes a method that changes something
+        assert "my_linear" in SCALING_METHODS
+
+
+def test_a_method_that_changes_nothing_is_refused_when_set():
+    """A required parameter without "auto" cannot be probed at registration: the method is probed
+    where it is set, for the family it is set on."""
+
+    def ignores(geometry: RopeGeometry, *, strength: float) -> tuple[torch.Tensor, float]:
+        return _default(geometry)
+
+    with registered("ignores", ignores, applies_to=("positions",)):
+        for kind in ("t5", "rope", "learned", "sinusoidal", "cope"):
+            model = model_of(kind)
+            with pytest.raises(
+                ValueError,
+                match=rf"'ignores' changes nothing for position={kind}: .* equal the raw ones\.$",
+            ):
+                model.set_scaling(ScalingConfig("ignores", "ignores", {"strength": 2.0}))
+            assert model.scaling.method == "default"  # unchanged
+    # control: a factor 1 (auto at the training length) is linear's identity point, not refused
+    model = model_of("t5")
+    model.set_scaling(ScalingConfig("linear", "linear", {"factor": "auto"}), eval_length=8)
+    assert model.scaling.params == {"factor": 1.0}
+
+
+def test_a_positions_method_a_family_without_frequencies_cannot_take_is_refused():
+    def bent(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
+        theta = default_inv_freq(geometry.rotary_dim, geometry.base)
+        half = geometry.rotary_dim // 4
+        return torch.cat((theta[:half], theta[half:] / factor)), 1.0
+
+    def warm(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
+        return default_inv_freq(geometry.rotary_dim, geometry.base) / factor, 1.1
+
+    with registered("bent", bent, applies_to=("positions",), auto_keys=("factor",)):
+        bent_cfg = ScalingConfig("bent", "bent", {"factor": 4.0})
+        with pytest.raises(ValueError, match=r"not the default ones divided by one factor"):
+            resolved_scaling(bent_cfg, MODEL, PositionConfig(kind="t5"), 16)
+        resolved_scaling(bent_cfg, MODEL, PositionConfig(kind="rope"), 16)  # frequencies: fine
+    with registered("warm", warm, applies_to=("positions",), auto_keys=("factor",)):
+        warm_cfg = ScalingConfig("warm", "warm", {"factor": 4.0})
+        with pytest.raises(ValueError, match=r"scales the attention by 1\.1 .* position=learned"):
+            resolved_scaling(warm_cfg, MODEL, PositionConfig(kind="learned"), 16)
+    assert PROBE_ROTARY_DIM % 2 == 0
+
+
+def test_a_length_dependent_positions_method_is_offered_only_where_frequencies_follow_length():
+    def dynamic_pi(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
+        s = max(1.0, factor * geometry.seq_len / geometry.original_length - (factor - 1))
+        return default_inv_freq(geometry.rotary_dim, geometry.base) / s, 1.0
+
+    facts = {"applies_to": ("positions",), "length_dependent": True, "auto_keys": ("factor",)}
+    with registered("dynamic_pi", dynamic_pi, **facts):
+        assert "dynamic_pi" in applicable_methods("rope")
+        assert "dynamic_pi" in applicable_methods("sinusoidal")
+        for kind in ("learned", "t5", "sandwich", "cope"):  # one factor per run: not offered
+            assert "dynamic_pi" not in applicable_methods(kind)
+            assert "linear" in applicable_methods(kind)  # control
+
+
+def test_per_forward_rebuilds_are_cached_with_the_same_numbers():
+    # the pair spec is checked once, when the scaling is set
+    model = model_of("t5")
+    streaming = ScalingConfig("streaming", "streaming", {"window": 8, "sink_tokens": 2})
+    model.set_scaling(streaming)
+    spec = model.resolved_scaling.pairs
+    assert spec is not None and spec.window == 8
+    model(torch.randint(0, 250, (1, 20)))
+    assert model.resolved_scaling.pairs is spec
+    # the factor tensor, once per scaling set
+    model.set_scaling(ScalingConfig("linear", "linear", {"factor": 2.0}))
+    first = model.family.score_bias(model, 20).args[1]
+    assert model.family.score_bias(model, 20).args[1] is first and float(first) == 2.0
+    # Sandwich's table: built once, grown when a longer forward needs it, same numbers
+    model = model_of("sandwich")
+    model.set_scaling(ScalingConfig("linear", "linear", {"factor": 3.0}))
+    table = model.family.score_bias(model, 20).args[0]
+    assert model.family.score_bias(model, 12).args[0] is table
+    longer = model.family.score_bias(model, 50).args[0]
+    assert longer.shape[0] >= 50 and longer is not table
+    direct = sandwich_table(longer.shape[0], MODEL.d_model, 3.0)
+    torch.testing.assert_close(longer, direct, rtol=0, atol=0)
+    torch.testing.assert_close(longer[:20], table[:20], rtol=0, atol=0)
+    # xPos's per-pair decay base, once per scaling set
+    model = model_of("xpos")
+    ids = torch.randint(0, 250, (1, 10))
+    model(ids)
+    (scale,) = [v for k, v in model.resolved_scaling.cache.items() if k[0] == "xpos_scale"]
+    torch.testing.assert_close(scale, xpos_scale(MODEL.head_dim), rtol=0, atol=0)
+    model(ids)
+    assert [v for k, v in model.resolved_scaling.cache.items() if k[0] == "xpos_scale"] == [scale]
+    # set anew, rebuilt: nothing outlives the scaling it was made for
+    model.set_scaling(None)
+    assert not model.resolved_scaling.cache
