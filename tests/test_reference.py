@@ -26,8 +26,10 @@ from bench.findings import FAILS, HOLDS, NOT_DECIDED, check_findings, out_of_sco
 from fixtures import ROOT
 from fixtures.markdown import agrees, markdown_table
 from fixtures.reports import (
+    CONFIRM,
     ESTIMATE,
     assert_committed_findings,
+    assert_outcome_paragraph,
     assert_report_regenerates,
     committed_rows,
 )
@@ -663,3 +665,10 @@ def test_other_machine_check_fails_on_a_wrong_number(heading, name, right, wrong
     assert text.count(right) == 1, right
     with pytest.raises(AssertionError):
         checks[name](text.replace(right, wrong))
+
+
+@pytest.mark.skipif(not any(CONFIRM.glob("*.parquet")), reason="no committed confirmation rows")
+def test_the_f3_confirmation_outcome_is_its_rows():
+    """F3 on the 12 new seeds of results/confirm: holds, with the printed numbers."""
+    text = NUMBERS.read_text(encoding="utf-8")
+    assert assert_outcome_paragraph(text, CONFIRM, "F3", HOLDS, least=5) == 5

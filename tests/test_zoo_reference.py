@@ -16,7 +16,9 @@ from bench.findings import NOT_MEASURED
 from fixtures import ROOT
 from fixtures.markdown import markdown_table
 from fixtures.reports import (
+    CONFIRM,
     assert_committed_findings,
+    assert_outcome_paragraph,
     assert_ratio_cells,
     assert_report_regenerates,
     committed_rows,
@@ -60,3 +62,15 @@ def test_per_family_ratios_in_the_readme_are_the_rows():
 
 def test_regenerating_the_zoo_report_reproduces_every_committed_table(tmp_path, monkeypatch):
     assert_report_regenerates("zoo", tmp_path, monkeypatch)
+
+
+@pytest.mark.skipif(not any(CONFIRM.glob("*.parquet")), reason="no committed confirmation rows")
+def test_the_confirmation_outcome_is_its_rows():
+    """Z2's undecided contrast (T5 against raw RoPE) on the 12 new seeds of results/confirm:
+    the printed ratio of ratios is the rows' (Z2 as a whole is not measured there: no
+    sinusoidal or other bias families), and its interval lies below 1."""
+    text = (REPORT / "README.md").read_text(encoding="utf-8")
+    assert assert_outcome_paragraph(text, CONFIRM, "Z2", NOT_MEASURED, least=1) == 1
+    (result,) = [r for r in F.check_findings(committed_rows(CONFIRM)) if r.key == "Z2"]
+    (t5,) = [e for e in result.estimates if e.name.startswith("t5/rope")]
+    assert t5.n_seeds == 12 and t5.hi < 1
