@@ -320,11 +320,22 @@ def _read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         )
     try:
         done = json.loads(done_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:  # DONE is written atomically
+        raise CheckpointCorrupt(
+            f"checkpoint marker {done_path} is not the JSON written when it was completed (its "
+            f"bytes changed on disk: {type(err).__name__}); it is retrained, or delete its "
+            "directory."
+        ) from err
     except Exception as err:
         raise CheckpointError(
             f"checkpoint {directory} cannot be read ({err}); delete it to retrain."
         ) from err
-    recorded = done.get("sha256") if isinstance(done, dict) else None
+    if not isinstance(done, dict):
+        raise CheckpointCorrupt(
+            f"checkpoint marker {done_path} is not the JSON record written when it was completed "
+            "(its bytes changed on disk); it is retrained, or delete its directory."
+        )
+    recorded = done.get("sha256")
     if recorded is not None and file_sha256(model_path) != recorded:
         raise CheckpointCorrupt(
             f"checkpoint file {model_path} does not match the SHA-256 recorded when it was "
@@ -641,8 +652,9 @@ def get_or_train(
     [accelerator=...], [snapshot=...], [init=<parent model>])`` returns (model, TrainStats or a
     stats mapping) and is called at most once per finished key across concurrent processes;
     others wait on the lock (``lock_timeout`` seconds, -1 = forever) and then load. A checkpoint
-    whose file no longer matches the SHA-256 recorded when it was written is retrained with a
-    warning naming the file (or, with ``retrain_corrupt=False``, raises ``CheckpointCorrupt``).
+    whose file no longer matches the SHA-256 recorded when it was written, or whose DONE marker
+    is no longer JSON (a flipped bit, a truncation), is retrained with a warning naming the file
+    (or, with ``retrain_corrupt=False``, raises ``CheckpointCorrupt``).
     For a fine-tune (``job.extend`` active) the parent comes from this function first (loaded, or
     trained under its own lock) and is passed as ``init``; a finished fine-tune needs no parent.
     Single process: :meth:`_CacheEntry.get_alone`; several: :meth:`_CacheEntry.get_ranked`.

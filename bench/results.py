@@ -626,8 +626,10 @@ def write_results(rows: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | 
             os.fsync(fh.fileno())
         os.chmod(tmp_name, umask_mode())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # e.g. a full disk (ENOSPC)
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
     return path
 

@@ -39,19 +39,44 @@ RESUME_FILE = "resume.pt"
 TMP_PREFIX = ".tmp-"  # temp files of interrupted writers start with it
 
 
+class _WriteErrors:
+    """A file object that remembers the OSError its ``write`` raised: ``torch.save`` turns one
+    (a full disk: ENOSPC) into a RuntimeError that names neither the file nor the cause."""
+
+    def __init__(self, handle: Any):
+        self.handle, self.error = handle, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+
 def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     """write(file object) into a temp file next to ``path``, fsync, then os.replace onto it
-    (with the mode the umask gives new files)."""
+    (with the mode the umask gives new files). On any failure the temp file is removed and
+    ``path`` is untouched; an I/O error (a full disk, ...) is raised as an OSError naming
+    ``path``, also where the writer wrapped it in another exception."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
+    recorder = None
     try:
         with os.fdopen(fd, "wb") as handle:
-            write(handle)
+            recorder = _WriteErrors(handle)
+            write(recorder)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        cause = recorder.error if recorder is not None and recorder.error is not None else exc
+        if isinstance(exc, Exception) and isinstance(cause, OSError) and cause.filename is None:
+            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
         raise
 
 

@@ -186,7 +186,10 @@ def test_finetunes_run_their_updates() -> None:
         ({"until_retrieves": 0.0}, r"train.until_retrieves must be a number in \(0, 1\], got 0.0"),
         ({"until_retrieves": 1.5}, r"train.until_retrieves must be a number in \(0, 1\], got 1.5"),
         ({"passkey_fraction": 0.0}, r"train.until_retrieves needs passkey rows to learn from"),
-        ({"ruler_tasks": ["vt"], "length": 256}, r"train.until_retrieves needs passkey rows to learn"),
+        (
+            {"ruler_tasks": ["vt"], "length": 256},
+            r"train.until_retrieves needs passkey rows to learn",
+        ),
         ({"decay_steps": None}, r"train.until_retrieves needs train.decay_steps"),
         ({"length": 64}, r"passkey at train.length = 64, shorter than the short template's 73"),
         ({"retrieval_check_every": 0}, r"train.retrieval_check_every must be an integer >= 1"),
