@@ -672,3 +672,14 @@ def test_the_f3_confirmation_outcome_is_its_rows():
     """F3 on the 12 new seeds of results/confirm: holds, with the printed numbers."""
     text = NUMBERS.read_text(encoding="utf-8")
     assert assert_outcome_paragraph(text, CONFIRM, "F3", HOLDS, least=5) == 5
+
+
+CONFIRM_L3 = ROOT / "results" / "confirm_l3"
+
+
+@pytest.mark.skipif(not any(CONFIRM_L3.glob("*.parquet")), reason="no committed L3 confirmation")
+def test_the_l3_confirmation_outcome_is_its_rows():
+    """L3 on the 12 new seeds of results/confirm_l3 (reports/train_for_length/README.md): not
+    decided, with the printed numbers."""
+    text = (ROOT / "reports" / "train_for_length" / "README.md").read_text(encoding="utf-8")
+    assert assert_outcome_paragraph(text, CONFIRM_L3, "L3", NOT_DECIDED, least=2) == 2
