@@ -447,7 +447,9 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     except TrainingDiverged as exc:
         if failed_models is not None:
             failed_models.record(model_id)
-        return _summary("failed", f"training diverged: {exc}", trained=True, **base)
+        # the message names the failure itself ("training diverged at step ...", "training
+        # ended no better than a uniform guess ...")
+        return _summary("failed", str(exc), trained=True, **base)
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc):
             raise

@@ -228,6 +228,7 @@ def test_failing_jobs_are_recorded_and_the_sweep_continues(tmp_path, monkeypatch
     assert sorted(by_status) == ["done", "failed", "invalid"]
     (failed,) = by_status["failed"]
     assert failed["position"] == "rope" and "training diverged" in failed["message"]
+    assert failed["message"].count("training diverged") == 1  # said once, not prefixed twice
     assert len(by_status["invalid"]) == 2
     assert all(
         "train.length 64 is too short for passkey training examples" in st["message"]
