@@ -580,6 +580,14 @@ def _one_line(exc: BaseException) -> str:
 # ----------------------------------------------------------------------------- write / load
 
 
+def os_error_naming(cause: BaseException, path: str | Path) -> OSError | None:
+    """An OSError that names no file (a full disk, ENOSPC, raised by a write) as one naming
+    ``path``, for the one-sentence error of every atomic writer; None for any other error."""
+    if isinstance(cause, OSError) and cause.filename is None:
+        return OSError(cause.errno, cause.strerror or str(cause), str(path))
+    return None
+
+
 def umask_mode() -> int:
     """The mode a plain ``open`` would give a new file (0o666 less the umask): mkstemp's 0o600
     would make a shared cluster cache or results folder unreadable to the rest of a group."""
@@ -628,8 +636,9 @@ def write_results(rows: pd.DataFrame | Iterable[Mapping[str, Any]], path: str | 
         os.replace(tmp_name, path)
     except BaseException as exc:
         Path(tmp_name).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:  # e.g. a full disk (ENOSPC)
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        named = os_error_naming(exc, path)
+        if named is not None:
+            raise named from exc
         raise
     return path
 
@@ -670,13 +679,20 @@ def _first_bad_file(frames: list[pd.DataFrame]) -> str | None:
     return None
 
 
+def effective_length_score(task_params: Any) -> str:
+    """The score an ``effective_length`` row reads (``task_params``' ``score``); rows written
+    before both scores were stored read RULER's ``match``."""
+    params = json.loads(task_params) if isinstance(task_params, str) and task_params else {}
+    return str(params.get("score", "match"))
+
+
 def _effective_length_score(df: pd.DataFrame) -> list:
-    """Per row: the score an ``effective_length`` row reads (``task_params``' ``score``: one
-    cell per score), else None."""
+    """Per row: :func:`effective_length_score` for an ``effective_length`` row (one cell per
+    score), else None."""
     if "task_params" not in df.columns:
         return [None] * len(df)
     return [
-        json.loads(params or "{}").get("score") if metric == "effective_length" else None
+        effective_length_score(params) if metric == "effective_length" else None
         for metric, params in zip(df["metric"], df["task_params"], strict=True)
     ]
 

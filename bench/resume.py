@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.results import canonical_json, umask_mode
+from bench.results import canonical_json, os_error_naming, umask_mode
 
 __all__ = [
     "RESUME_FILE",
@@ -75,8 +75,9 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         cause = recorder.error if recorder is not None and recorder.error is not None else exc
-        if isinstance(exc, Exception) and isinstance(cause, OSError) and cause.filename is None:
-            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
+        named = os_error_naming(cause, path) if isinstance(exc, Exception) else None
+        if named is not None:
+            raise named from exc
         raise
 
 

@@ -1,19 +1,36 @@
-"""Shared fixtures: one intra-op thread, a tiny-model factory and a random-documents factory."""
+"""Shared fixtures: a text corpus, one intra-op thread, a tiny-model factory and a random-documents
+factory."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from bench.corpora import Document
+from bench.corpora import Corpus, Document, load_corpus
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
 #: Default dimensions of :func:`tiny_model`.
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of small text documents (``fixtures.jobs.write_text_corpus``), once per module;
+    modules that need another corpus define their own ``corpus_dir`` / ``corpus``."""
+    from fixtures.jobs import write_text_corpus
+
+    return write_text_corpus(tmp_path_factory.mktemp("docs"))
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_dir: Path) -> Corpus:
+    """The ``text`` corpus of :func:`corpus_dir`."""
+    return load_corpus({"name": "text", "paths": [str(corpus_dir)]})
 
 
 @pytest.fixture(scope="module")

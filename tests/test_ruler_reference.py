@@ -14,7 +14,8 @@ import pytest
 from bench import findings as F
 from bench.findings import NOT_MEASURED, wilson
 from bench.report.render import labelled_rows
-from bench.report.sections.ruler import effective_score, ruler_rows, score_table
+from bench.report.sections.ruler import ruler_rows, score_table
+from bench.results import effective_length_score
 from bench.ruler import RULER_TASKS
 
 from fixtures import ROOT
@@ -117,7 +118,7 @@ def _relative_effective_lengths(rows, score: str):
         & (rows["task"] == "average")
         & (rows["axis"] == "relative_threshold")
     ]
-    return eff[[effective_score(p) == score for p in eff["task_params"]]]
+    return eff[[effective_length_score(p) == score for p in eff["task_params"]]]
 
 
 def test_regenerating_the_report_reproduces_every_committed_table(tmp_path, monkeypatch):

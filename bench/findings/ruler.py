@@ -36,6 +36,7 @@ from bench.findings.registry import (
 )
 from bench.findings.rows import col, trials, window_nll, with_series
 from bench.findings.stats import ACC_CI, UNDECIDED, Check, Estimate, decide, t_half_width, wilson
+from bench.results import effective_length_score
 from bench.series import series_labels
 
 #: R1: the tasks compared with niah_single.
@@ -276,10 +277,10 @@ def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
         & (col(df, "task") == "average")
         & (col(df, "axis") == "relative_threshold")
     ]
-    params = [_params(p) for p in col(eff, "task_params")]
+    params = col(eff, "task_params")
     eff = eff.assign(
-        _score=[p.get("score", "match") for p in params],
-        _headline=[bool(p.get("headline", True)) for p in params],
+        _score=[effective_length_score(p) for p in params],
+        _headline=[bool(_params(p).get("headline", True)) for p in params],
     )
     nll = window_nll(df)
     is_headline = eff["_headline"].astype(bool)

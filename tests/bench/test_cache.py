@@ -35,7 +35,7 @@ from bench.cache import (
 from bench.corpora import Corpus, load_corpus
 from bench.passkey import PASSKEY_TEMPLATES
 from bench.resume import ResumeFile
-from bench.schema import DataConfig, JobConfig, PositionSchema, ScalingSchema
+from bench.schema import JobConfig, PositionSchema, ScalingSchema
 from bench.train import TrainStats, make_model
 
 from fixtures import ROOT
@@ -45,20 +45,9 @@ from fixtures.jobs import (
     make_cfg,
     raw_cfg,
     same_weights,
-    write_text_corpus,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_text_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
-def corpus(corpus_dir: Path) -> Corpus:
-    return load_corpus(DataConfig(name="text", paths=[str(corpus_dir)]))
 
 
 # --------------------------------------------------------------------------- keys

@@ -30,13 +30,12 @@ import pytest
 import bench.cache as cache_module
 from bench.cache import CheckpointCorrupt, get_or_train, load_model, weights_key
 from bench.cli import STATUS_FILE, main
-from bench.corpora import Corpus, load_corpus
 from bench.results import load_results
 from bench.resume import ResumeFile
 from bench.train import train_model
 
 from fixtures import ROOT
-from fixtures.jobs import CountingTrainer, Killed, make_cfg, same_weights, write_text_corpus
+from fixtures.jobs import CountingTrainer, Killed, make_cfg, same_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,16 +49,6 @@ SMOKE = [
     "hydra.callbacks.report.enabled=false",
     "train.save_every=2",  # 8 updates: states after 2, 4 and 6
 ]
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_text_corpus(tmp_path_factory.mktemp("docs"))
-
-
-@pytest.fixture(scope="module")
-def corpus(corpus_dir: Path) -> Corpus:
-    return load_corpus({"name": "text", "paths": [str(corpus_dir)]})
 
 
 def error_lines(err: str) -> list[str]:

@@ -15,23 +15,12 @@ import torch
 
 from bench.cache import CheckpointCorrupt, get_or_train
 from bench.cli import main
-from bench.corpora import Corpus, load_corpus
 from bench.results import load_results
 from bench.train import MIN_STEPS_FOR_PROGRESS, TrainingDiverged, check_progress, train_model
 
-from fixtures.jobs import CountingTrainer, make_cfg, same_weights, write_text_corpus
+from fixtures.jobs import CountingTrainer, make_cfg, same_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_text_corpus(tmp_path_factory.mktemp("docs"))
-
-
-@pytest.fixture(scope="module")
-def corpus(corpus_dir: Path) -> Corpus:
-    return load_corpus({"name": "text", "paths": [str(corpus_dir)]})
 
 
 # --------------------------------------------------------------------------- checkpoints

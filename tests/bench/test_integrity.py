@@ -19,7 +19,6 @@ import torch
 import bench.evaluate
 from bench.cache import get_or_train, weights_config, weights_key
 from bench.cli import main
-from bench.corpora import Corpus, load_corpus
 from bench.report.cli import main as report_main
 from bench.results import (
     DIGEST_KEY,
@@ -33,20 +32,10 @@ from bench.results import (
 from bench.resume import ResumeFile
 from bench.train import TrainingDiverged
 
-from fixtures.jobs import Killed, make_cfg, same_weights, write_text_corpus
+from fixtures.jobs import Killed, make_cfg, same_weights
 from fixtures.rows import row
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_text_corpus(tmp_path_factory.mktemp("docs"))
-
-
-@pytest.fixture(scope="module")
-def corpus(corpus_dir: Path) -> Corpus:
-    return load_corpus({"name": "text", "paths": [str(corpus_dir)]})
 
 
 SMOKE = [

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from bench.report.figures import save_figure
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, figure_md, note, write_table
+from bench.results import effective_length_score
 from bench.ruler import RULER_TASKS
 
 #: panels of the per-model figure at most (the table has every series)
@@ -69,18 +70,13 @@ def task_rank(task: str) -> int:
     return order.index(task) if task in order else len(order)
 
 
-def effective_score(task_params: str) -> str:
-    """The score an ``effective_length`` row reads (``task_params``' ``score``)."""
-    return str(json.loads(task_params or "{}").get("score", "match"))
-
-
 def effective_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per series, score, task and threshold kind: the stored effective length's median over
     seeds, its smallest and largest, seeds and row ids."""
     eff = rows[rows["metric"] == "effective_length"]
     if eff.empty:
         return pd.DataFrame()
-    eff = eff.assign(score=[effective_score(p) for p in eff["task_params"]])
+    eff = eff.assign(score=[effective_length_score(p) for p in eff["task_params"]])
     keys = [*GROUP_KEYS, "score", "task", "axis", "axis_value"]
     t = (
         eff.groupby(keys, dropna=False)
