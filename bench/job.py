@@ -32,13 +32,8 @@ from bench.corpora import Corpus, Document
 from bench.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
 from bench.metrics import ResolvedEval
 from bench.pretrained.source import PretrainedSource
-from bench.results import (
-    canonical_json,
-    describe_row,
-    digest_problem,
-    non_finite_row,
-    write_results,
-)
+from bench.result_digest import digest_problem
+from bench.results import canonical_json, describe_row, non_finite_row, write_results
 from bench.runtime import busy_cores, resolve_device
 from bench.schema import JobConfig
 from bench.source import ModelSource, SourceModel

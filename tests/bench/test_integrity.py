@@ -20,15 +20,8 @@ import bench.evaluate
 from bench.cache import get_or_train, weights_config, weights_key
 from bench.cli import main
 from bench.report.cli import main as report_main
-from bench.results import (
-    DIGEST_KEY,
-    load_results,
-    non_finite_row,
-    normalize_results,
-    recorded_sha256,
-    rows_sha256,
-    write_results,
-)
+from bench.result_digest import DIGEST_KEY, recorded_sha256, rows_sha256
+from bench.results import load_results, non_finite_row, normalize_results, write_results
 from bench.resume import ResumeFile
 from bench.train import TrainingDiverged
 
