@@ -28,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from bench.checks import NotApplicable
-from bench.job import prepare_job, run_job
+from bench.schema import JobConfig  # registers the config schema; imports no torch (models.lazy)
 
 log = logging.getLogger("lenbench")
 
@@ -79,6 +79,8 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     if multirun:  # a model that failed to train in this sweep is not trained again
         hydra_cfg = HydraConfig.get()
         failed = FailedModels(Path(hydra_cfg.sweep.dir), hydra_cfg.job.override_dirname)
+    from bench.job import run_job  # torch: only once a job runs
+
     try:
         summary = run_job(cfg, failed)
     except OSError as exc:  # an unwritable or full results/cache directory: one sentence
@@ -296,11 +298,15 @@ def with_default_experiment(argv: Sequence[str]) -> list[str]:
 
 
 def sweep_errors(argv: Sequence[str]) -> list[str]:
-    """Compose and check the cells of a sweep before any job starts (as its launcher would).
+    """Compose and check the config, or the cells of a sweep, before any job starts (as its
+    launcher would).
 
-    Returns one line per distinct error when no cell can run (every cell is invalid or not
-    applicable); otherwise an empty list, and the jobs report their own errors. Single runs,
-    --cfg/--help and sweepers other than Hydra's basic one are left to Hydra.
+    The config check (:meth:`bench.schema.JobConfig.from_hydra`: types, keys, ranges, choices,
+    cross-field rules) loads no torch, so a bad setting is answered in about a second; what needs
+    the model code (a scaling method's parameters at the model's geometry, the corpus) is checked
+    after it. Returns one line per distinct error when no cell can run (every cell is invalid or
+    not applicable); otherwise an empty list, and the jobs report their own errors. --cfg/--help
+    and sweepers other than Hydra's basic one are left to Hydra.
     """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra._internal.hydra import Hydra
@@ -332,6 +338,17 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
     try:
         mode = hydra_app.get_mode(config_name=config_name, overrides=args.overrides)
         if not (args.multirun or mode == RunMode.MULTIRUN):
+            cfg = hydra_app.compose_config(
+                config_name, args.overrides, run_mode=RunMode.RUN, with_log_configuration=False
+            )
+            from bench.job import validate_job  # imports no torch; a check that needs it loads it
+
+            try:
+                validate_job(JobConfig.from_hydra(cfg))
+            except NotApplicable as exc:
+                return [str(exc).removesuffix(" skipped.").rstrip("; ") + "."]
+            except ValueError as exc:
+                return [one_line(exc)]
             return []
         master = hydra_app.compose_config(
             config_name, args.overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False
@@ -342,20 +359,29 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
         parser = OverridesParser.create(config_loader=hydra_app.config_loader)
         overrides = parser.parse_overrides([*params, *master.hydra.overrides.task])
         errors: dict[str, list[str]] = {}
+        checked: list[tuple[JobConfig, list[str]]] = []
         for batch in BasicSweeper.split_arguments(overrides, None):
             for cell in batch:
                 cfg = hydra_app.config_loader.load_sweep_config(master, list(cell))
                 try:
-                    spec = prepare_job(cfg)
-                except NotApplicable:
-                    continue
+                    checked.append((JobConfig.from_hydra(cfg), list(cell)))
                 except ValueError as exc:
                     errors.setdefault(str(exc), list(cell))
-                    continue
-                # a cell runs: errors that depend on the swept value are its jobs'; its data
-                # source is checked once here (every job of the sweep would fail alike)
-                problem = data_problem(spec.job)
-                return [] if problem is None else [problem]
+        if checked:
+            from bench.job import validate_job  # the model code's checks: torch from here on
+
+        for job, cell in checked:
+            try:
+                spec = validate_job(job)
+            except NotApplicable:
+                continue
+            except ValueError as exc:
+                errors.setdefault(str(exc), cell)
+                continue
+            # a cell runs: errors that depend on the swept value are its jobs'; its data
+            # source is checked once here (every job of the sweep would fail alike)
+            problem = data_problem(spec.job)
+            return [] if problem is None else [problem]
     finally:
         GlobalHydra.instance().clear()
     if len(errors) == 1:

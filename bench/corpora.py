@@ -51,7 +51,6 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-import torch
 
 from bench.data_config import (
     CORPUS_KINDS,
@@ -63,6 +62,7 @@ from bench.data_config import (
 from bench.progress import progress_bar
 from bench.splits import SPLIT_PROTOCOL, cap_order_key, near_duplicate_assignment
 from bench.tokenizer import ByteTokenizer, bytes_to_tokens
+from models.lazy import torch
 
 __all__ = [
     "CORPUS_KINDS",

@@ -16,8 +16,9 @@ from typing import Any
 from bench.checks import NotApplicable, check_method
 from bench.results import FINETUNE_COLUMNS
 from bench.schema import ExtendConfig, JobConfig, TrainConfig, weights_dict
+from models.resolved_scaling import resolve_scaling
 from models.scaling import applicable_methods
-from models.transformer import ScalingConfig, resolve_scaling
+from models.scaling_config import ScalingConfig
 
 __all__ = [
     "base_job",

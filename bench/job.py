@@ -14,6 +14,7 @@ model, loaded instead of trained).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -24,22 +25,21 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from bench.checks import NotApplicable, check_method
 from bench.corpora import Corpus, Document
 from bench.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
 from bench.metrics import ResolvedEval
-from bench.pretrained.source import PretrainedSource
 from bench.result_digest import digest_problem
 from bench.results import canonical_json, describe_row, non_finite_row, write_results
 from bench.runtime import busy_cores, resolve_device
 from bench.schema import JobConfig
 from bench.source import ModelSource, SourceModel
+from models.lazy import torch
+from models.resolved_scaling import resolved_scaling
 from models.scaling import applicable_methods
 from models.scaling_config import ScalingConfig, run_scaling
-from models.transformer import resolved_scaling
 
 log = logging.getLogger("lenbench")
 
@@ -125,7 +125,11 @@ def _code_salt() -> str:
 
 def model_source(job: JobConfig) -> ModelSource:
     """The job's model source: the ``pretrained`` section's model, else a lenbench model."""
-    return TrainedSource(job) if job.pretrained is None else PretrainedSource(job)
+    if job.pretrained is None:
+        return TrainedSource(job)
+    from bench.pretrained.source import PretrainedSource  # transformers: only when asked for
+
+    return PretrainedSource(job)
 
 
 def validate_job(job: JobConfig) -> JobSpec:
@@ -180,8 +184,12 @@ def make_run_id(model_id: str, spec: JobSpec) -> str:
 # --------------------------------------------------------------------------- running
 
 
-#: torch's intra-op thread count when this process started (one per core by default).
-DEFAULT_THREADS = torch.get_num_threads()
+@functools.cache
+def default_threads() -> int:
+    """torch's intra-op thread count before any job set it (one per core by default)."""
+    return torch.get_num_threads()
+
+
 #: Other processes busy on at least this many cores at job start make the job use fewer threads.
 BUSY_THRESHOLD = 0.5
 
@@ -208,10 +216,10 @@ def configure_threads(threads: int | None) -> int:
         except (ImportError, ValueError):  # pragma: no cover
             threads = None
     if threads is None:
-        threads = DEFAULT_THREADS
+        threads = default_threads()
         busy = busy_cores()
-        if busy is not None and busy >= BUSY_THRESHOLD and DEFAULT_THREADS > 1:
-            threads = max(1, DEFAULT_THREADS - math.ceil(busy - BUSY_THRESHOLD))
+        if busy is not None and busy >= BUSY_THRESHOLD and default_threads() > 1:
+            threads = max(1, default_threads() - math.ceil(busy - BUSY_THRESHOLD))
             log.info(
                 "lenbench: %.1f of %d cores are busy with other processes: using %d torch "
                 "thread(s) (set threads=N to choose).",

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from bench.result_digest import DIGEST_KEY, digest_problem, rows_sha256
+from models.lazy import pd
 
 REQUIRED_COLUMNS: list[str] = [
     "experiment",

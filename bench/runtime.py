@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
+from models.lazy import torch
 
 __all__ = [
     "PRECISIONS",

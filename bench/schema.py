@@ -39,10 +39,10 @@ from bench.metrics import EvalConfig, as_eval_config
 from bench.passkey import PASSKEY_TEMPLATES, min_passkey_length
 from bench.pretrained.config import PretrainedConfig
 from bench.train_config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
+from models.model_config import ModelConfig, check_combination
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS
 from models.scaling_config import ScalingConfig
-from models.transformer import ModelConfig, check_combination
 
 __all__ = [
     "SCHEMA_NAME",

@@ -16,10 +16,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from torch import nn
-
 from bench.corpora import Corpus, Document
 from bench.metrics import ResolvedEval
+from models.lazy import nn
 from models.scaling_config import ScalingConfig
 
 __all__ = ["ModelSource", "SourceModel"]

@@ -19,8 +19,11 @@ import hashlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import sparse
-from scipy.sparse import csgraph
+
+from models.lazy import LazyModule
+
+sparse = LazyModule("scipy.sparse")  # loaded at first use: not on the config check path
+csgraph = LazyModule("scipy.sparse.csgraph")
 
 __all__ = [
     "NEAR_DUPLICATE_THRESHOLD",

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-import torch
+from models.lazy import torch
 
 ROPE_LAYOUTS = ("interleaved", "half")
 OUT_OF_RANGE_POLICIES = ("error", "clamp", "interpolate")

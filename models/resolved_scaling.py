@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from models.lazy import torch
 from models.positions import Family, PositionConfig, RotaryTable
 from models.scaling import (
     AUTO_PROBE_RATIO,
@@ -38,7 +37,17 @@ from models.scaling import (
 )
 from models.scaling_config import AUTO, ScalingConfig, resolve_params
 
-__all__ = ["ResolvedScaling", "family_frequencies", "resolve"]
+if TYPE_CHECKING:
+    from models.model_config import ModelConfig
+
+__all__ = [
+    "ResolvedScaling",
+    "family_frequencies",
+    "resolve",
+    "resolve_scaling",
+    "resolved_scaling",
+    "scaling_frequencies",
+]
 
 #: rotary dimension at which a family without frequencies reads a method's position transform
 #: (any even dimension gives the same factor for a method that divides every frequency by one)
@@ -293,3 +302,53 @@ def _changes_anything(
         return frequencies_change(method, geometry, params)
     except ValueError:  # a probe the method refuses says nothing
         return True
+
+
+# ----------------------------------------------------------------------------- by model config
+
+
+def resolved_scaling(
+    scaling: ScalingConfig | None,
+    model_cfg: ModelConfig,
+    position_cfg: PositionConfig,
+    train_length: int,
+    eval_length: int | None = None,
+) -> ResolvedScaling:
+    """``scaling`` (None = raw) resolved for this geometry: its parameters concrete and its facts
+    computed once (``models.resolved_scaling.resolve``, which says what it refuses). Needs no model.
+    """
+    return resolve(
+        scaling, position_cfg, model_cfg.head_dim, model_cfg.d_model, train_length, eval_length
+    )
+
+
+def resolve_scaling(
+    scaling: ScalingConfig | None,
+    model_cfg: ModelConfig,
+    position_cfg: PositionConfig,
+    train_length: int,
+    eval_length: int | None = None,
+) -> ScalingConfig:
+    """``scaling`` (None = raw) with its shorthands made concrete, checked.
+
+    A factor "auto" is set for ``scaling.target_length`` if given (not with ``oracle``), else for
+    ``eval_length`` (``models.scaling_config.resolve_params``). Raises ValueError (one sentence)
+    for an unknown method, a method that does not apply to the position family, parameters the
+    method rejects for this geometry, or a method that changes nothing for it
+    (:func:`resolved_scaling`). Needs no model.
+    """
+    return resolved_scaling(scaling, model_cfg, position_cfg, train_length, eval_length).config
+
+
+def scaling_frequencies(
+    scaling: ScalingConfig,
+    model_cfg: ModelConfig,
+    position_cfg: PositionConfig,
+    train_length: int,
+    seq_len: int,
+) -> tuple[torch.Tensor, float] | None:
+    """inv_freq and attention factor of a resolved scaling for a family with frequencies (RoPE:
+    per head; sinusoidal: the model width); None for a family without them."""
+    return family_frequencies(
+        scaling, position_cfg, model_cfg.head_dim, model_cfg.d_model, train_length, seq_len
+    )

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
-import torch
+from models.lazy import torch
 
 __all__ = [
     "AUTO_PROBE_RATIO",
@@ -76,7 +76,7 @@ class RopeGeometry:
     seq_len: int
 
 
-ScalingFn = Callable[..., tuple[torch.Tensor, float]]
+ScalingFn = Callable[..., "tuple[torch.Tensor, float]"]
 """``fn(geometry, **params) -> (inv_freq float64 [r/2], attention_factor)``."""
 
 #: ``applies_to`` value of a method that applies to every position family (only ``default``).
@@ -150,6 +150,7 @@ SCALING_METHODS: dict[str, ScalingMethod] = {}
 """Registered scaling methods by name, in registration order; the keyword-only parameters of each
 function are exactly the parameters that method accepts (parameters without a default are
 required)."""
+_PROBED: set[str] = set()  # the methods that passed their first-lookup probe
 
 
 def register_scaling(
@@ -171,9 +172,10 @@ def register_scaling(
     target_length, train_length) -> params`` resolves the "auto" values of ``auto_keys`` (default:
     each becomes max(1, target / train_length)).
 
-    A method that changes nothing is refused (one sentence): here, where every required parameter
-    takes "auto" and so can be probed (set for an :data:`AUTO_PROBE_RATIO` x target), and again
-    where it is set on a model, for that family (``models.resolved_scaling.resolve``).
+    A method that changes nothing is refused (one sentence): at its first lookup
+    (:func:`scaling_method`), where every required parameter takes "auto" and so can be probed
+    (set for an :data:`AUTO_PROBE_RATIO` x target), and again where it is set on a model, for that
+    family (``models.resolved_scaling.resolve``).
     """
 
     def decorator(fn: ScalingFn) -> ScalingFn:
@@ -213,13 +215,8 @@ def register_scaling(
             bool(pair_method),
             auto_rule,
         )
-        if _changes_nothing(method):
-            raise ValueError(
-                f"Scaling method {name!r} changes nothing: with its auto parameters set for a "
-                f"{AUTO_PROBE_RATIO:g}x target its frequencies and attention factor are the default "
-                f"ones, so every row labelled {name!r} would equal the raw model's."
-            )
-        SCALING_METHODS[name] = method
+        SCALING_METHODS[name] = method  # probed at its first lookup (scaling_method)
+        _PROBED.discard(name)
         return fn
 
     return decorator
@@ -275,12 +272,27 @@ def _method_params(fn: ScalingFn) -> tuple[set[str], set[str]]:
 
 
 def scaling_method(name: str) -> ScalingMethod:
-    """The registered method ``name``; an unknown name is one sentence listing the registered ones."""
+    """The registered method ``name``; an unknown name is one sentence listing the registered ones.
+
+    The first lookup of a method probes it (:func:`_changes_nothing`; the probe computes
+    frequencies, so it runs here and not at registration, where checking a config would load
+    torch): one that changes nothing is removed from the registry and refused in one sentence.
+    """
     if name not in SCALING_METHODS:
         raise ValueError(
             f"scaling method {name!r} is unknown; registered: {', '.join(SCALING_METHODS)}."
         )
-    return SCALING_METHODS[name]
+    method = SCALING_METHODS[name]
+    if name not in _PROBED:
+        if _changes_nothing(method):
+            del SCALING_METHODS[name]
+            raise ValueError(
+                f"Scaling method {name!r} changes nothing: with its auto parameters set for a "
+                f"{AUTO_PROBE_RATIO:g}x target its frequencies and attention factor are the default "
+                f"ones, so every row labelled {name!r} would equal the raw model's."
+            )
+        _PROBED.add(name)
+    return method
 
 
 def applicable_methods(position_kind: str) -> tuple[str, ...]:

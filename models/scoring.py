@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-import torch.nn.functional as F
+from models.lazy import F, torch
 
 __all__ = ["LOGIT_CHUNK_ELEMENTS", "chunked_token_nll", "chunk_positions"]
 

@@ -14,15 +14,20 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.attention import Attention, AttentionInputs, logn_query_scale, pair_inputs
+from models.model_config import ATTENTION_SINKS, ModelConfig, check_combination
 from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
-from models.resolved_scaling import ResolvedScaling, family_frequencies, resolve
+from models.resolved_scaling import (
+    resolve_scaling,
+    resolved_scaling,
+    scaling_frequencies,
+)
 from models.scaling_config import ScalingConfig
 from models.scoring import chunked_token_nll
 
@@ -39,61 +44,6 @@ __all__ = [
     "resolved_scaling",
     "scaling_frequencies",
 ]
-
-
-#: ``model.attention_sink``: none; learned = one logit per head and layer in every softmax's
-#: denominator (gpt-oss); token = a learned first token that every sequence starts with
-#: (StreamingLLM's pre-training recipe), at the position of the row's first token.
-ATTENTION_SINKS = ("none", "learned", "token")
-
-
-@dataclass
-class ModelConfig:
-    vocab_size: int = 259
-    n_layers: int = 4
-    d_model: int = 128
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
-    d_ff: int | None = None  # None: 4 * D for GELU, ~8/3 * D (multiple of 32) for SwiGLU
-    mlp: str = "swiglu"
-    norm: str = "rms"
-    dropout: float = 0.0
-    tie_embeddings: bool = True
-    # ATTENTION_SINKS; in the checkpoint key only when set (keys of earlier models hold)
-    attention_sink: str = field(default="none", metadata={"weights": "if_set"})
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def ff_width(self) -> int:
-        if self.d_ff:
-            return self.d_ff
-        if self.mlp == "gelu":
-            return 4 * self.d_model
-        return 32 * math.ceil(8 * self.d_model / 3 / 32)
-
-    def validate(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}.")
-        if self.n_heads % self.kv_heads:
-            raise ValueError(
-                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}."
-            )
-        if self.mlp not in ("swiglu", "gelu"):
-            raise ValueError(f"mlp {self.mlp!r} is unknown; allowed: swiglu, gelu.")
-        if self.norm not in ("rms", "layer"):
-            raise ValueError(f"norm {self.norm!r} is unknown; allowed: rms, layer.")
-        if self.attention_sink not in ATTENTION_SINKS:
-            raise ValueError(
-                f"attention_sink {self.attention_sink!r} is unknown; allowed: "
-                f"{', '.join(ATTENTION_SINKS)}."
-            )
 
 
 @dataclass
@@ -144,53 +94,6 @@ class LMOutput:
     token_nll: torch.Tensor | None = None  # [N, L] float32 NLL of the targets, when given
 
 
-def resolved_scaling(
-    scaling: ScalingConfig | None,
-    model_cfg: ModelConfig,
-    position_cfg: PositionConfig,
-    train_length: int,
-    eval_length: int | None = None,
-) -> ResolvedScaling:
-    """``scaling`` (None = raw) resolved for this geometry: its parameters concrete and its facts
-    computed once (``models.resolved_scaling.resolve``, which says what it refuses). Needs no model.
-    """
-    return resolve(
-        scaling, position_cfg, model_cfg.head_dim, model_cfg.d_model, train_length, eval_length
-    )
-
-
-def resolve_scaling(
-    scaling: ScalingConfig | None,
-    model_cfg: ModelConfig,
-    position_cfg: PositionConfig,
-    train_length: int,
-    eval_length: int | None = None,
-) -> ScalingConfig:
-    """``scaling`` (None = raw) with its shorthands made concrete, checked.
-
-    A factor "auto" is set for ``scaling.target_length`` if given (not with ``oracle``), else for
-    ``eval_length`` (``models.scaling_config.resolve_params``). Raises ValueError (one sentence)
-    for an unknown method, a method that does not apply to the position family, parameters the
-    method rejects for this geometry, or a method that changes nothing for it
-    (:func:`resolved_scaling`). Needs no model.
-    """
-    return resolved_scaling(scaling, model_cfg, position_cfg, train_length, eval_length).config
-
-
-def scaling_frequencies(
-    scaling: ScalingConfig,
-    model_cfg: ModelConfig,
-    position_cfg: PositionConfig,
-    train_length: int,
-    seq_len: int,
-) -> tuple[torch.Tensor, float] | None:
-    """inv_freq and attention factor of a resolved scaling for a family with frequencies (RoPE:
-    per head; sinusoidal: the model width); None for a family without them."""
-    return family_frequencies(
-        scaling, position_cfg, model_cfg.head_dim, model_cfg.d_model, train_length, seq_len
-    )
-
-
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -230,17 +133,6 @@ class Block(nn.Module):
         x = x[:, query_from:] + self.dropout(attn_out)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))
         return x, kv, entropy
-
-
-def check_combination(model_cfg: ModelConfig, position_cfg: PositionConfig) -> None:
-    """Raise ValueError (one sentence) for model switches that do not combine with the position
-    family; needs no model, so a job checks it before anything trains."""
-    if model_cfg.attention_sink == "learned" and position_cfg.acts_on == "contextual":
-        raise ValueError(
-            f"model.attention_sink=learned does not combine with position={position_cfg.kind} "
-            "(its positions are counted over the logits row, which a sink would join); "
-            "allowed: attention_sink none or token."
-        )
 
 
 class DecoderLM(nn.Module):

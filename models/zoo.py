@@ -37,9 +37,7 @@ import math
 from functools import partial
 from typing import Any
 
-import torch
-from torch import nn
-
+from models.lazy import nn, torch
 from models.positions import (
     ContextualBias,
     Family,

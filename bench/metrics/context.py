@@ -20,13 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from bench.corpora import Document
 from bench.progress import progress_bar
 from bench.runtime import autocast, forward_takes
+from models.lazy import F, nn, torch
 
 __all__ = [
     "EvalContext",

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from bench.checks import choice, integer
 from bench.corpora import Document
@@ -48,6 +47,7 @@ from bench.metrics.context import (
     select_documents,
 )
 from bench.metrics.registry import BootstrapConfig, grid_field, register_metric
+from models.lazy import torch
 
 __all__ = ["NLL_PROTOCOLS", "NllConfig", "nll_rows", "nll_windows"]
 

@@ -28,8 +28,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from bench.checks import choice, integer, number
 from bench.corpora import Document
@@ -46,6 +44,7 @@ from bench.passkey import (
     passkey_grid,
 )
 from bench.tokenizer import ByteTokenizer
+from models.lazy import nn, no_grad, torch
 
 __all__ = [
     "PasskeyConfig",
@@ -63,7 +62,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # byte tokens that would continue the key (the verdict needs anything else after it)
-_DIGIT_IDS = torch.tensor([i for i in range(ByteTokenizer.vocab_size) if is_digit_token(i)])
+_DIGIT_IDS = tuple(i for i in range(ByteTokenizer.vocab_size) if is_digit_token(i))
 
 
 @dataclass
@@ -163,14 +162,14 @@ def _context(model, batch_size: int, device, ctx: EvalContext | None) -> EvalCon
     return EvalContext(model, device=device, batch_size=int(batch_size), progress=False)
 
 
-@torch.no_grad()
+@no_grad
 def passkey_verdicts(
     model: nn.Module,
     examples: Sequence[PasskeyExample],
     batch_size: int,
     device: str | torch.device = "cpu",
     ctx: EvalContext | None = None,
-    continues: torch.Tensor = _DIGIT_IDS,
+    continues: Sequence[int] = _DIGIT_IDS,
 ) -> list[bool]:
     """Teacher-forced exact-match verdicts, in the order of ``examples`` (any
     :class:`bench.passkey.TaskExample`).
@@ -195,14 +194,14 @@ def passkey_verdicts(
             targets = ids[:, length - span :]
             in_answer = torch.arange(span)[None, :] >= (span - answer_lens)[:, None]
             after = logits[:, span].argmax(dim=-1).cpu()  # [B]: the token after the answer
-            ended = ~torch.isin(after, continues)
+            ended = ~torch.isin(after, torch.tensor(continues))
             ok = ((predicted == targets) | ~in_answer).all(dim=1) & ended
             for i, verdict in zip(indices[start : start + step], ok.tolist(), strict=True):
                 verdicts[i] = bool(verdict)
     return verdicts
 
 
-@torch.no_grad()
+@no_grad
 def greedy_passkey_verdicts(
     model: nn.Module,
     examples: Sequence[PasskeyExample],
@@ -220,13 +219,13 @@ def greedy_passkey_verdicts(
             generated = model.generate_greedy(prompts, max_new_tokens=answer_len + 1).cpu()
             answers = torch.tensor([examples[i].answer_ids for i in chunk])
             ok = (generated[:, :answer_len] == answers).all(dim=1)
-            ok &= ~torch.isin(generated[:, answer_len], _DIGIT_IDS)
+            ok &= ~torch.isin(generated[:, answer_len], torch.tensor(_DIGIT_IDS))
             for i, verdict in zip(chunk, ok.tolist(), strict=True):
                 verdicts[i] = bool(verdict)
     return verdicts
 
 
-@torch.no_grad()
+@no_grad
 def text_passkey_verdicts(ctx: EvalContext, examples: Sequence[PasskeyExample]) -> list[bool]:
     """Verdicts on text, for a subword tokenizer (``ctx.tokenizer``): greedy decoding (the model's
     ``generate_greedy``, KV cache) of ``len(answer_ids) + 2`` tokens after each prompt (+ 1 where

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from bench.checks import integer
 from bench.corpora import Document
@@ -39,6 +38,7 @@ from bench.metrics.context import (
     warn_no_docs,
 )
 from bench.metrics.registry import BootstrapConfig, MetricConfig, grid_field, register_metric
+from models.lazy import torch
 
 __all__ = [
     "AttnEntropyConfig",

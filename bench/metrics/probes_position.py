@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from bench.checks import integer, number
 from bench.corpora import Document
 from bench.metrics.context import EvalContext, first_windows, make_row, select_documents
 from bench.metrics.registry import MetricConfig, register_metric
+from models.lazy import torch
 
 __all__ = [
     "PositionProbeConfig",

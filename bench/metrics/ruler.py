@@ -32,11 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 
 from bench.checks import choice, integer, number
 from bench.corpora import Document
-from bench.findings.stats import wilson
 from bench.metrics.context import EvalContext, make_row
 from bench.metrics.passkey import corpus_filler_source, decode_in_context, passkey_verdicts
 from bench.metrics.registry import MetricConfig, register_metric
@@ -54,6 +52,7 @@ from bench.ruler import (
     ruler_examples,
 )
 from bench.tokenizer import ByteTokenizer
+from models.lazy import no_grad, torch
 
 __all__ = [
     "RulerConfig",
@@ -66,7 +65,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 TOK = ByteTokenizer()
 # byte tokens that would continue the answer's last item (the verdict needs anything else)
-_ALNUM_IDS = torch.tensor([i for i in range(256) if chr(i).isascii() and chr(i).isalnum()])
+_ALNUM_IDS = tuple(i for i in range(256) if chr(i).isascii() and chr(i).isalnum())
 SCORES = ("exact", "match")
 RULE = "largest evaluated length with it and every shorter one passing; not interpolated"
 #: the protocol: the filler is at least this share of every evaluated window
@@ -259,7 +258,7 @@ def _decode_generated(tokenizer, prompt_ids: Sequence[int], generated: Sequence[
     return text if text is not None else tokenizer.decode(generated, **kw)
 
 
-@torch.no_grad()
+@no_grad
 def generated_scores(
     ctx: EvalContext, examples: Sequence[RulerExample], extra_tokens: int, text: bool = False
 ) -> tuple[list[bool], list[float]]:
@@ -324,6 +323,8 @@ def _task_rows(
 
 
 def _ci(k: int, n: int) -> dict:
+    from bench.findings.stats import wilson  # scipy: not on the config check path
+
     lo, hi = wilson(k, n)
     return {"ci_lo": lo, "ci_hi": hi}
 

@@ -15,8 +15,6 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from torch import nn
-
 from bench.corpora import Corpus, Document
 from bench.metrics import ResolvedEval
 from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling, check_scaling_params
@@ -33,6 +31,7 @@ from bench.pretrained.config import (
 from bench.pretrained.documents import retokenize
 from bench.results import canonical_json
 from bench.source import SourceModel
+from models.lazy import nn
 from models.scaling_config import ScalingConfig, run_scaling
 
 __all__ = ["PretrainedSource"]

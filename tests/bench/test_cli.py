@@ -481,11 +481,12 @@ def test_sweep_errors_are_found_before_any_job_only_when_no_cell_can_run(in_tmp)
     both = sweep_errors(["+experiment=smoke", "scaling=none", "model.n_heads=3,5"])
     assert len(both) == 2 and all(line.startswith("position=") for line in both)
     assert "n_heads 3." in both[0] + both[1] and "n_heads 5." in both[0] + both[1]
-    # negative controls: a valid sweep, an error that depends on the swept value (the jobs
-    # report it), and a single run (its job reports it)
+    # negative controls: a valid sweep and an error that depends on the swept value (the jobs
+    # report it); a single run is checked alike (before its job imports the model code)
     assert sweep_errors(["+experiment=smoke"]) == []
     assert sweep_errors(["+experiment=smoke", "train.passkey_fraction=0.0,0.5"]) == []
-    assert sweep_errors(["model.n_heads=3"]) == []
+    assert sweep_errors(["model.n_heads=3"]) == ["model.d_model 128 is not divisible by n_heads 3."]
+    assert sweep_errors(["model.n_heads=4"]) == []
     assert sweep_errors(["--cfg", "job", "+experiment=smoke", "model.n_heads=3"]) == []
     assert not list(in_tmp.iterdir())
 

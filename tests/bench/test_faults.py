@@ -227,9 +227,9 @@ def test_a_data_source_that_cannot_work_is_one_sentence_before_any_job(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(datasets, "load_dataset", offline)
     make(tmp_path)
-    import bench.cli as cli_module
+    import bench.job as job_module
 
-    monkeypatch.setattr(cli_module, "run_job", _fail_if_a_job_runs)
+    monkeypatch.setattr(job_module, "run_job", _fail_if_a_job_runs)
     args = ["+experiment=smoke", "position=rope,alibi", "scaling=none",
             f"paths.cache={tmp_path / 'cache'}", *[o.format(d=tmp_path) for o in overrides]]  # fmt: skip
     assert main(["-m", *args]) == 2

@@ -12,7 +12,7 @@ from bench.runtime import busy_cores
 @pytest.fixture
 def two_core_default(monkeypatch):
     before = torch.get_num_threads()
-    monkeypatch.setattr(job_module, "DEFAULT_THREADS", 2)
+    monkeypatch.setattr(job_module, "default_threads", lambda: 2)
     yield
     torch.set_num_threads(before)
 

@@ -25,6 +25,7 @@ from models.scaling import (
     applicable_methods,
     default_inv_freq,
     register_scaling,
+    scaling_method,
 )
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig, resolved_scaling
 from models.zoo import sandwich_table, xpos_scale
@@ -136,7 +137,7 @@ def _default(geometry: RopeGeometry, **_) -> tuple[torch.Tensor, float]:
     return default_inv_freq(geometry.rotary_dim, geometry.base), 1.0
 
 
-def test_a_method_that_changes_nothing_is_refused_when_registered():
+def test_a_method_that_changes_nothing_is_refused_at_its_first_lookup():
     def unchanged(geometry: RopeGeometry, *, factor: float) -> tuple[torch.Tensor, float]:
         return _default(geometry)
 
@@ -145,11 +146,12 @@ def test_a_method_that_changes_nothing_is_refused_when_registered():
         (unchanged, {"applies_to": ("positions",), "auto_keys": ("factor",)}),
         (unchanged, {"applies_to": ("rotary",), "auto_keys": ("factor",)}),
     ]:
+        register_scaling("noop", **facts)(fn)
         with pytest.raises(ValueError, match=r"'noop' changes nothing: .* the raw model's\.$"):
-            register_scaling("noop", **facts)(fn)
+            scaling_method("noop")  # its first lookup probes it
         assert "noop" not in SCALING_METHODS
     with linear_copy():  # control: the same probe passes a method that changes something
-        assert "my_linear" in SCALING_METHODS
+        assert scaling_method("my_linear").fn is SCALING_METHODS["linear"].fn
 
 
 def test_a_method_that_changes_nothing_is_refused_when_set():

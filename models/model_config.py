@@ -1,0 +1,79 @@
+"""The decoder's shape (:class:`ModelConfig`) and the model switches' checks: no torch, so that a
+config is checked before any tensor library loads (``models.lazy``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from models.positions import PositionConfig
+
+__all__ = ["ATTENTION_SINKS", "ModelConfig", "check_combination"]
+
+
+#: ``model.attention_sink``: none; learned = one logit per head and layer in every softmax's
+#: denominator (gpt-oss); token = a learned first token that every sequence starts with
+#: (StreamingLLM's pre-training recipe), at the position of the row's first token.
+ATTENTION_SINKS = ("none", "learned", "token")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 259
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
+    d_ff: int | None = None  # None: 4 * D for GELU, ~8/3 * D (multiple of 32) for SwiGLU
+    mlp: str = "swiglu"
+    norm: str = "rms"
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+    # ATTENTION_SINKS; in the checkpoint key only when set (keys of earlier models hold)
+    attention_sink: str = field(default="none", metadata={"weights": "if_set"})
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ff_width(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        if self.mlp == "gelu":
+            return 4 * self.d_model
+        return 32 * math.ceil(8 * self.d_model / 3 / 32)
+
+    def validate(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}.")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.kv_heads}."
+            )
+        if self.mlp not in ("swiglu", "gelu"):
+            raise ValueError(f"mlp {self.mlp!r} is unknown; allowed: swiglu, gelu.")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError(f"norm {self.norm!r} is unknown; allowed: rms, layer.")
+        if self.attention_sink not in ATTENTION_SINKS:
+            raise ValueError(
+                f"attention_sink {self.attention_sink!r} is unknown; allowed: "
+                f"{', '.join(ATTENTION_SINKS)}."
+            )
+
+
+def check_combination(model_cfg: ModelConfig, position_cfg: PositionConfig) -> None:
+    """Raise ValueError (one sentence) for model switches that do not combine with the position
+    family; needs no model, so a job checks it before anything trains."""
+    if model_cfg.attention_sink == "learned" and position_cfg.acts_on == "contextual":
+        raise ValueError(
+            f"model.attention_sink=learned does not combine with position={position_cfg.kind} "
+            "(its positions are counted over the logits row, which a sink would join); "
+            "allowed: attention_sink none or token."
+        )
