@@ -37,6 +37,7 @@ from bench.metrics import (
 from bench.metrics.context import run_documents
 from bench.pretrained.documents import window_bos
 from bench.progress import progress_bar
+from bench.shards import METRIC_COLUMN
 from models.scaling_config import ScalingConfig, run_scaling
 
 __all__ = ["evaluate_model", "parse_length"]
@@ -104,10 +105,12 @@ def evaluate_model(
     try:
         with torch.no_grad():
             for length in progress_bar(
-                cfg.lengths, desc="eval lengths", unit="len", disable=not progress
+                cfg.measured_lengths, desc="eval lengths", unit="len", disable=not progress
             ):
                 with scaled(scaling, length) if scaled else contextlib.nullcontext():
                     rows += _measure_length(ctx, cfg, docs, length, by_metric)
+        if cfg.shard is not None:  # the merge adds the rows computed from every length
+            return [{**row, METRIC_COLUMN: name} for name in by_metric for row in by_metric[name]]
         for name, section in cfg.metrics.items():
             finish = METRICS[name].finish
             if finish is not None and section.enabled:

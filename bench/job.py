@@ -35,6 +35,7 @@ from bench.result_digest import digest_problem
 from bench.results import canonical_json, describe_row, non_finite_row, write_results
 from bench.runtime import busy_cores, resolve_device
 from bench.schema import JobConfig
+from bench.shards import IDENTITY_COLUMN, merge_shards, remove_shards, shard_path
 from bench.source import ModelSource, SourceModel
 from models.lazy import torch
 from models.resolved_scaling import resolved_scaling
@@ -139,6 +140,8 @@ def validate_job(job: JobConfig) -> JobSpec:
     source = model_source(job)
     source.check_scaling(job.scaling)
     resolved, scaling = source.plan()
+    if resolved.shard is not None:
+        _check_shardable(job, resolved)
     cache = job.paths.cache if source.caches else None
     return JobSpec(
         job=job,
@@ -149,6 +152,22 @@ def validate_job(job: JobConfig) -> JobSpec:
         cache_root=None if cache is None else resolve_path(cache, "paths.cache"),
         source=source,
     )
+
+
+def _check_shardable(job: JobConfig, resolved: ResolvedEval) -> None:
+    """A shard is a share of one model's eval lengths: refuse what it cannot split."""
+    if resolved.harness.tasks:
+        raise ValueError(
+            f"eval.shard={job.eval.shard} cannot split lm-evaluation-harness tasks "
+            f"(eval.harness.tasks={list(resolved.harness.tasks)}); allowed: eval.shard=null, or "
+            "the harness tasks in a job of their own."
+        )
+    if job.extend.active and job.extend.curve:
+        raise ValueError(
+            f"eval.shard={job.eval.shard} cannot split a fine-tune's recovery curve "
+            f"(extend.curve={list(job.extend.curve)}: several models); allowed: eval.shard=null "
+            "or extend.curve=[]."
+        )
 
 
 def prepare_job(cfg: DictConfig | JobConfig) -> JobSpec:
@@ -260,7 +279,13 @@ def results_target(
 ) -> tuple[Path, dict[str, Any] | None]:
     """(result file, the "cached" summary if it exists already); sets run_id/model_id in ``base``."""
     run_id = make_run_id(model_id, spec)
-    out_path = spec.results_dir / f"{run_id}.parquet"
+    merged = spec.results_dir / f"{run_id}.parquet"
+    shard = spec.eval.shard
+    if shard is not None and merged.exists() and unreadable_results(merged, run_id) is None:
+        message = f"results already exist at {merged} (merged from shards); nothing to do."
+        base.update(run_id=run_id, model_id=model_id, results_path=str(merged))
+        return merged, _summary("cached", message, trained=False, **base)
+    out_path = merged if shard is None else shard_path(spec.results_dir, run_id, shard)
     base.update(run_id=run_id, model_id=model_id, results_path=str(out_path))
     if not out_path.exists():
         return out_path, None
@@ -355,6 +380,9 @@ def write_job_rows(
         }
         for row in rows
     ]
+    if spec.eval.shard is not None:  # what the merge gives the rows it computes (bench.shards)
+        own = canonical_json(identity)
+        full = [{**row, IDENTITY_COLUMN: own} for row in full]
     bad = non_finite_row(full)
     if bad is not None:  # DESIGN.md: a non-finite metric value is a failed job, never a row
         return _summary(
@@ -437,6 +465,16 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     out_path, cached = results_target(spec, model_id, base)
     if cached is not None:
         return cached
+    if spec.eval.shard is None:  # the shards of this job, if any, are merged instead of measured
+        try:
+            merged = merge_job_shards(spec, base["run_id"])
+        except ValueError as exc:
+            return _summary("invalid", str(exc), **base)
+        if merged is not None:
+            write_results(merged, out_path)
+            remove_shards(spec.results_dir, base["run_id"])
+            message = f"{len(merged)} rows merged from shards into {out_path}."
+            return _summary("done", message, trained=False, rows=len(merged), **base)
     earlier = None
     if failed_models is not None:
         earlier = failed_models.earlier(_model_keys(spec, corpus, model_id))
@@ -475,6 +513,16 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     rows += source.extra_rows(model, spec)
     columns = source.columns(model, corpus)
     return write_job_rows(spec, rows, corpus, columns, out_path, started, base, model.trained)
+
+
+def merge_job_shards(spec: JobSpec, run_id: str) -> list[dict[str, Any]] | None:
+    """The job's rows merged from its shards (``bench.shards``), or None when it has none."""
+    from bench.metrics import METRICS
+
+    finishers = {
+        name: (spec.eval.metrics[name], METRICS[name].finish) for name in spec.eval.metrics
+    }
+    return merge_shards(spec.results_dir, run_id, finishers, unreadable_results)
 
 
 def _model_keys(spec: JobSpec, corpus: Corpus, model_id: str) -> list[str]:

@@ -23,6 +23,7 @@ from bench.metrics.registry import (
     MetricConfig,
     top_level_keys,
 )
+from bench.shards import Shard, parse_shard
 
 __all__ = [
     "EvalConfigBase",
@@ -93,6 +94,13 @@ class EvalConfigBase(EvalKeys):
             raise ValueError(
                 f"eval.lengths must hold at least one length of >= 2 tokens, got {self.lengths!r}."
             )
+        shard = parse_shard(self.shard)
+        if shard is not None and shard.count > len(lengths):
+            raise ValueError(
+                f"eval.shard={self.shard} splits {len(lengths)} eval length(s) {lengths} into "
+                f"{shard.count} shards, so shard(s) would have no length; allowed: N <= "
+                f"{len(lengths)} (a shard is one or more eval lengths)."
+            )
         return ResolvedEval(
             train_length=train_length,
             lengths=lengths,
@@ -101,6 +109,7 @@ class EvalConfigBase(EvalKeys):
             max_batch_tokens=self.max_batch_tokens,
             metrics={name: self.section(name).resolve(train_length, lengths) for name in METRICS},
             harness=getattr(self, "harness", None) or HarnessConfig(),
+            shard=shard,
         )
 
 
@@ -120,7 +129,8 @@ class ResolvedEval:
 
     ``lengths`` are the sorted eval lengths in tokens; ``metrics`` holds each registered metric's
     resolved section in run order (its ``lengths`` = the eval lengths it runs at, grids in tokens,
-    None for "auto").
+    None for "auto"). ``shard``: the share of ``lengths`` this process evaluates
+    (``bench.shards``), not part of the job's identity.
     """
 
     train_length: int
@@ -130,6 +140,12 @@ class ResolvedEval:
     max_batch_tokens: int | None
     metrics: dict[str, MetricConfig]
     harness: HarnessConfig
+    shard: Shard | None = None
+
+    @property
+    def measured_lengths(self) -> list[int]:
+        """The eval lengths this process measures: its shard's, or all of them."""
+        return self.lengths if self.shard is None else self.shard.lengths(self.lengths)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the job's identity: the top-level keys, one mapping per metric, harness."""

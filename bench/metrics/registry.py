@@ -18,6 +18,7 @@ from bench.checks import boolean, check_grid, choice, integer, number, resolve_g
 from bench.corpora import Document
 from bench.metrics.context import EvalContext
 from bench.runtime import PRECISIONS
+from bench.shards import parse_shard
 
 __all__ = [
     "DEFAULT_LENGTHS",
@@ -54,6 +55,8 @@ class EvalKeys:
     precision: str = "fp32"
     batch_size: int = 8  # windows per forward pass ...
     max_batch_tokens: int | None = 32768  # ... capped at this many tokens per pass (null = no cap)
+    # "i/N": evaluate only shard i of N of the eval lengths, then merge (bench.shards); null = all
+    shard: str | None = None
 
     def __post_init__(self) -> None:
         if self.lengths == "auto":
@@ -64,6 +67,7 @@ class EvalKeys:
         self.max_batch_tokens = integer(
             "eval.max_batch_tokens", self.max_batch_tokens, 1, optional=True
         )
+        parse_shard(self.shard)
 
 
 def top_level_keys() -> tuple[str, ...]:
