@@ -29,6 +29,10 @@ DEFAULT_SWEEP = [
     "+experiment=smoke",
     "position=rope,alibi,nope,sinusoidal",
     "scaling=none",
+    "model.n_layers=2",
+    "model.d_model=128",
+    "model.n_heads=4",
+    "train.batch_size=16",
     "train.steps=300",
     "hydra.callbacks.report.enabled=false",
 ]
