@@ -88,7 +88,7 @@ class PasskeyTemplate:
 #: space, so the token before the first digit occurs only in the needle and the question (never
 #: in the filler): retrieval is a content match, which the retrieval arm's 3-layer byte-level
 #: model learns (with a space there, the token before the key is one the filler has at every
-#: word; README, "Why the retrieval arm's settings").
+#: word; reports/reference/README.md, "The retrieval arm's base budget").
 PASSKEY_TEMPLATES = {
     "landmark": PasskeyTemplate(
         name="landmark",

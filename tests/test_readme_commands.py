@@ -38,6 +38,7 @@ DOCS = [
     ROOT / "reports" / "reference" / "README.md",
     ROOT / "results" / "README.md",
     ROOT / "reports" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
 ]
 
 

@@ -288,7 +288,7 @@ def test_quickstart_rope_reaches_90_percent_passkey_at_its_training_length(in_tm
     evaluated by the CLI retrieves the passkey at L in >= 90% of the evaluation's examples, and
     its rows say how many updates the training ran.
 
-    Measured while tuning, with 2 layers (README, "Why the retrieval arm's settings"): with every
+    Measured while tuning, with 2 layers (reports/reference/README.md): with every
     example a whole row instead of uniform lengths, or with a space before the key, seed 0 stayed
     at 0.00, so this fails if the preset loses what makes retrieval form (not run here: minutes).
     """
