@@ -685,6 +685,8 @@ class TrainedSource:
             columns["position_sampling"] = job.train.position_sampling
         if job.model.attention_sink != "none":
             columns["attention_sink"] = job.model.attention_sink
+        if job.model.qk_norm:  # the column's value names the norm (model.qk_norm: RMSNorm)
+            columns["qk_norm"] = "rms"
         columns.update(model.columns)
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))

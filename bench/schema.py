@@ -79,6 +79,7 @@ class ModelSchema(ModelConfig):
         self.d_ff = integer("model.d_ff", self.d_ff, 1, optional=True)
         self.dropout = number("model.dropout", self.dropout, 0.0, 1.0, interval="[)")
         self.tie_embeddings = boolean("model.tie_embeddings", self.tie_embeddings)
+        self.qk_norm = boolean("model.qk_norm", self.qk_norm)
         try:
             self.validate()  # divisibility, mlp and norm; its messages start with the field name
         except ValueError as exc:

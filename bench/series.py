@@ -35,6 +35,7 @@ SERIES_COLUMNS: list[str] = [
     "position_params",
     "position_sampling",
     "attention_sink",
+    "qk_norm",
     "scaling",
     "scaling_params",
     "train_length",

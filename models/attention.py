@@ -730,12 +730,16 @@ class Attention(nn.Module):
         head_dim: int,
         layer: int = 0,
         learned_sink: bool = False,
+        qk_norm: bool = False,
     ):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
         self.layer = layer  # the block index: a contextual term may have parameters per layer
         # gpt-oss's attention sink: one learned logit per head in every softmax's denominator
         self.sink = nn.Parameter(torch.zeros(n_heads)) if learned_sink else None
+        # model.qk_norm (Qwen3): RMSNorm with a learned scale over each head's d channels
+        self.q_norm = nn.RMSNorm(head_dim) if qk_norm else None
+        self.k_norm = nn.RMSNorm(head_dim) if qk_norm else None
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
@@ -760,6 +764,8 @@ class Attention(nn.Module):
         k, v = (
             self.kv_proj(x).view(n, length, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )  # [N, G, L, d] each
+        if self.q_norm is not None:  # model.qk_norm: per head, before any rotation (Qwen3)
+            q, k = self.q_norm(q), self.k_norm(k)
         if inputs.cos is not None:  # RoPE: rotate this layer's queries and keys, never the values
             q_cos, q_sin = inputs.cos[:, :, query_from:], inputs.sin[:, :, query_from:]
             q = rotate(q, q_cos, q_sin, inputs.layout)

@@ -33,6 +33,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     # ATTENTION_SINKS; in the checkpoint key only when set (keys of earlier models hold)
     attention_sink: str = field(default="none", metadata={"weights": "if_set"})
+    # RMS QK-norm (Qwen3, OLMo 2): a learned per-channel RMSNorm over each head's query and key,
+    # before the position rotation; every family. In the checkpoint key only when set.
+    qk_norm: bool = field(default=False, metadata={"weights": "if_set"})
 
     @property
     def head_dim(self) -> int:

@@ -123,6 +123,7 @@ class Block(nn.Module):
             cfg.head_dim,
             layer,
             learned_sink=cfg.attention_sink == "learned",
+            qk_norm=cfg.qk_norm,
         )
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)

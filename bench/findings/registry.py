@@ -71,17 +71,19 @@ def all_of(checks: list[Check]) -> Check:
 SCOPE_DEFAULTS = {
     "position_sampling": "contiguous",
     "attention_sink": "none",
+    "qk_norm": "none",
     "finetune_method": "none",
 }
 CONTIGUOUS = ("contiguous",)
 NO_SINK = ("none",)
+NO_QK_NORM = ("none",)
 
 
 @dataclass(frozen=True)
 class Scope:
     """What a finding is about, declared once with it: the series it checks (``positions``,
-    ``scalings``, ``metrics``, ``finetunes``, ``samplings``, ``sinks``, ``arms``; None = any) and
-    the rows it reads (those, plus the comparison series it needs: ``also_samplings``,
+    ``scalings``, ``metrics``, ``finetunes``, ``samplings``, ``sinks``, ``qk_norms``, ``arms``;
+    None = any) and the rows it reads (those, plus the comparison series it needs: ``also_samplings``,
     ``also_sinks``). A report checks a finding only where one of its series is present, and the
     finding reads only its rows: F1 is not computed on a PoSE-trained sinusoidal model, nor L3's
     sinks counted against F3."""
@@ -92,6 +94,7 @@ class Scope:
     finetunes: tuple[str, ...] | None = None  # "none": the zero-shot models
     samplings: tuple[str, ...] = CONTIGUOUS
     sinks: tuple[str, ...] = NO_SINK
+    qk_norms: tuple[str, ...] = NO_QK_NORM  # "rms": models trained with model.qk_norm
     arms: tuple[str, ...] | None = None
     also_samplings: tuple[str, ...] = ()
     also_sinks: tuple[str, ...] = ()
@@ -113,6 +116,7 @@ class Scope:
         """The rows the finding reads."""
         keep = self._keep(df, "position_sampling", (*self.samplings, *self.also_samplings))
         keep &= self._keep(df, "attention_sink", (*self.sinks, *self.also_sinks))
+        keep &= self._keep(df, "qk_norm", self.qk_norms)
         keep &= self._keep(df, "arm", self.arms) if "arm" in df.columns else True
         return df[keep]
 
@@ -126,6 +130,7 @@ class Scope:
             ("finetune_method", self.finetunes),
             ("position_sampling", self.samplings),
             ("attention_sink", self.sinks),
+            ("qk_norm", self.qk_norms),
         ):
             keep &= self._keep(df, column, allowed)
         if self.arms is not None and "arm" in df.columns:
@@ -143,6 +148,7 @@ class Scope:
                 ("metrics", self.metrics),
                 ("position sampling", self.samplings),
                 ("attention sink", self.sinks),
+                ("QK-norm", self.qk_norms),
             )
             if values is not None
         ]

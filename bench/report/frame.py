@@ -163,6 +163,9 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     if "attention_sink" in df.columns:  # trained with an attention sink
         sunk = df["attention_sink"].notna()
         df.loc[sunk, "position_label"] += " +" + df.loc[sunk, "attention_sink"] + " sink"
+    if "qk_norm" in df.columns:  # trained with model.qk_norm
+        normed = df["qk_norm"].notna()
+        df.loc[normed, "position_label"] += " +QK-norm"
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:
         series = series + " L=" + df["train_length"].astype(str)

@@ -1,0 +1,120 @@
+"""``model.qk_norm`` (issue 54 item 6): a learned RMSNorm over each head's query and key channels,
+before the position rotation, for every family. Oracle: transformers' Qwen3Attention (its
+``q_norm``/``k_norm``) with the same weights; negative controls: the model without the switch
+differs from Qwen3's, and the norm's learned scale changes the output. Every family builds and
+decodes with it (KV cache = prefill), and the switch enters the checkpoint key only when set."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.checks import weights_dict
+from models.positions import PositionConfig, families
+from models.transformer import DecoderLM, ModelConfig
+
+
+def _qwen3_pair(qk_norm: bool, length: int = 20, scale_shift: float = 0.0):
+    """(ours, theirs): layer 0 of a RoPE DecoderLM with ``model.qk_norm`` = ``qk_norm`` and
+    transformers' Qwen3Attention (always normed) with the same weights, on one input."""
+    modeling = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_hidden_layers=1,
+        rms_norm_eps=torch.finfo(torch.float32).eps,  # torch.nn.RMSNorm's default
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, qk_norm=qk_norm)
+    model = DecoderLM(cfg, PositionConfig(kind="rope", layout="half"), 32).eval()
+    ours_attn = model.blocks[0].attn
+    theirs = modeling.Qwen3Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        k_weight, v_weight = ours_attn.kv_proj.weight.chunk(2)  # kv_proj: keys then values
+        theirs.q_proj.weight.copy_(ours_attn.q_proj.weight)
+        theirs.k_proj.weight.copy_(k_weight)
+        theirs.v_proj.weight.copy_(v_weight)
+        theirs.o_proj.weight.copy_(ours_attn.o_proj.weight)
+        scales = torch.linspace(0.5, 1.5, 8)  # a learned scale that is not all ones
+        theirs.q_norm.weight.copy_(scales)
+        theirs.k_norm.weight.copy_(scales.flip(0))
+        if qk_norm:
+            ours_attn.q_norm.weight.copy_(scales + scale_shift)
+            ours_attn.k_norm.weight.copy_(scales.flip(0))
+    x = torch.randn(1, length, 32, generator=torch.Generator().manual_seed(7))
+    positions = torch.arange(length)[None]
+    mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        rotary = modeling.Qwen3RotaryEmbedding(config)(x, positions)
+        expected = theirs(x, position_embeddings=rotary, attention_mask=mask)[0]
+        inputs = model._attention_inputs(
+            model._positions(x[..., 0].long(), None, None, None), False
+        )
+        ours = ours_attn(x, inputs, None)[0]
+    return ours, expected
+
+
+def test_qk_norm_equals_qwen3_attention():
+    ours, theirs = _qwen3_pair(qk_norm=True)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+
+
+def test_controls_no_norm_and_another_scale_differ_from_qwen3():
+    plain, theirs = _qwen3_pair(qk_norm=False)
+    assert (plain - theirs).abs().max() > 1e-3
+    shifted, theirs = _qwen3_pair(qk_norm=True, scale_shift=0.25)
+    assert (shifted - theirs).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("kind", sorted(families()))
+def test_every_family_trains_and_decodes_with_qk_norm(kind):
+    """Each family with the norm: a gradient reaches the norms' scales, and greedy decoding with
+    the KV cache gives the tokens a full forward pass picks (no cache)."""
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, qk_norm=True)
+    model = DecoderLM(cfg, PositionConfig(kind=kind), 16)
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    model(tokens).logits.sum().backward()
+    for block in model.blocks:
+        assert block.attn.q_norm.weight.grad.abs().sum() > 0
+        assert block.attn.k_norm.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        generated = model.generate_greedy(tokens[:, :8], max_new_tokens=4)
+        sequence = tokens[:, :8]
+        for _ in range(4):  # the same tokens without a cache, one full pass per step
+            step = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
+            sequence = torch.cat((sequence, step), dim=1)
+    assert torch.equal(generated[:, -4:], sequence[:, -4:])
+
+
+def test_qk_norm_enters_the_checkpoint_key_only_when_set():
+    off, on = ModelConfig(), ModelConfig(qk_norm=True)
+    assert "qk_norm" not in weights_dict(off)
+    assert weights_dict(on)["qk_norm"] is True
+    params = {name for name, _ in DecoderLM(on, PositionConfig(), 16).named_parameters()}
+    assert {"blocks.0.attn.q_norm.weight", "blocks.0.attn.k_norm.weight"} <= params
+    plain = {name for name, _ in DecoderLM(off, PositionConfig(), 16).named_parameters()}
+    assert not any("q_norm" in name for name in plain)
+
+
+def test_qk_norm_rows_are_their_own_series_and_out_of_every_finding_s_default_scope():
+    """A model trained with the norm is another series (its rows carry ``qk_norm``), and a
+    finding reads it only where its scope names it; control: the same rows without the column
+    are read."""
+    import pandas as pd
+
+    from bench.findings.registry import Scope
+    from bench.series import series_key
+
+    base = {"experiment": "e", "position": "rope", "scaling": "none", "metric": "ppl"}
+    rows = pd.DataFrame([{**base, "qk_norm": None}, {**base, "qk_norm": "rms"}])
+    assert series_key(rows).nunique() == 2
+    assert len(Scope().rows(rows)) == 1 and Scope().rows(rows)["qk_norm"].isna().all()
+    assert len(Scope(qk_norms=("none", "rms")).rows(rows)) == 2
+    assert len(Scope().rows(rows.drop(columns=["qk_norm"]))) == 2
