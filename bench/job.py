@@ -685,8 +685,10 @@ class TrainedSource:
             columns["position_sampling"] = job.train.position_sampling
         if job.model.attention_sink != "none":
             columns["attention_sink"] = job.model.attention_sink
-        if job.model.qk_norm:  # the column's value names the norm (model.qk_norm: RMSNorm)
+        if job.model.qk_norm:  # model switches (bench.series.SWITCH_COLUMNS): the variant
             columns["qk_norm"] = "rms"
+        if job.model.output_gate:
+            columns["output_gate"] = "sigmoid"
         columns.update(model.columns)
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))

@@ -80,6 +80,7 @@ class ModelSchema(ModelConfig):
         self.dropout = number("model.dropout", self.dropout, 0.0, 1.0, interval="[)")
         self.tie_embeddings = boolean("model.tie_embeddings", self.tie_embeddings)
         self.qk_norm = boolean("model.qk_norm", self.qk_norm)
+        self.output_gate = boolean("model.output_gate", self.output_gate)
         try:
             self.validate()  # divisibility, mlp and norm; its messages start with the field name
         except ValueError as exc:

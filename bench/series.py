@@ -27,6 +27,9 @@ __all__ = [
     "series_labels",
 ]
 
+#: Model switches that make a model its own series (``model.qk_norm``, ``model.output_gate``):
+#: a row carries the column only when the switch is on (its value names the variant).
+SWITCH_COLUMNS: list[str] = ["qk_norm", "output_gate"]
 #: What identifies a series (a model identity minus the seed, under one eval-time scaling).
 SERIES_COLUMNS: list[str] = [
     "experiment",
@@ -35,7 +38,7 @@ SERIES_COLUMNS: list[str] = [
     "position_params",
     "position_sampling",
     "attention_sink",
-    "qk_norm",
+    *SWITCH_COLUMNS,
     "scaling",
     "scaling_params",
     "train_length",

@@ -731,6 +731,7 @@ class Attention(nn.Module):
         layer: int = 0,
         learned_sink: bool = False,
         qk_norm: bool = False,
+        output_gate: bool = False,
     ):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
@@ -740,6 +741,8 @@ class Attention(nn.Module):
         # model.qk_norm (Qwen3): RMSNorm with a learned scale over each head's d channels
         self.q_norm = nn.RMSNorm(head_dim) if qk_norm else None
         self.k_norm = nn.RMSNorm(head_dim) if qk_norm else None
+        # model.output_gate: a sigmoid gate per head and channel from the layer's input
+        self.gate_proj = nn.Linear(d_model, n_heads * head_dim, bias=False) if output_gate else None
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
@@ -799,4 +802,6 @@ class Attention(nn.Module):
             )
         out, entropy = attend(q, k, v, inputs, self.layer, far, self.sink)
         out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
+        if self.gate_proj is not None:  # gated attention: elementwise, per head and channel
+            out = out * torch.sigmoid(self.gate_proj(x[:, query_from:]))
         return self.o_proj(out), (k, v), entropy

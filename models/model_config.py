@@ -36,6 +36,9 @@ class ModelConfig:
     # RMS QK-norm (Qwen3, OLMo 2): a learned per-channel RMSNorm over each head's query and key,
     # before the position rotation; every family. In the checkpoint key only when set.
     qk_norm: bool = field(default=False, metadata={"weights": "if_set"})
+    # gated attention (Qiu et al. 2025, Qwen3-Next): each head's output times an elementwise
+    # sigmoid gate computed from the layer's (normed) input, before the output projection
+    output_gate: bool = field(default=False, metadata={"weights": "if_set"})
 
     @property
     def head_dim(self) -> int:

@@ -124,6 +124,7 @@ class Block(nn.Module):
             layer,
             learned_sink=cfg.attention_sink == "learned",
             qk_norm=cfg.qk_norm,
+            output_gate=cfg.output_gate,
         )
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)

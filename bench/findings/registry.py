@@ -21,6 +21,7 @@ import pandas as pd
 
 from bench.findings.rows import col, with_series
 from bench.findings.stats import UNDECIDED, Check, Estimate
+from bench.series import SWITCH_COLUMNS
 
 HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured"
 NOT_DECIDED = "not decided"
@@ -71,18 +72,16 @@ def all_of(checks: list[Check]) -> Check:
 SCOPE_DEFAULTS = {
     "position_sampling": "contiguous",
     "attention_sink": "none",
-    "qk_norm": "none",
     "finetune_method": "none",
 }
 CONTIGUOUS = ("contiguous",)
 NO_SINK = ("none",)
-NO_QK_NORM = ("none",)
 
 
 @dataclass(frozen=True)
 class Scope:
     """What a finding is about, declared once with it: the series it checks (``positions``,
-    ``scalings``, ``metrics``, ``finetunes``, ``samplings``, ``sinks``, ``qk_norms``, ``arms``;
+    ``scalings``, ``metrics``, ``finetunes``, ``samplings``, ``sinks``, ``switches``, ``arms``;
     None = any) and the rows it reads (those, plus the comparison series it needs: ``also_samplings``,
     ``also_sinks``). A report checks a finding only where one of its series is present, and the
     finding reads only its rows: F1 is not computed on a PoSE-trained sinusoidal model, nor L3's
@@ -94,7 +93,7 @@ class Scope:
     finetunes: tuple[str, ...] | None = None  # "none": the zero-shot models
     samplings: tuple[str, ...] = CONTIGUOUS
     sinks: tuple[str, ...] = NO_SINK
-    qk_norms: tuple[str, ...] = NO_QK_NORM  # "rms": models trained with model.qk_norm
+    switches: tuple[str, ...] = ()  # model switches whose models it reads (bench.series)
     arms: tuple[str, ...] | None = None
     also_samplings: tuple[str, ...] = ()
     also_sinks: tuple[str, ...] = ()
@@ -112,11 +111,19 @@ class Scope:
             return pd.Series(True, index=df.index)
         return self._values(df, column).isin(list(allowed))
 
+    def _without_other_switches(self, df: pd.DataFrame) -> pd.Series:
+        """Rows of models with no model switch on other than ``switches`` (``qk_norm``, ...)."""
+        keep = pd.Series(True, index=df.index)
+        for column in SWITCH_COLUMNS:
+            if column not in self.switches and column in df.columns:
+                keep &= df[column].isna()
+        return keep
+
     def rows(self, df: pd.DataFrame) -> pd.DataFrame:
         """The rows the finding reads."""
         keep = self._keep(df, "position_sampling", (*self.samplings, *self.also_samplings))
         keep &= self._keep(df, "attention_sink", (*self.sinks, *self.also_sinks))
-        keep &= self._keep(df, "qk_norm", self.qk_norms)
+        keep &= self._without_other_switches(df)
         keep &= self._keep(df, "arm", self.arms) if "arm" in df.columns else True
         return df[keep]
 
@@ -130,9 +137,9 @@ class Scope:
             ("finetune_method", self.finetunes),
             ("position_sampling", self.samplings),
             ("attention_sink", self.sinks),
-            ("qk_norm", self.qk_norms),
         ):
             keep &= self._keep(df, column, allowed)
+        keep &= self._without_other_switches(df)
         if self.arms is not None and "arm" in df.columns:
             keep &= self._keep(df, "arm", self.arms)
         return df[keep]
@@ -148,7 +155,7 @@ class Scope:
                 ("metrics", self.metrics),
                 ("position sampling", self.samplings),
                 ("attention sink", self.sinks),
-                ("QK-norm", self.qk_norms),
+                ("model switches", self.switches or ("none",)),
             )
             if values is not None
         ]

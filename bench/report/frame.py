@@ -111,6 +111,8 @@ def scaling_rank(scaling: str) -> int:
 #: Scaling-label parts that tell a model fine-tuned at length ("pi ft@4x", bench.extend) from
 #: eval-time scaling of a model that was not ("linear (zero-shot)").
 FINETUNE_MARK = " ft@"
+#: the position label's mark of a model trained with a model switch on (bench.series.SWITCH_COLUMNS)
+SWITCH_LABELS = {"qk_norm": " +QK-norm", "output_gate": " +output gate"}
 ZERO_SHOT = " (zero-shot)"
 
 
@@ -163,9 +165,9 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     if "attention_sink" in df.columns:  # trained with an attention sink
         sunk = df["attention_sink"].notna()
         df.loc[sunk, "position_label"] += " +" + df.loc[sunk, "attention_sink"] + " sink"
-    if "qk_norm" in df.columns:  # trained with model.qk_norm
-        normed = df["qk_norm"].notna()
-        df.loc[normed, "position_label"] += " +QK-norm"
+    for column, mark in SWITCH_LABELS.items():  # trained with a model switch on
+        if column in df.columns:
+            df.loc[df[column].notna(), "position_label"] += mark
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:
         series = series + " L=" + df["train_length"].astype(str)

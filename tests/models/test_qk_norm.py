@@ -116,5 +116,5 @@ def test_qk_norm_rows_are_their_own_series_and_out_of_every_finding_s_default_sc
     rows = pd.DataFrame([{**base, "qk_norm": None}, {**base, "qk_norm": "rms"}])
     assert series_key(rows).nunique() == 2
     assert len(Scope().rows(rows)) == 1 and Scope().rows(rows)["qk_norm"].isna().all()
-    assert len(Scope(qk_norms=("none", "rms")).rows(rows)) == 2
+    assert len(Scope(switches=("qk_norm",)).rows(rows)) == 2
     assert len(Scope().rows(rows.drop(columns=["qk_norm"]))) == 2
