@@ -689,6 +689,8 @@ class TrainedSource:
             columns["qk_norm"] = "rms"
         if job.model.output_gate:
             columns["output_gate"] = "sigmoid"
+        if job.model.attn_scale != "none":
+            columns["attn_scale"] = job.model.attn_scale
         columns.update(model.columns)
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.model_config import SSMAX_INIT
 from models.positions import ContextualBias, ScoreBias, rope_cos_sin, rotate
 from models.scaling import PairPositions
 
@@ -205,6 +206,9 @@ class AttentionInputs:
     # the eps of a weightless RMS norm of the layer's queries and keys after the rotation (Llama
     # 4's QK-norm on iRoPE's RoPE layers, models.hybrid); None = none
     qk_norm: float | None = None
+    # SSMax (model.attn_scale=ssmax): ln of the number of real keys each query sees, [N, 1, L, 1]
+    # float32 (cached and new, padding not counted); None = no SSMax
+    log_keys: torch.Tensor | None = None
     # per forward pass: the flex block mask, shared by all layers (built on first use)
     flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -732,6 +736,7 @@ class Attention(nn.Module):
         learned_sink: bool = False,
         qk_norm: bool = False,
         output_gate: bool = False,
+        ssmax: bool = False,
     ):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
@@ -743,6 +748,8 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(head_dim) if qk_norm else None
         # model.output_gate: a sigmoid gate per head and channel from the layer's input
         self.gate_proj = nn.Linear(d_model, n_heads * head_dim, bias=False) if output_gate else None
+        # model.attn_scale=ssmax: s_h per head, each query times s_h ln(keys it sees)
+        self.ssmax = nn.Parameter(torch.full((n_heads,), SSMAX_INIT)) if ssmax else None
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
@@ -779,6 +786,9 @@ class Attention(nn.Module):
             q, k = weightless_rms_norm(q, inputs.qk_norm), weightless_rms_norm(k, inputs.qk_norm)
         if inputs.q_scale is not None:  # log-n, per query position
             q = (q.float() * inputs.q_scale[:, :, query_from:]).to(q.dtype)
+        if self.ssmax is not None:  # SSMax: s_h ln n, n the real keys the query sees
+            factor = self.ssmax[None, :, None, None] * inputs.log_keys[:, :, query_from:]
+            q = (q.float() * factor).to(q.dtype)
         if cached is not None:
             k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
             v = torch.cat((cached[1], v), dim=2)

@@ -10,13 +10,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from models.positions import PositionConfig
 
-__all__ = ["ATTENTION_SINKS", "ModelConfig", "check_combination"]
+__all__ = ["ATTENTION_SINKS", "ATTN_SCALES", "SSMAX_INIT", "ModelConfig", "check_combination"]
 
 
 #: ``model.attention_sink``: none; learned = one logit per head and layer in every softmax's
 #: denominator (gpt-oss); token = a learned first token that every sequence starts with
 #: (StreamingLLM's pre-training recipe), at the position of the row's first token.
 ATTENTION_SINKS = ("none", "learned", "token")
+#: ``model.attn_scale``: none; ssmax = Scalable-Softmax (Nakanishi 2025), each query times
+#: s_h log n, n the keys it sees and s_h learned per head and layer, in training and evaluation.
+ATTN_SCALES = ("none", "ssmax")
+#: SSMax's initial s_h (the unofficial reference implementation's; the paper states none)
+SSMAX_INIT = 0.43
 
 
 @dataclass
@@ -39,6 +44,8 @@ class ModelConfig:
     # gated attention (Qiu et al. 2025, Qwen3-Next): each head's output times an elementwise
     # sigmoid gate computed from the layer's (normed) input, before the output projection
     output_gate: bool = field(default=False, metadata={"weights": "if_set"})
+    # ATTN_SCALES; in the checkpoint key only when set
+    attn_scale: str = field(default="none", metadata={"weights": "if_set"})
 
     @property
     def head_dim(self) -> int:
@@ -67,6 +74,10 @@ class ModelConfig:
             raise ValueError(f"mlp {self.mlp!r} is unknown; allowed: swiglu, gelu.")
         if self.norm not in ("rms", "layer"):
             raise ValueError(f"norm {self.norm!r} is unknown; allowed: rms, layer.")
+        if self.attn_scale not in ATTN_SCALES:
+            raise ValueError(
+                f"attn_scale {self.attn_scale!r} is unknown; allowed: {', '.join(ATTN_SCALES)}."
+            )
         if self.attention_sink not in ATTENTION_SINKS:
             raise ValueError(
                 f"attention_sink {self.attention_sink!r} is unknown; allowed: "

@@ -125,6 +125,7 @@ class Block(nn.Module):
             learned_sink=cfg.attention_sink == "learned",
             qk_norm=cfg.qk_norm,
             output_gate=cfg.output_gate,
+            ssmax=cfg.attn_scale == "ssmax",
         )
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -394,12 +395,17 @@ class DecoderLM(nn.Module):
             pairs = pair_inputs(
                 spec, positions.position_ids, positions.k_pos, inv_freq, positions.k_valid
             )
+        n_new = positions.position_ids.shape[1]
         q_scale = None
         if self.scaling.logn:  # at each query's position (StreamingLLM's: in its cache)
             at = positions.position_ids
             if pairs is not None:
                 at = pairs.query_positions(at)
             q_scale = logn_query_scale(at, self.train_length)[:, None, :, None]
+        log_keys = None
+        if self.model_cfg.attn_scale == "ssmax":  # real keys up to each query, cached + new
+            seen = positions.k_valid.cumsum(dim=1)[:, positions.k_valid.shape[1] - n_new :]
+            log_keys = seen.clamp(min=1).to(torch.float32).log()[:, None, :, None]
         return AttentionInputs(
             cos=cos,
             sin=sin,
@@ -410,6 +416,7 @@ class DecoderLM(nn.Module):
                 else None
             ),
             q_scale=q_scale,
+            log_keys=log_keys,
             q_pos=positions.position_ids,
             k_pos=positions.k_pos,
             k_valid=None if bool(k_valid.all()) else k_valid,

@@ -112,7 +112,7 @@ def scaling_rank(scaling: str) -> int:
 #: eval-time scaling of a model that was not ("linear (zero-shot)").
 FINETUNE_MARK = " ft@"
 #: the position label's mark of a model trained with a model switch on (bench.series.SWITCH_COLUMNS)
-SWITCH_LABELS = {"qk_norm": " +QK-norm", "output_gate": " +output gate"}
+SWITCH_LABELS = {"qk_norm": " +QK-norm", "output_gate": " +output gate", "attn_scale": " +SSMax"}
 ZERO_SHOT = " (zero-shot)"
 
 

@@ -1,0 +1,113 @@
+"""``model.attn_scale=ssmax`` (issue 54 item 5): Scalable-Softmax (Nakanishi 2025), each query times
+s_h ln n with n the real keys it sees and s_h learned per head and layer, in training and
+evaluation. Reference: a float64 transcription of softmax(s_h ln(n_i) q_i.k_j / sqrt(d)); controls:
+without SSMax, and with n counted over padding, the numbers differ. A left-padded row equals the
+unpadded one; every family trains and decodes with the KV cache as a full pass does."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bench.checks import weights_dict
+from bench.schema import JobConfig
+from models.model_config import SSMAX_INIT
+from models.positions import PositionConfig, families
+from models.transformer import DecoderLM, ModelConfig
+
+WIDTH, HEADS = 32, 2
+
+
+def _model(attn_scale: str = "ssmax") -> DecoderLM:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=WIDTH, n_heads=HEADS, attn_scale=attn_scale)
+    model = DecoderLM(cfg, PositionConfig(kind="nope"), 16).eval()
+    with torch.no_grad():  # logits of order 1 (at init they are tiny), so that scales show
+        model.blocks[0].attn.q_proj.weight.normal_(0.0, 0.5)
+        model.blocks[0].attn.kv_proj.weight.normal_(0.0, 0.5)
+    if attn_scale == "ssmax":
+        with torch.no_grad():
+            model.blocks[0].attn.ssmax.copy_(torch.tensor([0.43, 0.9]))  # a different s per head
+    return model
+
+
+def _reference(model: DecoderLM, x: torch.Tensor, valid: torch.Tensor, count_padding: bool):
+    """float64 softmax(s_h ln(n_i) q_i.k_j / sqrt(d)) V over the real causal keys (NoPE)."""
+    attn = model.blocks[0].attn
+    d = WIDTH // HEADS
+    x64 = x.double()
+    q = (x64 @ attn.q_proj.weight.double().T).view(*x.shape[:2], HEADS, d).transpose(1, 2)
+    kv = (x64 @ attn.kv_proj.weight.double().T).view(*x.shape[:2], 2, HEADS, d)
+    k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    length = x.shape[1]
+    seen = (
+        torch.arange(1, length + 1).expand(x.shape[0], length) if count_padding else valid.cumsum(1)
+    )
+    factor = attn.ssmax.double()[None, :, None] * seen.clamp(min=1).double().log()[:, None, :]
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(d) * factor[..., None]
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()[None, None] & valid[:, None, None]
+    probs = logits.masked_fill(~allowed, float("-inf")).softmax(-1)
+    out = (probs @ v).transpose(1, 2).reshape(*x.shape[:2], WIDTH)
+    return out @ attn.o_proj.weight.double().T
+
+
+def _ours(model: DecoderLM, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        positions = model._positions(x[..., 0].long(), None, valid, None)
+        return model.blocks[0].attn(x, model._attention_inputs(positions, False), None)[0]
+
+
+def test_ssmax_equals_its_formula_and_counts_only_real_keys():
+    x = torch.randn(2, 12, WIDTH, generator=torch.Generator().manual_seed(5))
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    valid[1, :3] = False  # row 1 left-padded by 3
+    model = _model()
+    ours = _ours(model, x, valid).double()
+    expected = _reference(model, x, valid, count_padding=False)
+    real = valid[:, :, None].expand_as(ours)
+    torch.testing.assert_close(ours[real], expected[real], atol=1e-5, rtol=1e-4)
+    # controls: n counted over the padding, and no SSMax at all, give other numbers
+    miscounted = _reference(model, x, valid, count_padding=True)
+    assert (ours[1, 3:] - miscounted[1, 3:]).abs().max() > 1e-3
+    plain = _ours(_model("none"), x, valid).double()
+    assert (plain[real] - ours[real]).abs().max() > 1e-3
+
+
+def test_a_left_padded_row_equals_the_unpadded_one():
+    model = _model()
+    tokens = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(2))
+    padded = torch.cat((torch.zeros(1, 3, dtype=torch.long), tokens), dim=1)
+    mask = torch.cat((torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 10, dtype=torch.long)), 1)
+    with torch.no_grad():
+        alone = model(tokens).logits
+        within = model(padded, attention_mask=mask).logits[:, 3:]
+    torch.testing.assert_close(alone, within, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(families()))
+def test_every_family_trains_and_decodes_with_ssmax(kind):
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, attn_scale="ssmax")
+    model = DecoderLM(cfg, PositionConfig(kind=kind), 16)
+    assert torch.equal(model.blocks[0].attn.ssmax.detach(), torch.full((2,), SSMAX_INIT))
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    model(tokens).logits.sum().backward()
+    assert all(block.attn.ssmax.grad.abs().sum() > 0 for block in model.blocks)
+    model.eval()
+    with torch.no_grad():
+        generated = model.generate_greedy(tokens[:, :8], max_new_tokens=4)
+        sequence = tokens[:, :8]
+        for _ in range(4):
+            step = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
+            sequence = torch.cat((sequence, step), dim=1)
+    assert torch.equal(generated[:, -4:], sequence[:, -4:])
+
+
+def test_attn_scale_in_the_key_only_when_set_and_an_unknown_one_refused():
+    assert "attn_scale" not in weights_dict(ModelConfig())
+    assert weights_dict(ModelConfig(attn_scale="ssmax"))["attn_scale"] == "ssmax"
+    with pytest.raises(
+        ValueError, match=r"^model\.attn_scale 'bogus' is unknown; allowed: none, ssmax\.$"
+    ):
+        JobConfig.from_hydra({"model": {"attn_scale": "bogus"}})
