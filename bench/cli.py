@@ -358,30 +358,23 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
         params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
         parser = OverridesParser.create(config_loader=hydra_app.config_loader)
         overrides = parser.parse_overrides([*params, *master.hydra.overrides.task])
+        from bench.job import validate_job  # imports no torch; a check that needs it loads it
+
         errors: dict[str, list[str]] = {}
-        checked: list[tuple[JobConfig, list[str]]] = []
         for batch in BasicSweeper.split_arguments(overrides, None):
-            for cell in batch:
+            for cell in batch:  # until the first cell that runs (composing one takes ~0.1 s)
                 cfg = hydra_app.config_loader.load_sweep_config(master, list(cell))
                 try:
-                    checked.append((JobConfig.from_hydra(cfg), list(cell)))
+                    spec = validate_job(JobConfig.from_hydra(cfg))
+                except NotApplicable:
+                    continue
                 except ValueError as exc:
                     errors.setdefault(str(exc), list(cell))
-        if checked:
-            from bench.job import validate_job  # the model code's checks: torch from here on
-
-        for job, cell in checked:
-            try:
-                spec = validate_job(job)
-            except NotApplicable:
-                continue
-            except ValueError as exc:
-                errors.setdefault(str(exc), cell)
-                continue
-            # a cell runs: errors that depend on the swept value are its jobs'; its data
-            # source is checked once here (every job of the sweep would fail alike)
-            problem = data_problem(spec.job)
-            return [] if problem is None else [problem]
+                    continue
+                # a cell runs: errors that depend on the swept value are its jobs'; its data
+                # source is checked once here (every job of the sweep would fail alike)
+                problem = data_problem(spec.job)
+                return [] if problem is None else [problem]
     finally:
         GlobalHydra.instance().clear()
     if len(errors) == 1:

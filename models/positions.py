@@ -239,7 +239,9 @@ class Family:
         by layer, ``models.hybrid``)."""
         return [inputs] * model.model_cfg.n_layers
 
-    def adjust_frequencies(self, cfg: PositionConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+    def adjust_frequencies(
+        self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
+    ) -> torch.Tensor:
         """The inverse frequencies the family uses, from the scaling method's (identity here)."""
         return inv_freq
 

@@ -143,7 +143,9 @@ class ResolvedScaling:
             if len(self._frequencies) > MAX_TABLES:
                 self._frequencies.clear()
             inv_freq, attention_factor = found
-            inv_freq = self.family.adjust_frequencies(self.position_cfg, inv_freq)
+            inv_freq = self.family.adjust_frequencies(
+                self.position_cfg, inv_freq, self.train_length
+            )
             self._frequencies[key] = inv_freq, attention_factor
         return self._frequencies[key]
 

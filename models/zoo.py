@@ -354,8 +354,47 @@ class PRope(Rope):
             )
         super().check(cfg, head_dim, d_model)
 
-    def adjust_frequencies(self, cfg: PositionConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+    def adjust_frequencies(
+        self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
+    ) -> torch.Tensor:
         kept = int(cfg.frequency_fraction * inv_freq.numel())  # inv_freq falls with the index
+        return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
+
+
+# --------------------------------------------------------------------------- HoPE
+
+
+def hope_kept_pairs(pairs: int, base: float, train_length: int) -> int:
+    """How many of RoPE's rotary pairs HoPE keeps: those whose period 2 pi / theta_i, with
+    theta_i = base^(-i / pairs), fits the training length (<= L). They are the first ones: the
+    frequencies fall with the index."""
+    i = torch.arange(pairs, dtype=torch.float64)
+    periods = 2 * math.pi * torch.pow(torch.tensor(float(base), dtype=torch.float64), i / pairs)
+    return int((periods <= train_length).sum())
+
+
+@register_family
+class HoPE(Rope):
+    """HoPE (Chen et al., ACL 2025, arXiv 2410.21216): RoPE keeping only its high-frequency pairs,
+    those whose period fits the training length L (:func:`hope_kept_pairs`); every lower-frequency
+    pair is position-independent (inverse frequency 0). The cut is a pair index fixed by L and the
+    base, so an eval-time scaling rescales the kept pairs and never moves the cut (as p-RoPE's)."""
+
+    name = "hope"
+    fields = ("base", "layout")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.rotary_fraction != 1.0:
+            raise ValueError(
+                "hope keeps RoPE's pairs whose period fits the training length; "
+                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
+            )
+        super().check(cfg, head_dim, d_model)
+
+    def adjust_frequencies(
+        self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
+    ) -> torch.Tensor:
+        kept = hope_kept_pairs(inv_freq.numel(), cfg.base, train_length)
         return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
 
 

@@ -23,7 +23,7 @@ from models.scaling_config import ORACLE_SUFFIX
 POSITION_ORDER = [
     "rope", "sinusoidal", "learned", "alibi", "nope",
     # the zoo (models/zoo.py): bias families, rotary variants, contextual
-    "t5", "kerple_log", "kerple_power", "fire", "sandwich", "p_rope", "xpos", "cope",
+    "t5", "kerple_log", "kerple_power", "fire", "sandwich", "p_rope", "xpos", "cope", "hope",
 ]  # fmt: skip
 SCALING_ORDER = ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"]
 SERIES_KEYS = [

@@ -30,7 +30,7 @@ from models.scaling import (
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig, resolved_scaling
 from models.zoo import sandwich_table, xpos_scale
 
-#: the families that offer methods acting on positions (issue 52: thirteen)
+#: the families that offer methods acting on positions (issue 52's thirteen, and hope)
 POSITION_FAMILIES = (
     "rope",
     "sinusoidal",
@@ -45,6 +45,7 @@ POSITION_FAMILIES = (
     "cope",
     "rnope_swa",
     "irope",
+    "hope",
 )
 MODEL = ModelConfig(n_layers=2, d_model=32, n_heads=4)
 
