@@ -1,8 +1,8 @@
 """The quickstart's wall time from an empty cache, beside the former preset, in one run (issue 53).
 
 Runs the bare quickstart (``lenbench +experiment=quickstart``, as ``lenbench`` with no arguments
-runs it) and the same sweep with the former LM arm (``arm=lm``: 800 updates instead of
-``lm_quick``'s 600), alternating ``--rounds`` times, each from its own empty cache, results and
+runs it) and the same sweep with the studies' arms (``arm=lm,retrieval``: 800 LM updates instead
+of ``lm_quick``'s 500, a 500-update retrieval decay instead of 250), alternating ``--rounds`` times, each from its own empty cache, results and
 sweep folder, nothing else changed; prints each wall time, the medians and the machine, and writes
 results/perf/quickstart_time.json (figures: tests/perf/README.md)::
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 RESULTS = Path("results") / "perf"
 PRESETS = {
-    "quickstart (arm=lm_quick,retrieval)": [],
+    "quickstart (arm=lm_quick,retrieval_quick)": [],
     "former preset (arm=lm,retrieval)": ["hydra.sweeper.params.arm='lm,retrieval'"],
 }
 
