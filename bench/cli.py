@@ -341,15 +341,7 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
             cfg = hydra_app.compose_config(
                 config_name, args.overrides, run_mode=RunMode.RUN, with_log_configuration=False
             )
-            from bench.job import validate_job  # imports no torch; a check that needs it loads it
-
-            try:
-                validate_job(JobConfig.from_hydra(cfg))
-            except NotApplicable as exc:
-                return [str(exc).removesuffix(" skipped.").rstrip("; ") + "."]
-            except ValueError as exc:
-                return [one_line(exc)]
-            return []
+            return _single_run_errors(cfg)
         master = hydra_app.compose_config(
             config_name, args.overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False
         )
@@ -380,6 +372,19 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
     if len(errors) == 1:
         return list(errors)
     return [f"{' '.join(cell)}: {message}" for message, cell in errors.items()]
+
+
+def _single_run_errors(cfg: DictConfig) -> list[str]:
+    """A single run's config check (the schema, then the job's own checks): its one sentence."""
+    from bench.job import validate_job  # imports no torch; a check that needs it loads it
+
+    try:
+        validate_job(JobConfig.from_hydra(cfg))
+    except NotApplicable as exc:
+        return [str(exc).removesuffix(" skipped.").rstrip("; ") + "."]
+    except ValueError as exc:
+        return [one_line(exc)]
+    return []
 
 
 def data_problem(job: Any) -> str | None:
