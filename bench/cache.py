@@ -195,7 +195,7 @@ def _model_part(config: Mapping[str, Any]) -> tuple[Any, Any, int]:
 
 
 def _scaling_part(scaling: ScalingConfig) -> dict[str, Any]:
-    return {"method": scaling.method, "params": scaling.params, "logn": scaling.logn}
+    return scaling.identity
 
 
 def _check_model_matches(

@@ -43,6 +43,7 @@ __all__ = [
     "choice",
     "config_error",
     "field_default",
+    "first_line",
     "integer",
     "kind_field",
     "number",
@@ -247,7 +248,7 @@ def parse_section(schema: type, values: Any, key: str | None = None) -> Any:
         obj = OmegaConf.to_object(root)
         return obj if key is None else obj[key]
     except OmegaConfBaseException as exc:
-        raise ValueError(config_error(exc) or _first_line(exc)) from None
+        raise ValueError(config_error(exc) or first_line(exc)) from None
 
 
 def _check_keys(node: DictConfig, where: str) -> None:
@@ -321,6 +322,7 @@ def _describe(hint: Any) -> str:
     return "a mapping of keys" if is_dataclass(origin) else "a value of another type"
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's first non-empty line (its type's name if it has none): for one sentence."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__

@@ -110,7 +110,7 @@ def extend_weights(job: JobConfig) -> dict[str, Any]:
     for key in ("method", "params", "base_factor"):
         out.pop(key)
     scaling = finetune_scaling(job)
-    out["scaling"] = {"method": scaling.method, "params": scaling.params, "logn": scaling.logn}
+    out["scaling"] = scaling.identity
     return out
 
 

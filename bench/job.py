@@ -27,7 +27,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.checks import NotApplicable, check_method
+from bench.checks import NotApplicable, check_method, first_line
 from bench.corpora import Corpus, Document
 from bench.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
 from bench.metrics import ResolvedEval
@@ -181,7 +181,7 @@ def prepare_job(cfg: DictConfig | JobConfig) -> JobSpec:
 def scaling_params_json(scaling: ScalingConfig) -> str:
     """The ``scaling_params`` column: method, parameters as applied (a run's factor as a number;
     "auto" only with ``"oracle": true``, the factor then being each eval length's own) and logn."""
-    params = {"method": scaling.method, "params": scaling.params, "logn": scaling.logn}
+    params = scaling.identity
     return canonical_json({**params, "oracle": True} if scaling.per_length else params)
 
 
@@ -320,7 +320,7 @@ def unreadable_results(path: Path, run_id: str) -> str | None:
     try:
         table = pq.read_table(path)
     except Exception as err:  # truncated, not parquet, unreadable
-        return f"cannot be read ({type(err).__name__}: {_first_line(err)})"
+        return f"cannot be read ({type(err).__name__}: {first_line(err)})"
     problem = digest_problem(table)  # still readable, but a byte changed since it was written
     if problem is not None:
         return problem
@@ -496,7 +496,7 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
             raise
         if failed_models is not None:
             failed_models.record(model_id)
-        message = f"out of memory while {source.obtains}: {_first_line(exc)}"
+        message = f"out of memory while {source.obtains}: {first_line(exc)}"
         return _summary("failed", message, **base)
     except ValueError as exc:
         return _summary("invalid", str(exc), **base)
@@ -506,7 +506,7 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc):
             raise
-        message = f"out of memory while evaluating: {_first_line(exc)}"
+        message = f"out of memory while evaluating: {first_line(exc)}"
         return _summary("failed", message, trained=model.trained, **base)
     except ValueError as exc:
         return _summary("invalid", str(exc), trained=model.trained, **base)
@@ -558,11 +558,6 @@ def measure(
             point_rows = [{**row, ROW_IDENTITY: identity} for row in point_rows]
         rows += point_rows
     return rows
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- the trained source

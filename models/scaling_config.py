@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 __all__ = [
     "AUTO",
@@ -49,6 +50,12 @@ class ScalingConfig:
     def per_length(self) -> bool:
         """Whether the factor follows each eval length (``oracle`` with an ``"auto"`` factor)."""
         return self.oracle and self.auto_factor
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the scaling applies, without its label: method, parameters and logn (the
+        checkpoint key of a fine-tune, the ``scaling_params`` column, the cache's record)."""
+        return {"method": self.method, "params": self.params, "logn": self.logn}
 
     @property
     def label(self) -> str:

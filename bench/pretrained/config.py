@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.checks import boolean, choice, integer
+from bench.checks import boolean, choice, first_line, integer
 
 __all__ = [
     "DTYPES",
@@ -157,9 +157,8 @@ def load_pretrained(cfg: PretrainedConfig, device: str = "cpu"):
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
-            f"pretrained.path {cfg.path!r}: the model could not be loaded: {first}"
+            f"pretrained.path {cfg.path!r}: the model could not be loaded: {first_line(exc)}"
         ) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(

@@ -76,7 +76,17 @@ GROUPS = {
         "train_for_length",
         "ruler",
     ],
-    "arm": ["all", "lm", "lm_quick", "retrieval", "retrieval_quick", "lm_sampling", "lm_hybrid", "lm_sinks", "ruler"],
+    "arm": [
+        "all",
+        "lm",
+        "lm_quick",
+        "retrieval",
+        "retrieval_quick",
+        "lm_sampling",
+        "lm_hybrid",
+        "lm_sinks",
+        "ruler",
+    ],
     "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct"],
 }
 # hydra/launcher options: the plugins' ConfigStore nodes, two with lenbench's values (bench.schema)
