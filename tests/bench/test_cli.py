@@ -21,30 +21,15 @@ import bench.cache as cache_module
 from bench.cli import ERROR_PREFIX, main, sweep_errors, with_default_experiment
 from bench.job import NotApplicable, validate_job
 from bench.schema import JobConfig, ScalingSchema
+from models.positions import families
 
 from fixtures import ROOT
 
 CONF = ROOT / "conf"
 GROUPS = {
     "model": ["tiny", "small", "base"],
-    "position": [
-        "rope",
-        "sinusoidal",
-        "learned",
-        "alibi",
-        "nope",
-        "t5",
-        "kerple_log",
-        "kerple_power",
-        "fire",
-        "sandwich",
-        "p_rope",
-        "xpos",
-        "cope",
-        "rnope_swa",
-        "irope",
-        "hope",
-    ],
+    # every registered family has its preset and no preset names another (the registry decides)
+    "position": list(families()),
     "scaling": [
         "none",
         "linear",
