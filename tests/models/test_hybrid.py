@@ -20,6 +20,7 @@ from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
 from fixtures.attention import attention_case, visited_blocks
+from fixtures.decoding import causal_mask, copy_attention_weights, layer_inputs
 
 
 def make_case(n=2, h=2, length=13, past=0, d=8, pad=(), window=None, chunk=None, seed=0):
@@ -391,23 +392,12 @@ def _llama4_attention_pair(qk_norm: bool, layer: int, length: int = 24):
     model = DecoderLM(cfg, position, 32).eval()
     ours_attn = model.blocks[layer].attn
     theirs = modeling.Llama4TextAttention(config, layer_idx=layer).eval()
-    with torch.no_grad():
-        k_weight, v_weight = ours_attn.kv_proj.weight.chunk(2)  # kv_proj: keys then values
-        theirs.q_proj.weight.copy_(ours_attn.q_proj.weight)
-        theirs.k_proj.weight.copy_(k_weight)
-        theirs.v_proj.weight.copy_(v_weight)
-        theirs.o_proj.weight.copy_(ours_attn.o_proj.weight)
+    copy_attention_weights(ours_attn, theirs)
     x = torch.randn(1, length, 32, generator=torch.Generator().manual_seed(7))
-    positions = torch.arange(length)[None]
-    mask = torch.full((length, length), float("-inf")).triu(1)[None, None]  # additive causal
     with torch.no_grad():
-        freqs_cis = modeling.Llama4TextRotaryEmbedding(config)(x, positions)
-        expected = theirs(x, position_embeddings=freqs_cis, attention_mask=mask)[0]
-        inputs = model._attention_inputs(
-            model._positions(x[..., 0].long(), None, None, None), False
-        )
-        per_layer = model.family.layer_inputs(model, inputs)
-        ours = ours_attn(x, per_layer[layer], None)[0]
+        freqs_cis = modeling.Llama4TextRotaryEmbedding(config)(x, torch.arange(length)[None])
+        expected = theirs(x, position_embeddings=freqs_cis, attention_mask=causal_mask(length))[0]
+        ours = ours_attn(x, layer_inputs(model, x)[layer], None)[0]
     return ours, expected, theirs.use_rope
 
 

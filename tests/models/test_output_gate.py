@@ -14,6 +14,13 @@ from bench.checks import weights_dict
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
+from fixtures.decoding import (
+    assert_trains_and_decodes,
+    causal_mask,
+    copy_attention_weights,
+    layer_inputs,
+)
+
 
 def _qwen3_next_pair(output_gate: bool, length: int = 20):
     modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
@@ -47,30 +54,22 @@ def _qwen3_next_pair(output_gate: bool, length: int = 20):
         if output_gate
         else torch.randn(heads * head_dim, width, generator=torch.Generator().manual_seed(3))
     )
+    # their q_proj: per head, the head's query rows then its gate rows
+    q_rows = ours_attn.q_proj.weight.view(heads, head_dim, width)
+    g_rows = gate_weight.view(heads, head_dim, width)
+    interleaved = torch.cat((q_rows, g_rows), dim=1).reshape(-1, width)
+    copy_attention_weights(ours_attn, theirs, q_weight=interleaved)
     with torch.no_grad():
-        # their q_proj: per head, the head's query rows then its gate rows
-        q_rows = ours_attn.q_proj.weight.view(heads, head_dim, width)
-        g_rows = gate_weight.view(heads, head_dim, width)
-        theirs.q_proj.weight.copy_(torch.cat((q_rows, g_rows), dim=1).reshape(-1, width))
-        k_weight, v_weight = ours_attn.kv_proj.weight.chunk(2)
-        theirs.k_proj.weight.copy_(k_weight)
-        theirs.v_proj.weight.copy_(v_weight)
-        theirs.o_proj.weight.copy_(ours_attn.o_proj.weight)
         scales = torch.linspace(0.5, 1.5, head_dim)
         ours_attn.q_norm.weight.copy_(scales)
         ours_attn.k_norm.weight.copy_(scales.flip(0))
         theirs.q_norm.weight.copy_(scales - 1.0)  # Qwen3-Next's RMSNorm multiplies by 1 + w
         theirs.k_norm.weight.copy_(scales.flip(0) - 1.0)
     x = torch.randn(1, length, width, generator=torch.Generator().manual_seed(7))
-    positions = torch.arange(length)[None]
-    mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
     with torch.no_grad():
-        rotary = modeling.Qwen3NextRotaryEmbedding(config)(x, positions)
-        expected = theirs(x, position_embeddings=rotary, attention_mask=mask)[0]
-        inputs = model._attention_inputs(
-            model._positions(x[..., 0].long(), None, None, None), False
-        )
-        ours = ours_attn(x, inputs, None)[0]
+        rotary = modeling.Qwen3NextRotaryEmbedding(config)(x, torch.arange(length)[None])
+        expected = theirs(x, position_embeddings=rotary, attention_mask=causal_mask(length))[0]
+        ours = ours_attn(x, layer_inputs(model, x)[0], None)[0]
     return ours, expected
 
 
@@ -86,20 +85,7 @@ def test_control_without_the_gate_differs_from_qwen3_next():
 
 @pytest.mark.parametrize("kind", sorted(families()))
 def test_every_family_trains_and_decodes_with_the_output_gate(kind):
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, output_gate=True)
-    model = DecoderLM(cfg, PositionConfig(kind=kind), 16)
-    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
-    model(tokens).logits.sum().backward()
-    for block in model.blocks:
-        assert block.attn.gate_proj.weight.grad.abs().sum() > 0
-    model.eval()
-    with torch.no_grad():
-        generated = model.generate_greedy(tokens[:, :8], max_new_tokens=4)
-        sequence = tokens[:, :8]
-        for _ in range(4):
-            step = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
-            sequence = torch.cat((sequence, step), dim=1)
-    assert torch.equal(generated[:, -4:], sequence[:, -4:])
+    assert_trains_and_decodes(kind, lambda attn: [attn.gate_proj.weight], output_gate=True)
 
 
 def test_output_gate_enters_the_checkpoint_key_only_when_set():

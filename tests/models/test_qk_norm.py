@@ -13,6 +13,13 @@ from bench.checks import weights_dict
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
+from fixtures.decoding import (
+    assert_trains_and_decodes,
+    causal_mask,
+    copy_attention_weights,
+    layer_inputs,
+)
+
 
 def _qwen3_pair(qk_norm: bool, length: int = 20, scale_shift: float = 0.0):
     """(ours, theirs): layer 0 of a RoPE DecoderLM with ``model.qk_norm`` = ``qk_norm`` and
@@ -35,12 +42,8 @@ def _qwen3_pair(qk_norm: bool, length: int = 20, scale_shift: float = 0.0):
     model = DecoderLM(cfg, PositionConfig(kind="rope", layout="half"), 32).eval()
     ours_attn = model.blocks[0].attn
     theirs = modeling.Qwen3Attention(config, layer_idx=0).eval()
+    copy_attention_weights(ours_attn, theirs)
     with torch.no_grad():
-        k_weight, v_weight = ours_attn.kv_proj.weight.chunk(2)  # kv_proj: keys then values
-        theirs.q_proj.weight.copy_(ours_attn.q_proj.weight)
-        theirs.k_proj.weight.copy_(k_weight)
-        theirs.v_proj.weight.copy_(v_weight)
-        theirs.o_proj.weight.copy_(ours_attn.o_proj.weight)
         scales = torch.linspace(0.5, 1.5, 8)  # a learned scale that is not all ones
         theirs.q_norm.weight.copy_(scales)
         theirs.k_norm.weight.copy_(scales.flip(0))
@@ -48,15 +51,10 @@ def _qwen3_pair(qk_norm: bool, length: int = 20, scale_shift: float = 0.0):
             ours_attn.q_norm.weight.copy_(scales + scale_shift)
             ours_attn.k_norm.weight.copy_(scales.flip(0))
     x = torch.randn(1, length, 32, generator=torch.Generator().manual_seed(7))
-    positions = torch.arange(length)[None]
-    mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
     with torch.no_grad():
-        rotary = modeling.Qwen3RotaryEmbedding(config)(x, positions)
-        expected = theirs(x, position_embeddings=rotary, attention_mask=mask)[0]
-        inputs = model._attention_inputs(
-            model._positions(x[..., 0].long(), None, None, None), False
-        )
-        ours = ours_attn(x, inputs, None)[0]
+        rotary = modeling.Qwen3RotaryEmbedding(config)(x, torch.arange(length)[None])
+        expected = theirs(x, position_embeddings=rotary, attention_mask=causal_mask(length))[0]
+        ours = ours_attn(x, layer_inputs(model, x)[0], None)[0]
     return ours, expected
 
 
@@ -76,21 +74,7 @@ def test_controls_no_norm_and_another_scale_differ_from_qwen3():
 def test_every_family_trains_and_decodes_with_qk_norm(kind):
     """Each family with the norm: a gradient reaches the norms' scales, and greedy decoding with
     the KV cache gives the tokens a full forward pass picks (no cache)."""
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, qk_norm=True)
-    model = DecoderLM(cfg, PositionConfig(kind=kind), 16)
-    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
-    model(tokens).logits.sum().backward()
-    for block in model.blocks:
-        assert block.attn.q_norm.weight.grad.abs().sum() > 0
-        assert block.attn.k_norm.weight.grad.abs().sum() > 0
-    model.eval()
-    with torch.no_grad():
-        generated = model.generate_greedy(tokens[:, :8], max_new_tokens=4)
-        sequence = tokens[:, :8]
-        for _ in range(4):  # the same tokens without a cache, one full pass per step
-            step = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
-            sequence = torch.cat((sequence, step), dim=1)
-    assert torch.equal(generated[:, -4:], sequence[:, -4:])
+    assert_trains_and_decodes(kind, lambda a: [a.q_norm.weight, a.k_norm.weight], qk_norm=True)
 
 
 def test_qk_norm_enters_the_checkpoint_key_only_when_set():

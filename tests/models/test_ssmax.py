@@ -17,6 +17,8 @@ from models.model_config import SSMAX_INIT
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
+from fixtures.decoding import assert_trains_and_decodes
+
 WIDTH, HEADS = 32, 2
 
 
@@ -88,20 +90,8 @@ def test_a_left_padded_row_equals_the_unpadded_one():
 
 @pytest.mark.parametrize("kind", sorted(families()))
 def test_every_family_trains_and_decodes_with_ssmax(kind):
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, attn_scale="ssmax")
-    model = DecoderLM(cfg, PositionConfig(kind=kind), 16)
+    model = assert_trains_and_decodes(kind, lambda attn: [attn.ssmax], attn_scale="ssmax")
     assert torch.equal(model.blocks[0].attn.ssmax.detach(), torch.full((2,), SSMAX_INIT))
-    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
-    model(tokens).logits.sum().backward()
-    assert all(block.attn.ssmax.grad.abs().sum() > 0 for block in model.blocks)
-    model.eval()
-    with torch.no_grad():
-        generated = model.generate_greedy(tokens[:, :8], max_new_tokens=4)
-        sequence = tokens[:, :8]
-        for _ in range(4):
-            step = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
-            sequence = torch.cat((sequence, step), dim=1)
-    assert torch.equal(generated[:, -4:], sequence[:, -4:])
 
 
 def test_attn_scale_in_the_key_only_when_set_and_an_unknown_one_refused():

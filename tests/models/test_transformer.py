@@ -18,6 +18,8 @@ from models.transformer import (
     resolved_scaling,
 )
 
+from fixtures.decoding import full_pass_greedy
+
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4, mlp="swiglu")
 
 
@@ -95,11 +97,7 @@ def test_greedy_generation_continues_positions():
     model = tiny_model("rope")
     prompt = random_tokens(2, 7)
     generated = model.generate_greedy(prompt, max_new_tokens=5)
-    sequence = prompt
-    for _ in range(5):  # the slow oracle: a full forward over the whole sequence per step
-        next_token = model(sequence).logits[:, -1].argmax(-1, keepdim=True)
-        sequence = torch.cat((sequence, next_token), dim=1)
-    assert torch.equal(generated, sequence[:, 7:])
+    assert torch.equal(generated, full_pass_greedy(model, prompt, 5))  # a full pass per step
 
 
 # ---------------------------------------------------------------- padding
