@@ -680,12 +680,7 @@ class TrainedSource:
             columns["position_sampling"] = job.train.position_sampling
         if job.model.attention_sink != "none":
             columns["attention_sink"] = job.model.attention_sink
-        if job.model.qk_norm:  # model switches (bench.series.SWITCH_COLUMNS): the variant
-            columns["qk_norm"] = "rms"
-        if job.model.output_gate:
-            columns["output_gate"] = "sigmoid"
-        if job.model.attn_scale != "none":
-            columns["attn_scale"] = job.model.attn_scale
+        columns.update(job.model.switches())  # bench.series.SWITCH_COLUMNS: the variants on
         columns.update(model.columns)
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))

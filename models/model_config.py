@@ -47,6 +47,16 @@ class ModelConfig:
     # ATTN_SCALES; in the checkpoint key only when set
     attn_scale: str = field(default="none", metadata={"weights": "if_set"})
 
+    def switches(self) -> dict[str, str]:
+        """The model switches that are on, each as the variant its result column names
+        (``bench.series.SWITCH_COLUMNS``): qk_norm rms, output_gate sigmoid, attn_scale's value."""
+        on = {
+            "qk_norm": "rms" if self.qk_norm else None,
+            "output_gate": "sigmoid" if self.output_gate else None,
+            "attn_scale": None if self.attn_scale == "none" else self.attn_scale,
+        }
+        return {name: variant for name, variant in on.items() if variant is not None}
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads

@@ -102,3 +102,13 @@ def test_qk_norm_rows_are_their_own_series_and_out_of_every_finding_s_default_sc
     assert len(Scope().rows(rows)) == 1 and Scope().rows(rows)["qk_norm"].isna().all()
     assert len(Scope(switches=("qk_norm",)).rows(rows)) == 2
     assert len(Scope().rows(rows.drop(columns=["qk_norm"]))) == 2
+
+
+def test_each_switch_names_its_variant_and_only_when_on():
+    """ModelConfig.switches() gives the result columns of bench.series.SWITCH_COLUMNS."""
+    from bench.series import SWITCH_COLUMNS
+
+    assert ModelConfig().switches() == {}
+    on = ModelConfig(qk_norm=True, output_gate=True, attn_scale="ssmax").switches()
+    assert on == {"qk_norm": "rms", "output_gate": "sigmoid", "attn_scale": "ssmax"}
+    assert set(on) == set(SWITCH_COLUMNS)
