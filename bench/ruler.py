@@ -4,17 +4,19 @@ The task definitions follow RULER's synthetic generators (needle-in-a-haystack v
 variable tracking, common and frequent word extraction); the text is lenbench's own, compact
 enough for small byte-level models (like the passkey ``short`` template: the question ends in
 the needle's own words, so that retrieval is a content match) and read the same way by
-pretrained models. Every example is ``prompt | answer`` with the answer kept apart, so that
+pretrained models. The fixed text is short so that the filler is at least half of a 256-token
+window for every task at its default parameters (RULER's protocol: the haystack is most of the
+window); :data:`TEMPLATES` holds all of it, and a checkpoint trained on the tasks keys on it. Every example is ``prompt | answer`` with the answer kept apart, so that
 evaluation can teacher-force or generate it and training can restrict the loss to it.
 
 ========================  ==================================================================
 task                      prompt (needles ``\\n``-separated inside the haystack)
 ========================  ==================================================================
-``niah_single``           one needle ``value of KEY:VALUE.``; asked for KEY's value
+``niah_single``           one needle ``KEY:VALUE.``; asked ``value of KEY:``
 ``niah_multikey``         ``keys`` needles with distinct keys; asked for one of them
 ``niah_multivalue``       ``values`` needles with one key; every value, in text order
 ``niah_multiquery``       ``queries`` needles, all asked at once; values in question order
-``vt``                    ``chains`` chains ``VAR X = 12345.`` ``VAR Y = VAR X.`` of ``hops``
+``vt``                    ``chains`` chains ``XXXXX=12345.`` ``YYYYY=XXXXX.`` of ``hops``
                           hops; every variable bound to the asked value, in chain order
 ``cwe``                   a list of words: ``common_words`` words ``common_freq`` times each,
                           the rest ``rare_freq`` times; the common ones, in order of first use
@@ -60,10 +62,12 @@ __all__ = [
     "RULER_FILLERS",
     "RULER_TASKS",
     "TASK_FIELDS",
+    "TEMPLATES",
     "RulerExample",
     "RulerParams",
     "exact_match",
     "fit_ruler_example",
+    "fixed_ruler_length",
     "make_ruler_example",
     "match_score",
     "min_ruler_length",
@@ -224,19 +228,36 @@ class _Layout:
     words: Any = None  # cwe/fwe: words(n_chars, rng) -> the list text of exactly n_chars
 
 
+#: Every piece of task text (``str.format`` fields in braces). A model trained on the tasks has
+#: these in its checkpoint key (``bench.cache.weights_config``): editing one retrains it.
+TEMPLATES = {
+    "head_niah": "Remember the values.",
+    "head_vt": "Track the variables.",
+    "head_cwe": "Find the most common words.",
+    "head_fwe": "Find the most frequent words.",
+    "needle": "{key}:{value}.",
+    "ask_one": "value of {key}:",  # ends in the needle's own words: a content match
+    "ask_all": "values of {keys}:",  # multi-value (one key) and multi-query (every key)
+    "vt_value": "{var}={value}.",
+    "vt_hop": "{var}={source}.",
+    "vt_ask": "vars of {value}:",
+    "cwe_ask": "What are the {n} most common words? words:",
+    "fwe_ask": "What are the {n} most frequent words? words:",
+}
+
 HEADS = {
-    "niah_single": "Remember the values.",
-    "niah_multikey": "Remember the values.",
-    "niah_multivalue": "Remember the values.",
-    "niah_multiquery": "Remember the values.",
-    "vt": "Track the variables.",
-    "cwe": "Find the most common words.",
-    "fwe": "Find the most frequent words.",
+    "niah_single": TEMPLATES["head_niah"],
+    "niah_multikey": TEMPLATES["head_niah"],
+    "niah_multivalue": TEMPLATES["head_niah"],
+    "niah_multiquery": TEMPLATES["head_niah"],
+    "vt": TEMPLATES["head_vt"],
+    "cwe": TEMPLATES["head_cwe"],
+    "fwe": TEMPLATES["head_fwe"],
 }
 
 
 def _needle(key: str, value: str) -> str:
-    return f"value of {key}:{value}."
+    return TEMPLATES["needle"].format(key=key, value=value)
 
 
 def _niah_layout(task: str, params: RulerParams, depth: float, rng: random.Random) -> _Layout:
@@ -249,20 +270,17 @@ def _niah_layout(task: str, params: RulerParams, depth: float, rng: random.Rando
         statements += [
             (rng.random(), _needle(k, v), False) for k, v in zip(keys[1:], values[1:], strict=True)
         ]
-        return _Layout(
-            head, f"What is the value of {keys[0]}? value of {keys[0]}:", [values[0]], statements
-        )
+        return _Layout(head, TEMPLATES["ask_one"].format(key=keys[0]), [values[0]], statements)
     if task == "niah_multivalue":
         key = _key(rng)
         values = _distinct(rng, params.values, _value)
         ats = sorted(rng.random() for _ in values)  # values in text order are the answer's
         statements = [(at, _needle(key, v), True) for at, v in zip(ats, values, strict=True)]
-        return _Layout(head, f"What are the values of {key}? values of {key}:", values, statements)
+        return _Layout(head, TEMPLATES["ask_all"].format(keys=key), values, statements)
     keys = _distinct(rng, params.queries, _key)  # niah_multiquery
     values = _distinct(rng, len(keys), _value)  # no distractor holds the answer
     statements = [(rng.random(), _needle(k, v), True) for k, v in zip(keys, values, strict=True)]
-    asked = ",".join(keys)
-    return _Layout(head, f"What are the values of {asked}? values of {asked}:", values, statements)
+    return _Layout(head, TEMPLATES["ask_all"].format(keys=",".join(keys)), values, statements)
 
 
 def _vt_layout(params: RulerParams, rng: random.Random) -> _Layout:
@@ -272,13 +290,14 @@ def _vt_layout(params: RulerParams, rng: random.Random) -> _Layout:
     for c, value in enumerate(values):
         chain = names[c * (params.hops + 1) : (c + 1) * (params.hops + 1)]
         ats = sorted(rng.random() for _ in chain)  # each chain's assignments in order
-        texts = [f"VAR {chain[0]} = {value}."]
-        texts += [f"VAR {b} = VAR {a}." for a, b in zip(chain, chain[1:], strict=False)]
+        texts = [TEMPLATES["vt_value"].format(var=chain[0], value=value)]
+        texts += [
+            TEMPLATES["vt_hop"].format(var=b, source=a)
+            for a, b in zip(chain, chain[1:], strict=False)
+        ]
         statements += [(at, text, c == 0) for at, text in zip(ats, texts, strict=True)]
     asked = names[: params.hops + 1]
-    return _Layout(
-        HEADS["vt"], f"Which variables are {values[0]}? vars of {values[0]}:", asked, statements
-    )
+    return _Layout(HEADS["vt"], TEMPLATES["vt_ask"].format(value=values[0]), asked, statements)
 
 
 def _list_text(words: list[str], n_chars: int) -> str:
@@ -295,7 +314,7 @@ def _list_slots(n_chars: int) -> int:
 
 def _cwe_layout(params: RulerParams, rng: random.Random) -> _Layout:
     common = _distinct(rng, params.common_words, _word)
-    question = f"What are the {params.common_words} most common words? words:"
+    question = TEMPLATES["cwe_ask"].format(n=params.common_words)
 
     def words(n_chars: int, rng: random.Random) -> tuple[str, list[str]]:
         slots = _list_slots(n_chars)
@@ -328,7 +347,7 @@ def zipf_counts(slots: int, top: int, alpha: float) -> list[int] | None:
 
 
 def _fwe_layout(params: RulerParams, rng: random.Random) -> _Layout:
-    question = f"What are the {params.frequent_words} most frequent words? words:"
+    question = TEMPLATES["fwe_ask"].format(n=params.frequent_words)
 
     def words(n_chars: int, rng: random.Random) -> tuple[str, list[str]]:
         counts = zipf_counts(_list_slots(n_chars), params.frequent_words, params.alpha)
@@ -377,6 +396,17 @@ def min_ruler_length(task: str, params: RulerParams | None = None) -> int:
             return fixed + n + answer
         except ValueError:
             n += 1
+
+
+def fixed_ruler_length(task: str, params: RulerParams | None = None) -> int:
+    """Tokens of an example of ``task`` that are not haystack: head, statements, question and
+    answer (byte tokens). The rest of the window is filler (needle tasks, ``vt``) or the word
+    list (``cwe``, ``fwe``, which also need a list of :func:`min_ruler_length`'s size)."""
+    params = params or RulerParams()
+    layout = _layout(_check_task(task), params, 0.0, random.Random(0))
+    if layout.words is None:
+        return _fixed_length(layout) + len(",".join(layout.expected))
+    return _fixed_length(layout) + _answer_count(task, params) * (WORD + 1) - 1
 
 
 def make_ruler_example(

@@ -10,7 +10,8 @@ that tokenizer's tokens (``bench.ruler.fit_ruler_example``). The **match** score
 verdict is the teacher-forced one (tested), so the two scores are two readings of one run.
 
 Rows (metric = the task's name, ``task`` and ``task_params`` columns set; the parameters include
-the filler and ``min_length``, the task's fixed text in byte tokens): per length,
+the filler, ``min_length``, the fewest byte tokens the task fits, and ``fixed_length``, its
+text that is not haystack: head, statements, question and answer): per length,
 ``axis="score"`` with ``axis_value`` ``exact`` / ``match`` (``ci_lo``/``ci_hi``: Wilson
 intervals; for ``match``, over the expected strings, which treats them as independent), and for
 the depth tasks one exact row per depth (``axis="depth"``). Once per run ``effective_length``
@@ -45,6 +46,7 @@ from bench.ruler import (
     RULER_TASKS,
     RulerExample,
     exact_match,
+    fixed_ruler_length,
     match_score,
     min_ruler_length,
     params_from,
@@ -151,11 +153,12 @@ class RulerConfig(MetricConfig):
                 f"(eval.lengths, {self.key('lengths')}) or tasks without them."
             )
         warnings = []
+        fixed = {task: fixed_ruler_length(task, params) for task in self.tasks}
         thin = [
-            f"{task} at {length} ({1 - need[task] / length:.0%})"
+            f"{task} at {length} ({1 - fixed[task] / length:.0%})"
             for task in self.tasks
             for length in lengths
-            if need[task] <= length and need[task] / length > 1 - MIN_FILLER_SHARE
+            if need[task] <= length and fixed[task] / length > 1 - MIN_FILLER_SHARE
         ]
         if thin:
             warnings.append(
@@ -292,10 +295,14 @@ def _task_rows(
     length: int,
     cfg: RulerConfig,
 ) -> list[dict]:
-    # the fixed text's length (the shortest example, in byte tokens) as passkey rows name their
-    # template: what is left of the length is haystack
-    fixed = min_ruler_length(task, params_from(cfg.params))
-    params = canonical_json({**examples[0].params, "filler": cfg.filler, "min_length": fixed})
+    # the fixed text's length in byte tokens, as passkey rows name their template: what is left
+    # of the length is haystack
+    task_params = params_from(cfg.params)
+    sizes = {
+        "min_length": min_ruler_length(task, task_params),
+        "fixed_length": fixed_ruler_length(task, task_params),
+    }
+    params = canonical_json({**examples[0].params, "filler": cfg.filler, **sizes})
     common = {"task": task, "task_params": params}
     n = len(examples)
     k = int(sum(exact))

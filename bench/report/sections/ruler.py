@@ -196,27 +196,35 @@ def ruler_section(rep: ReportDir, df: pd.DataFrame) -> str:
 
 
 def filler_share_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per task and eval length: the share of the window that is filler, 1 - ``min_length`` /
-    length, ``min_length`` being the task's fixed text and answer in tokens (``task_params``)."""
+    """Per task and eval length: the share of the window that is filler (the word list of cwe
+    and fwe), 1 - ``fixed_length`` / length, ``fixed_length`` being the task's head, statements,
+    question and answer in tokens (``task_params``; rows written before it was recorded carry
+    ``min_length``, the fewest tokens the task fits, which counts the word lists' shortest list
+    too and so understates their share)."""
     scores = rows[(rows["metric"] != "effective_length") & (rows["axis"] == "score")]
     t = pd.DataFrame(
         {
             "task": scores["task"],
             "eval_length": scores["eval_length"].astype(int),
-            "min_length": [json.loads(p or "{}").get("min_length") for p in scores["task_params"]],
+            "fixed_length": [_fixed_length(p) for p in scores["task_params"]],
             "row_id": scores["row_id"].astype(str) if "row_id" in scores else "",
         }
-    ).dropna(subset=["min_length"])
+    ).dropna(subset=["fixed_length"])
     t = (
-        t.groupby(["task", "eval_length", "min_length"])
+        t.groupby(["task", "eval_length", "fixed_length"])
         .agg(row_ids=("row_id", ";".join))
         .reset_index()
     )
-    t["filler_share"] = 1 - t["min_length"] / t["eval_length"]
+    t["filler_share"] = 1 - t["fixed_length"] / t["eval_length"]
     if t.empty:
         return t
     t["_task"] = t["task"].map(task_rank)
     return t.sort_values(["_task", "eval_length"]).drop(columns=["_task"]).reset_index(drop=True)
+
+
+def _fixed_length(task_params: str | None) -> float | None:
+    params = json.loads(task_params or "{}")
+    return params.get("fixed_length", params.get("min_length"))
 
 
 def _filler_share(rep: ReportDir, rows: pd.DataFrame) -> list[str]:
@@ -230,7 +238,7 @@ def _filler_share(rep: ReportDir, rows: pd.DataFrame) -> list[str]:
     below = t[t["filler_share"] < 0.5]
     text = (
         "The share of each window that is filler (1 - the task's fixed text and answer, "
-        "`min_length`, over the length). The protocol asks for at least half; "
+        "`fixed_length`, over the length). The protocol asks for at least half; "
     )
     if below.empty:
         text += "every task and length here meets it."
