@@ -13,15 +13,15 @@ plugins' configs get lenbench's values here too (``hydra/launcher``, end of this
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from bench.checks import (
     boolean,
@@ -35,10 +35,11 @@ from bench.checks import (
     weights_dict,
 )
 from bench.data_config import DataConfig
-from bench.metrics import EvalConfig, as_eval_config
+from bench.metrics import EvalConfig, as_eval_config, eval_config_class
 from bench.passkey import PASSKEY_TEMPLATES, min_passkey_length
 from bench.pretrained.config import PretrainedConfig
 from bench.train_config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
+from models.discovery import load_extensions
 from models.model_config import ModelConfig, check_combination
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS
@@ -196,6 +197,9 @@ class JobConfig:
         None  # torch intra-op threads; None = per core, minus busy ones (bench.job)
     )
     paths: PathsConfig = field(default_factory=PathsConfig)
+    # modules or packages of your own (families, scaling methods, metrics, findings, tasks)
+    # imported before the config is checked (models.discovery.load_extensions)
+    extensions: list[str] = field(default_factory=list)
     model: ModelSchema = field(default_factory=ModelSchema)
     position: PositionSchema = field(default_factory=PositionSchema)
     scaling: ScalingSchema = field(default_factory=ScalingSchema)
@@ -273,7 +277,26 @@ class JobConfig:
             cfg = cfg.copy()
             with open_dict(cfg):
                 del cfg["hydra"]
+        extensions = cfg.get("extensions") if hasattr(cfg, "get") else None
+        if extensions:  # what they register must be there before any name is checked
+            if isinstance(extensions, str) or not isinstance(extensions, Sequence | ListConfig):
+                raise ValueError(
+                    f"extensions {extensions!r} is invalid; allowed: a list of module names."
+                )
+            load_extensions(list(extensions))
+            if eval_config_class() is not EvalConfig:  # they registered metrics: their sections
+                return cls._with_registered_metrics(cfg)  # are checked by the current registry
         return parse_section(cls, cfg)
+
+    @classmethod
+    def _with_registered_metrics(cls, cfg: DictConfig | Mapping[str, Any]) -> JobConfig:
+        """:meth:`from_hydra` once extensions registered metrics after this schema was built
+        (their sections are set with ``+eval.<metric>.<key>=...``): eval is checked by the
+        registry's current eval config, the rest by the schema."""
+        values = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
+        eval_values = values.pop("eval", None)
+        job = parse_section(cls, values)
+        return replace(job, eval=as_eval_config(eval_values))
 
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)

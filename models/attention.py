@@ -199,12 +199,12 @@ class AttentionInputs:
     contextual_bias: ContextualBias | None = None
     # a training-free method's per-pair positions (Self-Extend, ReRoPE, StreamingLLM); None = none
     pairs: PairInputs | None = None
-    # the layer's attention span (models.hybrid): key position j is visible to query position i
+    # the layer's attention span (models.families.hybrid): key position j is visible to query position i
     # only if i - j < window (sliding window), only if i // chunk == j // chunk (chunked); None = all
     window: int | None = None
     chunk: int | None = None
     # the eps of a weightless RMS norm of the layer's queries and keys after the rotation (Llama
-    # 4's QK-norm on iRoPE's RoPE layers, models.hybrid); None = none
+    # 4's QK-norm on iRoPE's RoPE layers, models.families.hybrid); None = none
     qk_norm: float | None = None
     # SSMax (model.attn_scale=ssmax): ln of the number of real keys each query sees, [N, 1, L, 1]
     # float32 (cached and new, padding not counted); None = no SSMax

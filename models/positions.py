@@ -11,8 +11,10 @@ A family says where it acts, and the transformer asks it only there (``Family.ac
   (:class:`ContextualBias`; no fused kernel can, so such a family always takes that path);
 - ``"none"``: adds nothing; the causal mask is the only order signal (``nope``).
 
-Adding a family is one subclass of :class:`Family` decorated with :func:`register_family` (its
-fields, checks and hook), one ``conf/position/<kind>.yaml`` and tests; README, "Adding a position
+The families themselves are the modules of :mod:`models.families` (classic, zoo, hybrid), found
+by the one discovery rule. Adding a family is one subclass of :class:`Family` decorated with
+:func:`register_family` (its fields, checks and hook) in a module there or in a package named in
+``extensions``, one ``conf/position/<kind>.yaml`` and tests; README, "Adding a position
 encoding". Which scaling methods apply follows from what each method acts on
 (``models.scaling.register_scaling(applies_to=...)``) and what the family has (``capabilities``).
 
@@ -22,12 +24,12 @@ in bf16, position 1995 rounds to 2000.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from models.discovery import import_package
 from models.lazy import torch
 
 ROPE_LAYOUTS = ("interleaved", "half")
@@ -87,7 +89,7 @@ class PositionConfig:
     layout: str = "half"
     rotary_fraction: float = 1.0
     max_positions: int = 0  # learned only; 0 means "the training length"
-    # the zoo's fields (models.zoo); each enters the checkpoint key only for a family that reads it
+    # the zoo's fields (models.families.zoo); each enters the checkpoint key only for a family that reads it
     num_buckets: int = field(default=32, metadata={"weights": "if_read"})  # t5
     max_distance: int = field(default=128, metadata={"weights": "if_read"})  # t5
     frequency_fraction: float = field(default=0.75, metadata={"weights": "if_read"})  # p_rope
@@ -96,7 +98,7 @@ class PositionConfig:
     fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_0; 0: L
     xpos_scale_base: float = field(default=512.0, metadata={"weights": "if_read"})  # xpos: gamma
     cope_npos_max: int = field(default=64, metadata={"weights": "if_read"})  # cope: positions
-    # hybrid layer patterns (models.hybrid): the pattern repeated over the depth; [] = the family's
+    # hybrid layer patterns (models.families.hybrid): the pattern repeated over the depth; [] = the family's
     layers: list[str] = field(default_factory=list, metadata={"weights": "if_read"})
     window: int = field(default=0, metadata={"weights": "if_read"})  # swa layers; 0: L / 4
     chunk: int = field(default=0, metadata={"weights": "if_read"})  # chunked layers; 0: L / 4
@@ -236,7 +238,7 @@ class Family:
     def layer_inputs(self, model: Any, inputs: Any) -> list[Any]:
         """Each block's ``models.attention.AttentionInputs``, from the forward pass's ``inputs``
         (the same for every block here; a hybrid family varies rotation, span and temperature
-        by layer, ``models.hybrid``)."""
+        by layer, ``models.families.hybrid``)."""
         return [inputs] * model.model_cfg.n_layers
 
     def adjust_frequencies(
@@ -264,7 +266,7 @@ FAMILIES: dict[str, Family] = {}
 
 #: Modules whose import registers more families (loaded on the first lookup, by name, so that
 #: they can import this module without an import cycle).
-FAMILY_MODULES = ("models.zoo", "models.hybrid")
+FAMILY_PACKAGE = "models.families"  # one module per group of families (models.discovery)
 
 
 def register_family(cls: type[Family]) -> type[Family]:
@@ -285,9 +287,8 @@ def register_family(cls: type[Family]) -> type[Family]:
 
 
 def families() -> dict[str, Family]:
-    """Every registered family by kind, the :data:`FAMILY_MODULES` loaded."""
-    for module in FAMILY_MODULES:
-        importlib.import_module(module)
+    """Every registered family by kind, every module of :data:`FAMILY_PACKAGE` loaded."""
+    import_package(FAMILY_PACKAGE)
     return FAMILIES
 
 
@@ -298,144 +299,6 @@ def family(kind: str) -> Family:
     if kind not in FAMILIES:
         raise ValueError(f"position.kind {kind!r} is unknown; allowed: {', '.join(FAMILIES)}.")
     return FAMILIES[kind]
-
-
-class _FrequencyFamily(Family):
-    """A family built on inverse frequencies, which the scaling methods rewrite."""
-
-    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
-        return bool(scaling.method.length_dependent)
-
-
-@register_family
-class Rope(_FrequencyFamily):
-    """Rotary position embedding (Su et al.): rotates the first r channels of q and k per layer."""
-
-    name, acts_on = "rope", "qk"
-    fields = ("base", "layout", "rotary_fraction")
-    capabilities = ("positions", "frequencies", "rotary", "pairs")
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.layout not in ROPE_LAYOUTS:
-            raise ValueError(
-                f"position.layout {cfg.layout!r} is unknown; allowed: {', '.join(ROPE_LAYOUTS)}."
-            )
-        if not 0 < cfg.rotary_fraction <= 1:
-            raise ValueError(
-                f"position.rotary_fraction must be in (0, 1], got {cfg.rotary_fraction}."
-            )
-        rotary_dim = int(head_dim * cfg.rotary_fraction)
-        if rotary_dim < 2 or rotary_dim % 2:
-            raise ValueError(
-                f"RoPE needs an even rotary dimension, but head_dim {head_dim} x "
-                f"position.rotary_fraction {cfg.rotary_fraction} gives {rotary_dim}; choose "
-                "an even head_dim (model.d_model / model.n_heads) or a rotary_fraction "
-                "giving an even count."
-            )
-
-    def frequency_dims(self, cfg: PositionConfig, head_dim: int, d_model: int) -> tuple[int, float]:
-        return head_dim, cfg.rotary_fraction
-
-    def rotary(self, model: Any, position_ids: torch.Tensor, seq_len: int):
-        return model.rotary_table(seq_len)(position_ids)  # [N, L, r/2] each
-
-
-@register_family
-class Sinusoidal(_FrequencyFamily):
-    """Vaswani et al.'s fixed sinusoids, added to the token embeddings."""
-
-    name, acts_on = "sinusoidal", "input"
-    fields = ("base",)
-    # per-dimension methods (YaRN, Llama-3, LongRoPE) are defined per rotary pair
-    capabilities = ("positions", "frequencies")
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even model.d_model, got {d_model}.")
-
-    def frequency_dims(self, cfg: PositionConfig, head_dim: int, d_model: int) -> tuple[int, float]:
-        return d_model, 1.0
-
-    def embed(self, model: Any, position_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
-        inv_freq, _ = model.frequencies(seq_len)
-        # scaled so a channel's RMS (~0.7/sqrt(D)) is near the token embeddings' at init (0.02 x ~3)
-        return sinusoidal_embedding(position_ids, inv_freq) / math.sqrt(model.model_cfg.d_model)
-
-
-@register_family
-class Learned(Family):
-    """A learned table of absolute positions (GPT-2), added to the token embeddings."""
-
-    name, acts_on = "learned", "input"
-    fields = ("max_positions", "out_of_range")
-    capabilities = ("positions",)  # a position transform stretches the table
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.max_positions < 0:
-            raise ValueError(
-                f"position.max_positions must be >= 0 (0 = the training length), got "
-                f"{cfg.max_positions}."
-            )
-        if cfg.out_of_range not in OUT_OF_RANGE_POLICIES:
-            raise ValueError(
-                f"position.out_of_range {cfg.out_of_range!r} is unknown; "
-                f"allowed: {', '.join(OUT_OF_RANGE_POLICIES)}."
-            )
-
-    def init(self, model: Any) -> None:
-        rows = model.position_cfg.table_rows(model.train_length)
-        model.pos_table = torch.nn.Parameter(torch.randn(rows, model.model_cfg.d_model) * 0.02)
-
-    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
-        # the interpolate policy stretches the table to each sequence, unless a position
-        # transform (position interpolation) fixes the stretch
-        return cfg.out_of_range == "interpolate" and scaling.position_factor is None
-
-    def embed(self, model: Any, position_ids: torch.Tensor, seq_len: int) -> torch.Tensor:
-        out_of_range = model.position_cfg.out_of_range
-        coordinates = learned_table_coordinates(
-            position_ids,
-            model.pos_table.shape[0],
-            seq_len,
-            out_of_range,
-            model.resolved_scaling.position_factor,
-        )
-        return learned_lookup(model.pos_table, coordinates, out_of_range)
-
-    def range_error(self, cfg, max_position, seq_len, train_length, position_factor):
-        if cfg.out_of_range == "clamp":
-            return None
-        rows = cfg.table_rows(train_length)
-        coordinates = learned_table_coordinates(
-            torch.tensor([max_position]), rows, seq_len, cfg.out_of_range, position_factor
-        )
-        return _beyond_table(coordinates, rows)
-
-
-@register_family
-class Alibi(Family):
-    """ALiBi (Press et al. 2022): a per-head penalty linear in the query-key distance."""
-
-    name, acts_on = "alibi", "scores"
-    capabilities = ("pairs",)  # a training-free method may score a pair at other positions
-
-    def init(self, model: Any) -> None:
-        model.register_buffer("slopes", alibi_slopes(model.model_cfg.n_heads), persistent=False)
-
-    def score_bias(self, model: Any, length: int) -> ScoreBias:
-        return alibi_bias(model.slopes)
-
-
-@register_family
-class NoPE(Family):
-    """No position signal (Kazemnejad et al. 2023): only the causal mask orders tokens."""
-
-    name, acts_on = "nope", "none"
-    capabilities = ("pairs",)  # nothing to re-position: a windowed method only masks
-    reads_position_ids = False
-
-
-# --------------------------------------------------------------------------- RoPE
 
 
 def rope_cos_sin(
@@ -550,7 +413,7 @@ def learned_table_coordinates(
     return position_ids.float() * ((rows - 1) / max(stretched_rows - 1, 1))
 
 
-def _beyond_table(positions: torch.Tensor, n_rows: int) -> str | None:
+def beyond_table(positions: torch.Tensor, n_rows: int) -> str | None:
     """The error for coordinates past the last row of an ``n_rows`` table, or None."""
     if not bool((positions > n_rows - 1).any()):
         return None
@@ -569,7 +432,7 @@ def learned_lookup(table: torch.Tensor, positions: torch.Tensor, out_of_range: s
     """
     n_rows = table.shape[0]
     positions = positions.to(torch.float32)
-    problem = _beyond_table(positions, n_rows)
+    problem = beyond_table(positions, n_rows)
     if problem is not None:
         if out_of_range != "clamp":
             raise ValueError(problem)

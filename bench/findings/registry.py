@@ -11,9 +11,7 @@ places its findings in a report.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +20,7 @@ import pandas as pd
 from bench.findings.rows import col, with_series
 from bench.findings.stats import UNDECIDED, Check, Estimate
 from bench.series import SWITCH_COLUMNS
+from models.discovery import import_package
 
 HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured"
 NOT_DECIDED = "not decided"
@@ -223,12 +222,7 @@ def register_finding(
 def study_modules() -> list[str]:
     """The modules of this package that may register findings (every one whose name does not
     start with an underscore), imported, in their ``ORDER`` (then by name)."""
-    import bench.findings as package
-
-    modules = []
-    for info in pkgutil.iter_modules(package.__path__):
-        if not info.name.startswith("_"):
-            modules.append(importlib.import_module(f"{package.__name__}.{info.name}"))
+    modules = import_package("bench.findings")  # the one discovery rule (models.discovery)
     modules.sort(key=lambda m: (getattr(m, "ORDER", float("inf")), m.__name__))
     return [m.__name__ for m in modules]
 

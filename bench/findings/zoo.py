@@ -1,6 +1,6 @@
 """The position-encoding zoo's findings (issue #25), listed after F1-F6.
 
-Z1 and Z2 restate published claims about the zoo's families (``models.zoo``) as checks on a
+Z1 and Z2 restate published claims about the zoo's families (``models.families.zoo``) as checks on a
 results table, with thresholds fixed before the zoo's reference run:
 
 - **Z1**, shift probe: a relative family's logits depend on i - j only (or, for CoPE, on no

@@ -9,9 +9,6 @@ only changes to them). ``EvalConfig`` is the eval config dataclass built from th
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from bench.checks import parse_length
 from bench.metrics import nll, passkey, probes, probes_position  # noqa: F401  (built-ins, in order)
 from bench.metrics.config import (
@@ -30,9 +27,9 @@ from bench.metrics.registry import (
     grid_field,
     register_metric,
 )
+from models.discovery import import_package
 
-for _module in pkgutil.iter_modules(__path__):  # metrics added as modules of this package
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_package(__name__)  # metrics added as modules of this package (models.discovery)
 
 __all__ = [
     "METRICS",

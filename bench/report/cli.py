@@ -20,6 +20,7 @@ from bench.findings import NOT_MEASURED, any_failed, check_findings, findings_ta
 from bench.report.markdown import markdown_table
 from bench.report.render import render
 from bench.results import load_results
+from models.discovery import load_extensions
 
 #: ``--check``'s exit status when no finding could be measured (1 = a finding does not hold).
 NOTHING_CHECKED = 3
@@ -57,7 +58,7 @@ def _experiment_name(df: pd.DataFrame) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check]``."""
+    """Console script ``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check] [--extension M]``."""
     parser = argparse.ArgumentParser(
         prog="lenbench-report",
         description="Regenerate tables, plots and report.md from stored lenbench result tables.",
@@ -84,6 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write nothing; print the findings table and exit 1 if a measured finding does not "
         f"hold, {NOTHING_CHECKED} if no finding could be measured, else 0",
     )
+    parser.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module or package of your own to import first (its findings, metrics); repeatable, "
+        "as the run's extensions: [...]",
+    )
     args = parser.parse_args(argv)
     if args.check and args.out is not None:
         parser.error(
@@ -91,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "lenbench-report --out DIR for the report, and --check alone for the findings' verdict."
         )
     try:
+        load_extensions(args.extension)
         paths: list[str | Path] = list(args.results) or [latest_experiment_dir(args.results_root)]
         df = load_results(paths)
         if args.check:

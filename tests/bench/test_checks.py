@@ -17,6 +17,7 @@ import torch
 from bench.checks import NotApplicable
 from bench.job import validate_job
 from bench.metrics.ruler import RulerConfig
+from bench.ruler import RULER_TASKS
 from bench.schema import JobConfig
 from bench.train import divergence_advice
 from models.positions import PositionConfig, families
@@ -192,35 +193,37 @@ def ruler(tasks, lengths) -> RulerConfig:
 
 
 def test_ruler_tasks_that_fit_no_eval_length_are_an_error():
-    with pytest.raises(ValueError, match=r"fit none of the ruler eval lengths \[64, 128\]") as err:
-        ruler(["niah_single", "vt", "fwe"], [64, 128]).check_fit()
-    assert "vt 178, fwe 221" in str(err.value) and "niah_single" not in str(err.value)
+    with pytest.raises(ValueError, match=r"fit none of the ruler eval lengths \[64, 100\]") as err:
+        ruler(["niah_single", "vt", "fwe"], [64, 100]).check_fit()
+    assert "vt 115, fwe 221" in str(err.value) and "niah_single" not in str(err.value)
     # partly: one warning naming where each is skipped; controls: all fit, or ruler off
-    warning = ruler(["niah_single", "vt"], [128, 256]).check_fit()
-    assert "niah_single below" not in warning and "vt below 178 tokens" in warning
+    warning = ruler(["niah_single", "vt"], [100, 256]).check_fit()
+    assert "niah_single below" not in warning and "vt below 115 tokens" in warning
     assert ruler(["niah_single", "vt"], [512, 1024]).check_fit() is None
     assert dataclasses.replace(ruler(["fwe"], [64]), enabled=False).check_fit() is None
 
 
 def test_ruler_windows_mostly_fixed_text_warn_before_training():
-    """The protocol's filler share (issue #50): vt's fixed text and answer take 178 tokens, 70%
-    of a 256-token window; the warning names it with its filler share. Control: at 512 and
-    1024 every task's filler is more than half, and niah_single (90 tokens) is at 256 too."""
-    warning = ruler(["niah_single", "vt"], [256, 512]).check_fit()
-    assert warning is not None and "vt at 256 (30%)" in warning
+    """The protocol's filler share (issue #50): vt's fixed text and answer take 115 tokens, 57%
+    of a 200-token window; the warning names it with its filler share. Control: at 256 (the
+    RULER arm's L) and 512 every task's filler is at least half, niah_single's (54 tokens) at 200
+    too."""
+    warning = ruler(["niah_single", "vt"], [200, 512]).check_fit()
+    assert warning is not None and "vt at 200 (43%)" in warning
     assert "niah_single" not in warning and "vt at 512" not in warning
-    assert ruler(["niah_single"], [256]).check_fit() is None
+    assert ruler(["niah_single"], [200]).check_fit() is None
+    assert ruler(list(RULER_TASKS), [256, 512]).check_fit() is None
 
 
 def test_ruler_tasks_that_fit_some_lengths_warn_once_before_training(caplog):
     eval_cfg = {"lengths": ["1x", "2x"], "ruler": {"enabled": True, "tasks": ["niah_single", "vt"]}}
-    cell = job(train={"length": 128}, eval=eval_cfg)
+    cell = job(train={"length": 100}, eval=eval_cfg)
     with caplog.at_level(logging.WARNING):
         validate_job(cell)  # what a job runs before it trains
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and "vt below 178 tokens" in warnings[0], warnings
+    assert len(warnings) == 1 and "vt below 115 tokens" in warnings[0], warnings
     with pytest.raises(ValueError, match="fit none of the ruler eval lengths"):
-        validate_job(job(train={"length": 64}, eval=eval_cfg))
+        validate_job(job(train={"length": 50}, eval=eval_cfg))
 
 
 # --------------------------------------------------------------------------- divergence

@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
+from models.families.zoo import hope_kept_pairs
 from models.positions import PositionConfig
 from models.scaling_config import ScalingConfig
 from models.transformer import DecoderLM, ModelConfig
-from models.zoo import hope_kept_pairs
 
 CFG = dict(n_layers=1, d_model=64, n_heads=2)  # head_dim 32: 16 rotary pairs
 

@@ -15,7 +15,7 @@ import torch
 
 import models.attention as attention
 from models.attention import AttentionInputs, _attend_tiled, attend, attend_flex, span_mask
-from models.hybrid import layer_pattern, llama4_query_temperature
+from models.families.hybrid import layer_pattern, llama4_query_temperature
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from models.families.zoo import sandwich_table, xpos_scale
 from models.positions import PositionConfig, families
 from models.resolved_scaling import PROBE_ROTARY_DIM
 from models.scaling import (
@@ -28,7 +29,6 @@ from models.scaling import (
     scaling_method,
 )
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig, resolved_scaling
-from models.zoo import sandwich_table, xpos_scale
 
 #: the families that offer methods acting on positions (issue 52's thirteen, and hope)
 POSITION_FAMILIES = (

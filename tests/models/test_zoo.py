@@ -1,4 +1,4 @@
-"""The zoo's position families (models/zoo.py) against independent evaluations of their formulas.
+"""The zoo's position families (models/families/zoo.py) against independent evaluations of their formulas.
 
 Each bias equals its oracle on random inputs with a perturbed-parameter control; every family
 works with the KV cache and left padding, is shift invariant exactly when it is relative, and has
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from models.attention import AttentionInputs, _attend_tiled, attend_flex
+from models.families.zoo import KERPLE_EPS, sandwich_table, t5_bucket
 from models.positions import PositionConfig, family
 from models.scaling import applicable_methods, default_inv_freq
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
-from models.zoo import KERPLE_EPS, sandwich_table, t5_bucket
 
 from fixtures.attention import dense_reference
 

@@ -37,15 +37,9 @@ import math
 from functools import partial
 from typing import Any
 
+from models.families.classic import Rope
 from models.lazy import nn, torch
-from models.positions import (
-    ContextualBias,
-    Family,
-    PositionConfig,
-    Rope,
-    ScoreBias,
-    register_family,
-)
+from models.positions import ContextualBias, Family, PositionConfig, ScoreBias, register_family
 
 # KERPLE keeps r1, r2 >= this (its reference clamps the parameters at 1e-2)
 KERPLE_EPS = 1e-2

@@ -22,8 +22,9 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
+from models.families.classic import Rope
 from models.lazy import torch
-from models.positions import PositionConfig, Rope, register_family
+from models.positions import PositionConfig, register_family
 
 __all__ = ["LAYER_KINDS", "LLAMA4_QK_NORM_EPS", "layer_pattern", "llama4_query_temperature"]
 

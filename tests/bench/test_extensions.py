@@ -1,0 +1,147 @@
+"""One discovery rule (models.discovery) and a user's own package loaded from config
+(``extensions: [...]``, issue #52 item 2): a scaling method, a metric and a finding of a package
+outside lenbench, without editing lenbench."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+
+from bench.schema import JobConfig
+from models.discovery import import_package, load_extensions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+METHOD = '''
+from models.scaling import default_inv_freq, register_scaling
+
+
+@register_scaling("{name}", applies_to=("positions",), auto_keys=("factor",))
+def renamed_linear(geometry, *, factor: float):
+    """linear position interpolation under another name"""
+    return default_inv_freq(geometry.rotary_dim, geometry.base) / factor, 1.0
+'''
+METRIC = """
+from dataclasses import dataclass
+
+from bench.metrics import MetricConfig, register_metric
+from bench.metrics.context import make_row
+
+
+@dataclass
+class DocCountConfig(MetricConfig):
+    enabled: bool = False
+
+
+@register_metric("{name}", config=DocCountConfig)
+def doc_count(ctx, cfg, docs, length):
+    return [make_row("{name}", float(len(docs)), len(docs), length)]
+"""
+
+
+def write_package(root: Path, package: str, method: str, metric: str) -> Path:
+    """A package of the user's own (methods and metrics modules, one private module) and its
+    config directory with the method's scaling preset."""
+    pkg = root / package
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "methods.py").write_text(METHOD.format(name=method))
+    (pkg / "metrics.py").write_text(METRIC.format(name=metric))
+    (pkg / "_private.py").write_text("raise RuntimeError('a private module is not scanned')\n")
+    conf = root / "user_conf" / "scaling"
+    conf.mkdir(parents=True)
+    (conf / f"{method}.yaml").write_text(
+        f"name: {method}\nmethod: {method}\nparams: {{factor: auto}}\n"
+    )
+    return root / "user_conf"
+
+
+def test_import_package_scans_every_public_module_alphabetically(tmp_path, monkeypatch):
+    pkg = tmp_path / "scanned_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("ORDER = []\n")
+    for name in ("b_mod", "a_mod", "_skipped"):
+        (pkg / f"{name}.py").write_text(f"import scanned_pkg\nscanned_pkg.ORDER.append({name!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = import_package("scanned_pkg")
+    assert [m.__name__ for m in modules] == ["scanned_pkg.a_mod", "scanned_pkg.b_mod"]
+    assert sys.modules["scanned_pkg"].ORDER == ["a_mod", "b_mod"]  # control: _skipped is not
+    for name in ("scanned_pkg", "scanned_pkg.a_mod", "scanned_pkg.b_mod"):
+        sys.modules.pop(name)
+
+
+def test_the_builtin_registries_are_the_scanned_modules():
+    """Scaling methods live in modules of models/scaling/ found by the scan, not in a list."""
+    from models import scaling
+
+    files = {p.stem for p in (ROOT / "models" / "scaling").glob("*.py")} - {"__init__"}
+    modules = {m.__name__.rpartition(".")[2] for m in import_package("models.scaling")}
+    assert modules == {f for f in files if not f.startswith("_")}
+    homes = {scaling.SCALING_METHODS[m].fn.__module__ for m in scaling.SCALING_METHODS}
+    assert homes == {"models.scaling.frequencies", "models.scaling.training_free"}
+
+
+def test_a_bad_extension_is_one_sentence():
+    with pytest.raises(ValueError, match=r"extensions entry 'no_such_pkg' cannot be imported"):
+        load_extensions(["no_such_pkg"])
+    with pytest.raises(ValueError, match=r"extensions entry '' is invalid"):
+        load_extensions([""])
+    with pytest.raises(ValueError, match=r"extensions 'my_pkg' is invalid; allowed: a list"):
+        JobConfig.from_hydra({"extensions": "my_pkg"})
+
+
+def test_extensions_register_before_the_config_is_checked(tmp_path, monkeypatch):
+    from bench.metrics import METRICS
+    from models.scaling import SCALING_METHODS
+
+    conf = write_package(tmp_path, "ext_inproc", "ext_linear", "ext_docs")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [f"hydra.searchpath=[file://{conf}]", "scaling=ext_linear"]
+    try:
+        with initialize_config_module("conf", version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+            # control: without the extension the method is unknown
+            with pytest.raises(ValueError, match="ext_linear"):
+                JobConfig.from_hydra(cfg)
+            cfg = compose(
+                "config",
+                overrides=[*overrides, "extensions=[ext_inproc]", "+eval.ext_docs.enabled=true"],
+            )
+        job = JobConfig.from_hydra(cfg)
+        assert job.scaling.method == "ext_linear" and job.eval.ext_docs.enabled is True
+        assert "ext_linear" in SCALING_METHODS and "ext_docs" in METRICS
+    finally:
+        SCALING_METHODS.pop("ext_linear", None)
+        METRICS.pop("ext_docs", None)
+        for name in [m for m in sys.modules if m.startswith("ext_inproc")]:
+            sys.modules.pop(name)
+
+
+def test_a_run_uses_a_method_and_a_metric_of_the_users_package(tmp_path):
+    """End to end: ``lenbench +experiment=smoke extensions=[...]`` trains, scales with the
+    package's method (a renamed linear: its rows differ from the raw model's) and writes the
+    package's metric rows; the report is written."""
+    conf = write_package(tmp_path, "ext_e2e", "ext_pi", "ext_count")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    common = ["+experiment=smoke", "position=rope", f"paths.results={tmp_path}/res",
+              f"paths.reports={tmp_path}/rep", f"paths.cache={tmp_path}/cache",
+              "eval.lengths=[1x,2x]"]  # fmt: skip
+    run = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())"]
+    for extra in (["scaling=none"], ["extensions=[ext_e2e]", "scaling=ext_pi",
+                  f"hydra.searchpath=[file://{conf}]", "+eval.ext_count.enabled=true"]):  # fmt: skip
+        done = subprocess.run([*run, *common, *extra], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    rows = pd.concat(pd.read_parquet(p) for p in (tmp_path / "res" / "smoke").glob("*.parquet"))
+    assert set(rows["scaling"]) == {"none", "ext_pi"}
+    assert set(rows.loc[rows["metric"] == "ext_count", "scaling"]) == {"ext_pi"}
+    nll = rows[(rows["metric"] == "nll") & rows["bucket_lo"].isna()]
+    at = nll.pivot_table(index="eval_length", columns="scaling", values="value")
+    assert at["ext_pi"].sub(at["none"]).abs().max() > 1e-6  # the method changes the model's nll
+    assert (tmp_path / "rep" / "smoke" / "report.md").is_file()
