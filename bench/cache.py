@@ -47,7 +47,7 @@ from bench.extend import base_job, extend_weights
 from bench.passkey import passkey_template
 from bench.results import canonical_json
 from bench.resume import RESUME_FILE, TMP_PREFIX, ResumeFile, atomic_write
-from bench.ruler import TEMPLATES as RULER_TEMPLATES
+from bench.ruler import ruler_text
 from bench.runtime import use_cpu_backend
 from bench.schema import JobConfig, ModelSchema, PositionSchema, weights_dict
 from bench.train import TrainStats, train_model
@@ -139,8 +139,9 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
     if job.train.passkey_fraction > 0:
         # the template's text, not only its name: editing a template retrains its models
         out["passkey_text"] = asdict(passkey_template(job.train.passkey_template))
-    if job.train.ruler_tasks:  # likewise the RULER-style tasks' text
-        out["ruler_text"] = dict(RULER_TEMPLATES)
+    trained = [t for t in job.train.trained_ruler_tasks() if t != "passkey"]
+    if trained:  # likewise the RULER-style tasks' text
+        out["ruler_text"] = ruler_text(trained)
     if corpus is not None:
         out["corpus_fingerprint"] = corpus if isinstance(corpus, str) else corpus.fingerprint
     return _normalized(out)

@@ -6,8 +6,13 @@ enough for small byte-level models (like the passkey ``short`` template: the que
 the needle's own words, so that retrieval is a content match) and read the same way by
 pretrained models. The fixed text is short so that the filler is at least half of a 256-token
 window for every task at its default parameters (RULER's protocol: the haystack is most of the
-window); :data:`TEMPLATES` holds all of it, and a checkpoint trained on the tasks keys on it. Every example is ``prompt | answer`` with the answer kept apart, so that
-evaluation can teacher-force or generate it and training can restrict the loss to it.
+window). Every example is ``prompt | answer`` with the answer kept apart, so that evaluation can
+teacher-force or generate it and training can restrict the loss to it.
+
+Each task is one declaration (:func:`register_ruler_task`: its text, the parameters it reads,
+whether it has depths, its layout) in a module of ``bench/ruler_tasks/`` (found by the one
+discovery rule, ``models.discovery``); this module assembles any layout into an example of an
+exact length and scores answers. The built-ins:
 
 ========================  ==================================================================
 task                      prompt (needles ``\\n``-separated inside the haystack)
@@ -37,10 +42,9 @@ verdict (:func:`exact_match`) needs the whole answer, then no letter or digit.
 from __future__ import annotations
 
 import functools
-import math
 import random
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -56,15 +60,17 @@ from bench.passkey import (
     standard_filler_text,
 )
 from bench.tokenizer import ByteTokenizer
+from models.discovery import import_package
 
 __all__ = [
     "RULER_END",
     "RULER_FILLERS",
     "RULER_TASKS",
-    "TASK_FIELDS",
-    "TEMPLATES",
+    "RULER_TASK_REGISTRY",
+    "Layout",
     "RulerExample",
     "RulerParams",
+    "RulerTask",
     "exact_match",
     "fit_ruler_example",
     "fixed_ruler_length",
@@ -74,21 +80,18 @@ __all__ = [
     "ruler_depths",
     "ruler_examples",
     "ruler_grid",
+    "ruler_task",
+    "ruler_text",
+    "register_ruler_task",
+    "distinct",
+    "random_key",
+    "random_value",
+    "random_var",
+    "random_word",
     "task_params",
 ]
 
-RULER_TASKS = (
-    "niah_single",
-    "niah_multikey",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "cwe",
-    "fwe",
-)
 RULER_FILLERS = ("standard", "corpus")
-#: tasks whose rows are per depth as well: the queried needle sits at the depth asked for
-DEPTH_TASKS = ("niah_single", "niah_multikey")
 VALUE_DIGITS = 5
 KEY_LETTERS = 4
 VAR_LETTERS = 5
@@ -100,7 +103,7 @@ _TOKENIZER = ByteTokenizer()
 
 @dataclass(frozen=True)
 class RulerParams:
-    """Task parameters (config values ``eval.ruler.params``); each task reads :data:`TASK_FIELDS`."""
+    """Task parameters (config values ``eval.ruler.params``); each task reads its ``fields``."""
 
     keys: int = 4  # niah_multikey: needles with distinct keys (one asked, the others distractors)
     values: int = 4  # niah_multivalue: needles (values) of the one key
@@ -133,27 +136,9 @@ class RulerParams:
             )
 
 
-#: The parameters each task reads (its rows' ``task_params``).
-TASK_FIELDS: dict[str, tuple[str, ...]] = {
-    "niah_single": (),
-    "niah_multikey": ("keys",),
-    "niah_multivalue": ("values",),
-    "niah_multiquery": ("queries",),
-    "vt": ("chains", "hops"),
-    "cwe": ("common_words", "common_freq", "rare_freq"),
-    "fwe": ("frequent_words", "alpha"),
-}
-
-
 def task_params(task: str, params: RulerParams) -> dict[str, Any]:
     """The parameters ``task`` reads, by name."""
-    return {name: getattr(params, name) for name in TASK_FIELDS[_check_task(task)]}
-
-
-def _check_task(task: str) -> str:
-    if task not in RULER_TASKS:
-        raise ValueError(f"ruler task {task!r} is unknown; allowed: {', '.join(RULER_TASKS)}.")
-    return task
+    return {name: getattr(params, name) for name in ruler_task(task).fields}
 
 
 @dataclass(frozen=True)
@@ -188,7 +173,7 @@ def _letters(rng: random.Random, n: int, alphabet: str) -> str:
     return "".join(rng.choice(alphabet) for _ in range(n))
 
 
-def _distinct(rng: random.Random, n: int, draw) -> list[str]:
+def distinct(rng: random.Random, n: int, draw) -> list[str]:
     out: list[str] = []
     while len(out) < n:
         item = draw(rng)
@@ -197,19 +182,19 @@ def _distinct(rng: random.Random, n: int, draw) -> list[str]:
     return out
 
 
-def _key(rng: random.Random) -> str:
+def random_key(rng: random.Random) -> str:
     return _letters(rng, KEY_LETTERS, string.ascii_lowercase)
 
 
-def _value(rng: random.Random) -> str:
+def random_value(rng: random.Random) -> str:
     return str(rng.randint(10 ** (VALUE_DIGITS - 1), 10**VALUE_DIGITS - 1))
 
 
-def _var(rng: random.Random) -> str:
+def random_var(rng: random.Random) -> str:
     return _letters(rng, VAR_LETTERS, string.ascii_uppercase)
 
 
-def _word(rng: random.Random) -> str:
+def random_word(rng: random.Random) -> str:
     return _letters(rng, WORD, string.ascii_lowercase)
 
 
@@ -220,7 +205,7 @@ def _word(rng: random.Random) -> str:
 
 
 @dataclass
-class _Layout:
+class Layout:
     head: str
     question: str
     expected: list[str]
@@ -228,151 +213,86 @@ class _Layout:
     words: Any = None  # cwe/fwe: words(n_chars, rng) -> the list text of exactly n_chars
 
 
-#: Every piece of task text (``str.format`` fields in braces). A model trained on the tasks has
-#: these in its checkpoint key (``bench.cache.weights_config``): editing one retrains it.
-TEMPLATES = {
-    "head_niah": "Remember the values.",
-    "head_vt": "Track the variables.",
-    "head_cwe": "Find the most common words.",
-    "head_fwe": "Find the most frequent words.",
-    "needle": "{key}:{value}.",
-    "ask_one": "value of {key}:",  # ends in the needle's own words: a content match
-    "ask_all": "values of {keys}:",  # multi-value (one key) and multi-query (every key)
-    "vt_value": "{var}={value}.",
-    "vt_hop": "{var}={source}.",
-    "vt_ask": "vars of {value}:",
-    "cwe_ask": "What are the {n} most common words? words:",
-    "fwe_ask": "What are the {n} most frequent words? words:",
-}
+@dataclass(frozen=True)
+class RulerTask:
+    """One RULER-style task, declared once beside its layout (a module of ``bench/ruler_tasks/``,
+    or of a package named in ``extensions``) by :func:`register_ruler_task`.
 
-HEADS = {
-    "niah_single": TEMPLATES["head_niah"],
-    "niah_multikey": TEMPLATES["head_niah"],
-    "niah_multivalue": TEMPLATES["head_niah"],
-    "niah_multiquery": TEMPLATES["head_niah"],
-    "vt": TEMPLATES["head_vt"],
-    "cwe": TEMPLATES["head_cwe"],
-    "fwe": TEMPLATES["head_fwe"],
-}
+    ``layout(params, depth, rng)`` gives the example's text parts (:class:`Layout`); ``text``
+    holds every piece of the task's own text (``str.format`` fields in braces), which enters the
+    checkpoint key of a model trained on the task (editing it retrains such models only);
+    ``fields`` are the :class:`RulerParams` it reads (its rows' ``task_params``); ``depth``: its
+    asked statement is placed at the depth asked for (rows per depth, ``eval.ruler.depths``);
+    ``answer_items(params)``: for a word-list task (``Layout.words``), the words its answer has.
+    """
+
+    name: str
+    layout: Callable[[RulerParams, float, random.Random], Layout]
+    text: dict[str, str]
+    fields: tuple[str, ...] = ()
+    depth: bool = False
+    answer_items: Callable[[RulerParams], int] | None = None
 
 
-def _needle(key: str, value: str) -> str:
-    return TEMPLATES["needle"].format(key=key, value=value)
+#: The registered tasks by name, in registration order (built-ins first).
+RULER_TASK_REGISTRY: dict[str, RulerTask] = {}
+#: Their names: a live view of the registry (a task registered later is in it).
+RULER_TASKS = RULER_TASK_REGISTRY.keys()
 
 
-def _niah_layout(task: str, params: RulerParams, depth: float, rng: random.Random) -> _Layout:
-    head = HEADS[task]
-    if task in ("niah_single", "niah_multikey"):
-        n = 1 if task == "niah_single" else params.keys
-        keys = _distinct(rng, n, _key)
-        values = _distinct(rng, len(keys), _value)  # no distractor holds the answer
-        statements = [(depth, _needle(keys[0], values[0]), True)]
-        statements += [
-            (rng.random(), _needle(k, v), False) for k, v in zip(keys[1:], values[1:], strict=True)
-        ]
-        return _Layout(head, TEMPLATES["ask_one"].format(key=keys[0]), [values[0]], statements)
-    if task == "niah_multivalue":
-        key = _key(rng)
-        values = _distinct(rng, params.values, _value)
-        ats = sorted(rng.random() for _ in values)  # values in text order are the answer's
-        statements = [(at, _needle(key, v), True) for at, v in zip(ats, values, strict=True)]
-        return _Layout(head, TEMPLATES["ask_all"].format(keys=key), values, statements)
-    keys = _distinct(rng, params.queries, _key)  # niah_multiquery
-    values = _distinct(rng, len(keys), _value)  # no distractor holds the answer
-    statements = [(rng.random(), _needle(k, v), True) for k, v in zip(keys, values, strict=True)]
-    return _Layout(head, TEMPLATES["ask_all"].format(keys=",".join(keys)), values, statements)
+def register_ruler_task(
+    name: str,
+    *,
+    text: dict[str, str],
+    fields: Iterable[str] = (),
+    depth: bool = False,
+    answer_items: Callable[[RulerParams], int] | None = None,
+) -> Callable:
+    """Decorator: register the layout function below it as task ``name`` (:class:`RulerTask`)."""
+    known = set(RulerParams.__dataclass_fields__)
+
+    def register(layout: Callable) -> Callable:
+        if not name or name in RULER_TASK_REGISTRY or name == "passkey":
+            raise ValueError(f"ruler task name {name!r} is empty or already registered.")
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(
+                f"ruler task {name!r} reads params {unknown} that RulerParams does not have."
+            )
+        RULER_TASK_REGISTRY[name] = RulerTask(
+            name, layout, text, tuple(fields), bool(depth), answer_items
+        )
+        return layout
+
+    return register
 
 
-def _vt_layout(params: RulerParams, rng: random.Random) -> _Layout:
-    values = _distinct(rng, params.chains, _value)
-    names = _distinct(rng, params.chains * (params.hops + 1), _var)
-    statements = []
-    for c, value in enumerate(values):
-        chain = names[c * (params.hops + 1) : (c + 1) * (params.hops + 1)]
-        ats = sorted(rng.random() for _ in chain)  # each chain's assignments in order
-        texts = [TEMPLATES["vt_value"].format(var=chain[0], value=value)]
-        texts += [
-            TEMPLATES["vt_hop"].format(var=b, source=a)
-            for a, b in zip(chain, chain[1:], strict=False)
-        ]
-        statements += [(at, text, c == 0) for at, text in zip(ats, texts, strict=True)]
-    asked = names[: params.hops + 1]
-    return _Layout(HEADS["vt"], TEMPLATES["vt_ask"].format(value=values[0]), asked, statements)
+def ruler_task(name: str) -> RulerTask:
+    """The registered task ``name``; an unknown name is one sentence listing the registered ones."""
+    if name not in RULER_TASK_REGISTRY:
+        raise ValueError(f"ruler task {name!r} is unknown; allowed: {', '.join(RULER_TASKS)}.")
+    return RULER_TASK_REGISTRY[name]
 
 
-def _list_text(words: list[str], n_chars: int) -> str:
-    """``words`` joined by spaces, padded with spaces to exactly ``n_chars``."""
-    text = " ".join(words)
-    assert len(text) <= n_chars < len(text) + WORD + 2
-    return text + " " * (n_chars - len(text))
+def ruler_text(tasks: Iterable[str]) -> dict[str, str]:
+    """The text of ``tasks`` (every piece, by name; tasks sharing a piece share its text): what
+    a model trained on them has in its checkpoint key (``bench.cache.weights_config``)."""
+    out: dict[str, str] = {}
+    for name in tasks:
+        for key, value in ruler_task(name).text.items():
+            if out.setdefault(key, value) != value:
+                raise ValueError(f"ruler task {name!r} gives text {key!r} another value.")
+    return out
 
 
-def _list_slots(n_chars: int) -> int:
-    """Words of :data:`WORD` letters that fit ``n_chars`` characters, space-separated."""
-    return (n_chars + 1) // (WORD + 1)
-
-
-def _cwe_layout(params: RulerParams, rng: random.Random) -> _Layout:
-    common = _distinct(rng, params.common_words, _word)
-    question = TEMPLATES["cwe_ask"].format(n=params.common_words)
-
-    def words(n_chars: int, rng: random.Random) -> tuple[str, list[str]]:
-        slots = _list_slots(n_chars)
-        n_rare = math.ceil(max(slots - len(common) * params.common_freq, 0) / params.rare_freq)
-        if n_rare < 1:
-            raise ValueError("too short")
-        rare = _distinct(rng, n_rare + len(common), _word)
-        rare = [w for w in rare if w not in common][:n_rare]
-        bag = [w for w in common for _ in range(params.common_freq)]
-        bag += [w for w in rare for _ in range(params.rare_freq)][: slots - len(bag)]
-        rng.shuffle(bag)
-        order = sorted(common, key=bag.index)  # the answer: common words in order of first use
-        return _list_text(bag, n_chars), order
-
-    return _Layout(HEADS["cwe"], question, [], words=words)
-
-
-def zipf_counts(slots: int, top: int, alpha: float) -> list[int] | None:
-    """Word counts summing to ``slots`` with Zipf shape ``r ** -alpha`` whose ``top`` largest are
-    strictly ordered and strictly above every other count; None when ``slots`` is too few."""
-    vocab = max(top + 1, slots // 4)
-    weights = np.arange(1, vocab + 1, dtype=float) ** -float(alpha)
-    counts = np.maximum(np.floor(slots * weights / weights.sum()).astype(int), 1)
-    while counts.sum() > slots and vocab > top + 1:  # too many words with one occurrence
-        vocab -= 1
-        counts = counts[:vocab]
-    counts[0] += slots - counts.sum()
-    ordered = all(counts[i] > counts[i + 1] for i in range(top))
-    return counts.tolist() if ordered and counts.sum() == slots and counts[-1] >= 1 else None
-
-
-def _fwe_layout(params: RulerParams, rng: random.Random) -> _Layout:
-    question = TEMPLATES["fwe_ask"].format(n=params.frequent_words)
-
-    def words(n_chars: int, rng: random.Random) -> tuple[str, list[str]]:
-        counts = zipf_counts(_list_slots(n_chars), params.frequent_words, params.alpha)
-        if counts is None:
-            raise ValueError("too short")
-        vocab = _distinct(rng, len(counts), _word)
-        bag = [w for w, c in zip(vocab, counts, strict=True) for _ in range(c)]
-        rng.shuffle(bag)
-        return _list_text(bag, n_chars), vocab[: params.frequent_words]
-
-    return _Layout(HEADS["fwe"], question, [], words=words)
-
-
-def _layout(task: str, params: RulerParams, depth: float, rng: random.Random) -> _Layout:
-    if task.startswith("niah"):
-        return _niah_layout(task, params, depth, rng)
-    if task == "vt":
-        return _vt_layout(params, rng)
-    return _cwe_layout(params, rng) if task == "cwe" else _fwe_layout(params, rng)
+def _layout(task: str, params: RulerParams, depth: float, rng: random.Random) -> Layout:
+    return ruler_task(task).layout(params, depth, rng)
 
 
 # --------------------------------------------------------------------------- assembly
 
 
-def _fixed_length(layout: _Layout) -> int:
+def _fixed_length(layout: Layout) -> int:
     """Bytes of everything but the haystack: head, statements with their separators, question."""
     text = layout.head + SEPARATOR + SEPARATOR + layout.question
     return len(text.encode()) + sum(len(s.encode()) + 2 for _, s, _ in layout.statements)
@@ -384,11 +304,11 @@ def min_ruler_length(task: str, params: RulerParams | None = None) -> int:
     every generated example and training row checks it, and the word lists' is a search."""
     params = params or RulerParams()
     rng = random.Random(0)
-    layout = _layout(_check_task(task), params, 0.0, rng)
+    layout = _layout(task, params, 0.0, rng)
     fixed = _fixed_length(layout)
     if layout.words is None:
         return fixed + len(",".join(layout.expected))
-    answer = {"cwe": params.common_words, "fwe": params.frequent_words}[task] * (WORD + 1) - 1
+    answer = ruler_task(task).answer_items(params) * (WORD + 1) - 1
     n = 1
     while True:  # the shortest list the generator accepts (its words do not depend on the draw)
         try:
@@ -403,10 +323,10 @@ def fixed_ruler_length(task: str, params: RulerParams | None = None) -> int:
     answer (byte tokens). The rest of the window is filler (needle tasks, ``vt``) or the word
     list (``cwe``, ``fwe``, which also need a list of :func:`min_ruler_length`'s size)."""
     params = params or RulerParams()
-    layout = _layout(_check_task(task), params, 0.0, random.Random(0))
+    layout = _layout(task, params, 0.0, random.Random(0))
     if layout.words is None:
         return _fixed_length(layout) + len(",".join(layout.expected))
-    return _fixed_length(layout) + _answer_count(task, params) * (WORD + 1) - 1
+    return _fixed_length(layout) + ruler_task(task).answer_items(params) * (WORD + 1) - 1
 
 
 def make_ruler_example(
@@ -422,7 +342,7 @@ def make_ruler_example(
 ) -> RulerExample:
     """An example of ``task`` with exactly ``total_length`` byte tokens (prompt + answer).
 
-    ``depth`` places the asked needle (:data:`DEPTH_TASKS`; the other tasks place their statements
+    ``depth`` places the asked needle (a ``depth`` task; the other tasks place their statements
     at random). ``filler="corpus"`` takes contiguous ids of ``filler_source`` at an ``rng`` offset.
     Raises ValueError when ``total_length`` is below :func:`min_ruler_length`.
     """
@@ -432,7 +352,7 @@ def make_ruler_example(
         raise ValueError(
             f"ruler filler {filler!r} is unknown; allowed: {', '.join(RULER_FILLERS)}."
         )
-    layout = _layout(_check_task(task), params, depth, rng)
+    layout = _layout(task, params, depth, rng)
     total_length = int(total_length)
     minimum = min_ruler_length(task, params)
     if total_length < minimum:
@@ -447,7 +367,8 @@ def make_ruler_example(
     distractors: list[tuple[int, int]] = []
     if layout.words is not None:
         fixed = _fixed_length(layout)
-        n_chars = total_length - fixed - len(",".join(["x" * WORD] * _answer_count(task, params)))
+        items = ruler_task(task).answer_items(params)
+        n_chars = total_length - fixed - len(",".join(["x" * WORD] * items))
         text, expected = layout.words(n_chars, rng)
         prompt += tok.encode(text)
     else:
@@ -476,17 +397,13 @@ def make_ruler_example(
         prompt_ids=prompt,
         answer_ids=answer,
         expected=tuple(expected),
-        depth=depth if task in DEPTH_TASKS else None,
+        depth=depth if ruler_task(task).depth else None,
         trial=int(trial),
         params=task_params(task, params),
         needles=tuple(needles),
         distractors=tuple(distractors),
         filler=filler,
     )
-
-
-def _answer_count(task: str, params: RulerParams) -> int:
-    return params.common_words if task == "cwe" else params.frequent_words
 
 
 def _cell_rng(seed: int, task: str, length: int, depth: float, trial: int) -> random.Random:
@@ -506,7 +423,7 @@ def ruler_grid(
     filler: str = "standard",
     filler_source: object = None,
 ) -> list[RulerExample]:
-    """Examples for every (task, length, depth, trial): depths apply to :data:`DEPTH_TASKS`;
+    """Examples for every (task, length, depth, trial): depths apply to the depth tasks;
     the other tasks get ``trials x len(depths)`` examples at random placements, so every task
     has as many trials per length. Each example depends only on (seed, task, length, depth,
     trial)."""
@@ -540,7 +457,7 @@ def ruler_depths(count: int) -> list[float]:
 
 
 def _cells(task: str, depths: list[float], trials: int) -> list[tuple[float, int]]:
-    if task in DEPTH_TASKS:
+    if ruler_task(task).depth:
         return [(d, t) for d in depths for t in range(int(trials))]
     return [(0.5, t) for t in range(int(trials) * len(depths))]
 
@@ -650,3 +567,6 @@ def exact_match(generation: str, answer: str) -> bool:
         return False
     rest = generation[len(answer) :]
     return not rest[:1].isalnum()
+
+
+import_package("bench.ruler_tasks")  # the tasks: every module of that folder (models.discovery)

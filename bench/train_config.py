@@ -198,6 +198,12 @@ class TrainConfig:
         self.save_every_minutes = number("train.save_every_minutes", self.save_every_minutes, 0.0)
         self.compile = boolean("train.compile", self.compile)
 
+    def trained_ruler_tasks(self) -> list[str]:
+        """Every task name the training rows draw (``ruler_tasks`` and the stages'), each once,
+        in order of first mention ("passkey" included)."""
+        names = [*self.ruler_tasks, *(t for stage in self.ruler_stages for t in stage["tasks"])]
+        return list(dict.fromkeys(names))
+
     def _check_ruler_stages(self) -> None:
         """Each stage is ``{steps, tasks}``; the stages end before the last update, and the rows
         after them are ``ruler_tasks``."""

@@ -41,7 +41,6 @@ from bench.metrics.passkey import corpus_filler_source, decode_in_context, passk
 from bench.metrics.registry import MetricConfig, register_metric
 from bench.results import canonical_json
 from bench.ruler import (
-    DEPTH_TASKS,
     RULER_FILLERS,
     RULER_TASKS,
     RulerExample,
@@ -52,6 +51,7 @@ from bench.ruler import (
     params_from,
     ruler_depths,
     ruler_examples,
+    ruler_task,
 )
 from bench.tokenizer import ByteTokenizer
 from models.lazy import no_grad, torch
@@ -316,7 +316,7 @@ def _task_rows(
         make_row(task, float(np.mean(match)), n, length, axis="score", axis_value="match",
                  **_ci(found, strings), **common)
     )  # fmt: skip
-    if task in DEPTH_TASKS:
+    if ruler_task(task).depth:
         by_depth: dict[float, list[bool]] = defaultdict(list)
         for example, verdict in zip(examples, exact, strict=True):
             by_depth[float(example.depth)].append(verdict)

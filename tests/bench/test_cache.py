@@ -191,13 +191,13 @@ def test_key_changes_with_the_passkey_template_text(monkeypatch: pytest.MonkeyPa
 def test_key_changes_with_the_ruler_task_text(monkeypatch: pytest.MonkeyPatch) -> None:
     """Editing a RULER-style task's text retrains the models trained on the tasks, and only
     those (the compact text of issue #50 item 4 must not reuse the old text's weights)."""
-    from bench.ruler import TEMPLATES
+    from bench.ruler import ruler_task
 
     raw = raw_cfg(length=256)
     raw["train"].update(passkey_fraction=0.5, ruler_tasks=["niah_single", "vt"])
     ruler_model, plain_model = JobConfig.from_hydra(raw), make_cfg()
     before = weights_key(ruler_model), weights_key(plain_model)
-    monkeypatch.setitem(TEMPLATES, "needle", "value of {key}:{value}.")
+    monkeypatch.setitem(ruler_task("niah_single").text, "needle", "value of {key}:{value}.")
     assert weights_key(ruler_model) != before[0]
     assert weights_key(plain_model) == before[1]  # control: no task rows, no task text in the key
 

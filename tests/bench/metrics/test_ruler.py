@@ -27,7 +27,6 @@ from bench.metrics.ruler import (
     teacher_forced_verdicts,
 )
 from bench.ruler import (
-    DEPTH_TASKS,
     RULER_TASKS,
     RulerParams,
     exact_match,
@@ -37,12 +36,15 @@ from bench.ruler import (
     min_ruler_length,
     params_from,
     ruler_grid,
-    zipf_counts,
+    ruler_task,
 )
+from bench.ruler_tasks.words import zipf_counts
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
 from fixtures.ruler import RulerOracle, solve
+
+DEPTH_TASKS = [t for t in RULER_TASKS if ruler_task(t).depth]
 
 CORPUS = ("def f(x):\n    return x + 1\n# a comment with words in it\n" * 40).encode()
 OFF = {"enabled": False}
@@ -496,3 +498,43 @@ def test_a_subword_model_is_not_held_to_the_byte_minimum():
     )
     rows = evaluate_model(byte_model, cfg, [], train_length=64, progress=False)
     assert "vt" not in {r["metric"] for r in rows}
+
+
+def test_a_new_task_is_one_declaration():
+    """Issue #52 item 5: one registered layout is a task the generator, the metric's and the
+    training's configs and the checkpoint key know (controls: a second registration under the
+    name, a parameter RulerParams lacks, and an unknown name are refused)."""
+    from bench.ruler import RULER_TASK_REGISTRY, Layout, register_ruler_task, ruler_text
+    from bench.train_config import TrainConfig
+
+    text = {"head_echo": "Echo the value.", "echo_needle": "{value}!", "echo_ask": "echo:"}
+
+    @register_ruler_task("echo", text=text, fields=("values",))
+    def echo(params, depth, rng):
+        value = str(rng.randint(10000, 99999))
+        statements = [(depth, text["echo_needle"].format(value=value), True)]
+        return Layout(text["head_echo"], text["echo_ask"], [value], statements)
+
+    try:
+        assert "echo" in RULER_TASKS  # a live view of the registry
+        e = make_ruler_example("echo", 200, 0.5, rng=random.Random(0))
+        assert e.length == 200 and e.params == {"values": 4}
+        assert f"\n{e.expected[0]}!\n" in text_of(e.prompt_ids) and e.depth is None
+        assert RulerConfig(enabled=True, tasks=["echo"]).tasks == ["echo"]
+        assert TrainConfig(ruler_tasks=["echo", "passkey"]).trained_ruler_tasks() == [
+            "echo",
+            "passkey",
+        ]
+        assert ruler_text(["echo"]) == text
+        with pytest.raises(ValueError, match="already registered"):
+            register_ruler_task("echo", text=text)(echo)
+        with pytest.raises(ValueError, match=r"reads params \['width'\]"):
+            register_ruler_task("echo2", text=text, fields=("width",))(echo)
+    finally:
+        RULER_TASK_REGISTRY.pop("echo", None)
+    with pytest.raises(ValueError, match="ruler task 'echo' is unknown; allowed: niah_single"):
+        make_ruler_example("echo", 200, 0.5, rng=random.Random(0))
+
+
+def text_of(ids) -> str:
+    return bytes(ids).decode()
