@@ -56,6 +56,7 @@ def evaluate_model(
     seed: int = 0,
     progress: bool = True,
     tokenizer: object = None,
+    evaluator: object = None,
 ) -> list[dict]:
     """Measure every enabled metric at every eval length; return result rows (module doc).
 
@@ -64,7 +65,7 @@ def evaluate_model(
     ``scaling`` (None = the raw model; its factor fixed for the run, module doc) needs a model with
     ``scaled()``. ``tokenizer``: a transformers tokenizer for a pretrained model
     (``bench.pretrained``): passkey prompts are then built as text in its tokens; None = byte
-    tokens. Runs under
+    tokens. ``evaluator``: eval.longppl's (``bench.metrics.longppl.Evaluator``). Runs under
     ``torch.no_grad`` in eval mode; the model's scaling and train/eval mode are restored afterwards.
     Raises ValueError before any work when no test document is long enough (module doc).
     """
@@ -91,6 +92,7 @@ def evaluate_model(
         seed=seed,
         tokenizer=tokenizer,
         window_bos=None if tokenizer is None else window_bos(tokenizer),
+        evaluator=evaluator,
     )
     scaled = getattr(model, "scaled", None)
     if scaling is not None and scaled is None:

@@ -142,6 +142,7 @@ def validate_job(job: JobConfig) -> JobSpec:
     resolved, scaling = source.plan()
     if resolved.shard is not None:
         _check_shardable(job, resolved)
+    _check_longppl(job, resolved)
     cache = job.paths.cache if source.caches else None
     return JobSpec(
         job=job,
@@ -152,6 +153,17 @@ def validate_job(job: JobConfig) -> JobSpec:
         cache_root=None if cache is None else resolve_path(cache, "paths.cache"),
         source=source,
     )
+
+
+def _check_longppl(job: JobConfig, resolved: ResolvedEval) -> None:
+    """LongPPL's evaluator shares the judged models' byte tokens: refuse it on a pretrained model
+    before any work (the evaluator's own length is checked where it is loaded)."""
+    cfg = resolved.metrics.get("longppl")
+    if cfg is not None and cfg.enabled and cfg.lengths and job.pretrained is not None:
+        raise ValueError(
+            "eval.longppl runs on lenbench models only for now (its evaluator shares their byte "
+            "tokens); allowed: eval.longppl.enabled=false for a pretrained model."
+        )
 
 
 def _check_shardable(job: JobConfig, resolved: ResolvedEval) -> None:
@@ -542,6 +554,7 @@ def measure(
     from bench.evaluate import evaluate_model
 
     docs = source.test_docs(corpus, model)
+    evaluator = longppl_evaluator(spec, corpus)
     rows: list[dict[str, Any]] = []
     for module, identity in source.measured(model, corpus, spec):
         point_rows = evaluate_model(
@@ -553,11 +566,48 @@ def measure(
             device=spec.device,
             seed=spec.job.seed,
             tokenizer=model.tokenizer,
+            evaluator=evaluator,
         )
         if identity is not None:  # rows of another model than the job's: its own identity
             point_rows = [{**row, ROW_IDENTITY: identity} for row in point_rows]
         rows += point_rows
     return rows
+
+
+def evaluator_job(job: JobConfig, length: int, seed: int) -> JobConfig:
+    """``eval.longppl``'s auto evaluator: the job's recipe (model, data, training) with RoPE, no
+    scaling and no fine-tune, seed ``seed``, trained at ``length`` tokens."""
+    values = asdict(job)
+    values.update(
+        seed=int(seed), position={"kind": "rope"}, scaling={"name": "none", "method": "default"}
+    )
+    values.update(extend={}, pretrained=None)
+    values["train"]["length"] = int(length)
+    return JobConfig.from_hydra(values)
+
+
+def longppl_evaluator(spec: JobSpec, corpus: Corpus) -> Any:
+    """The evaluator model of ``eval.longppl`` (``bench.metrics.longppl.Evaluator``), from the
+    cache (the auto evaluator trained on a miss), or None when the metric does not run."""
+    from bench.cache import get_or_train, load_model, weights_key
+    from bench.metrics.longppl import AUTO, Evaluator
+
+    cfg = spec.eval.metrics.get("longppl")
+    if cfg is None or not cfg.enabled or not cfg.lengths:
+        return None
+    longest = max(cfg.lengths)
+    if cfg.evaluator != AUTO:
+        module, meta = load_model(cfg.evaluator, spec.cache_root, device=spec.device)
+        return Evaluator(module, meta["key"], int(meta["train_length"]))
+    job = evaluator_job(spec.job, longest, cfg.evaluator_seed)
+    key = weights_key(job, corpus)
+    if key == weights_key(spec.job, corpus):
+        raise ValueError(
+            f"eval.longppl's evaluator would be the judged model itself ({key}); allowed: another "
+            "evaluator_seed or an evaluator checkpoint (the evaluator never judges itself)."
+        )
+    module, _, _ = get_or_train(job, corpus, spec.cache_root, device=spec.device)
+    return Evaluator(module, key, longest)
 
 
 # --------------------------------------------------------------------------- the trained source

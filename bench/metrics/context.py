@@ -65,6 +65,7 @@ class EvalContext:
     # independent of the vocabulary) where the model's forward takes ``targets``; False = from
     # the full [N, L, V] logits (the reference the chunked path is tested against)
     chunked_scoring: bool = True
+    evaluator: Any = None  # eval.longppl's evaluator (bench.metrics.longppl.Evaluator)
     # reuse of forward passes (reuse_forwards): per-token NLL by (window digest, position offset),
     # None outside a reuse block; wanted and kept hidden states by input digest
     _memo: dict | None = field(default=None, init=False, repr=False)

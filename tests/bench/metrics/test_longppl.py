@@ -1,0 +1,158 @@
+"""``longppl`` (issue #55 item 1): key tokens and LongPPL against the ``longppl`` package on small
+transformers models, a hand-built case whose key tokens are known (a copied span), the config's
+one-sentence refusals, and the metric end to end in ``+experiment=smoke``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.metrics.longppl import LongPPLConfig, key_token_mask, longppl_value
+
+from fixtures.hf import _llama, _training_text, train_bpe_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def hf_scorer(model):
+    """NLL of tokens 1..n-1 of ``ids`` [N, n] under a transformers model, float64."""
+
+    def score(ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(ids).logits.double()  # [N, n, V]
+        return F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+
+    return score
+
+
+@pytest.mark.parametrize(
+    ("alpha", "beta", "short", "window"), [(0.5, -100.0, 48, 12), (0.0, -4.0, 40, 40)]
+)
+def test_key_tokens_and_longppl_equal_the_longppl_package(alpha, beta, short, window):
+    """The reference's find_key_token + compute_longppl on a random Llama evaluator and another
+    judged model (float64, one BPE tokenizer) give our key tokens and LongPPL."""
+    pytest.importorskip("longppl")
+    from longppl.longppl import compute_longppl
+    from transformers import LlamaForCausalLM
+
+    tok = train_bpe_tokenizer()
+    text = _training_text(2000)[:700]
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][:, :150]
+    text = tok.decode(ids[0])
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    config = _llama(len(tok), max_position_embeddings=256, initializer_range=0.5)  # sharp
+    torch.manual_seed(0)
+    evaluator = LlamaForCausalLM(config).double().eval()
+    torch.manual_seed(1)
+    judged = LlamaForCausalLM(config).double().eval()
+    ref = compute_longppl(
+        text, judged, evaluator, tok, tok, trunc_len=short, sliding_window=window,
+        alpha=alpha, beta=beta,
+    )  # fmt: skip
+    mask = key_token_mask(hf_scorer(evaluator), ids, short, window, alpha, beta)
+    value, count = longppl_value(hf_scorer(judged)(ids), mask)
+    assert 0 < count < mask.numel() - short  # a real selection, neither none nor all
+    assert count == ref["n_key_token"]
+    assert value == pytest.approx(float(ref["longppl"]), rel=1e-6)
+    # control: another evaluator chooses other tokens, so the comparison can fail
+    torch.manual_seed(2)
+    other = LlamaForCausalLM(config).double().eval()
+    assert not torch.equal(key_token_mask(hf_scorer(other), ids, short, window, alpha, beta), mask)
+
+
+class CopyOracle(torch.nn.Module):
+    """Predicts the token after the most recent earlier occurrence of the last 4 tokens it sees
+    (probability 0.99), else every byte alike: a model whose gain from long context is known."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [N, n] -> NLL of tokens 1..n-1
+        n = ids.shape[1]
+        out = torch.empty(ids.shape[0], n - 1, dtype=torch.float64)
+        for row in range(ids.shape[0]):
+            seq = ids[row].tolist()
+            for p in range(1, n):  # predict seq[p] from seq[:p]
+                guess = None
+                if p >= 4:
+                    gram = seq[p - 4 : p]
+                    for q in range(p - 5, -1, -1):  # an occurrence with a continuation before p
+                        if seq[q : q + 4] == gram:
+                            guess = seq[q + 4]
+                            break
+                if guess is None:
+                    out[row, p - 1] = math.log(256)
+                else:
+                    out[row, p - 1] = -math.log(0.99) if guess == seq[p] else -math.log(0.01 / 255)
+        return out
+
+
+def test_the_key_tokens_of_a_copied_span_are_that_span():
+    """100 random bytes, then their first 60 again: with 32 tokens of short context (+ 8 targets
+    per read) only full context sees the source, so the key tokens are exactly the copy from its
+    5th token (the first four have no earlier 4-gram); control: a short context that reaches the
+    source selects none."""
+    gen = torch.Generator().manual_seed(0)
+    source = torch.randint(0, 256, (100,), generator=gen)
+    ids = torch.cat([source, source[:60]])[None]  # [1, 160]
+    oracle = CopyOracle()
+    mask = key_token_mask(oracle, ids, 32, 8, 2.0, -2.0)
+    tokens = {j + 1 for j in torch.nonzero(mask[0]).flatten().tolist()}
+    assert tokens == set(range(104, 160))
+    assert not key_token_mask(oracle, ids, 110, 8, 2.0, -2.0).any()
+    # LongPPL of the oracle is its confidence on the copy; a model that cannot look back past
+    # 32 tokens is uniform there, whatever its perplexity elsewhere
+    value, count = longppl_value(oracle(ids), mask)
+    assert count == 56 and value == pytest.approx(1 / 0.99)
+
+    def short_memory(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(
+            [oracle(x[:, max(0, p - 32) : p + 1])[:, -1:] for p in range(1, x.shape[1])], 1
+        )
+
+    value, _ = longppl_value(short_memory(ids), mask)
+    assert value == pytest.approx(256.0)
+
+
+def test_config_refusals_are_one_sentence():
+    cfg = LongPPLConfig(enabled=True)
+    resolved = cfg.resolve(64, [64, 128, 256])
+    assert resolved.lengths == [128, 256] and resolved.short_context == 64 and resolved.window == 16
+    with pytest.raises(
+        ValueError, match=r"eval.longppl.lengths has 64 at or below eval.longppl.short_context 64"
+    ):
+        LongPPLConfig(enabled=True, lengths=["1x", "2x"]).resolve(64, [64, 128])
+    with pytest.raises(
+        ValueError, match=r"eval.longppl.evaluator 'gpt2' is invalid; allowed: auto or"
+    ):
+        LongPPLConfig(evaluator="gpt2")
+    with pytest.raises(ValueError, match=r"eval.longppl.alpha must be a number >= 0, got -1"):
+        LongPPLConfig(alpha=-1)
+
+
+def test_smoke_writes_longppl_rows_on_one_evaluators_tokens(tmp_path):
+    """``+experiment=smoke eval.longppl.enabled=true``: every series has its LongPPL row at 2x,
+    scored on the same key tokens of one evaluator (the recipe at 2x) that is none of them.
+    alpha 0 and beta -10: an 8-update model gains little from context."""
+    args = ["+experiment=smoke", "eval.longppl.enabled=true", "eval.longppl.alpha=0",
+            "eval.longppl.beta=-10", f"paths.results={tmp_path}/res",
+            f"paths.reports={tmp_path}/rep", f"paths.cache={tmp_path}/cache"]  # fmt: skip
+    run = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())"]
+    done = subprocess.run([*run, *args], cwd=ROOT, env=dict(os.environ), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = pd.concat(pd.read_parquet(p) for p in (tmp_path / "res" / "smoke").glob("*.parquet"))
+    long = rows[rows["metric"] == "longppl"]
+    assert len(long) == 3 and set(long["eval_length"]) == {128}  # rope, rope+PI, alibi
+    params = [json.loads(p) for p in long["task_params"]]
+    assert len({p["evaluator"] for p in params}) == 1 and len(set(long["n"])) == 1
+    assert params[0]["short_context"] == 64 and params[0]["window"] == 16
+    series_keys = set(rows["model_id"]) | set(rows["model_config_id"])
+    assert len(series_keys) >= 2 and params[0]["evaluator"] not in series_keys
+    assert (long["value"] > 1).all() and long["value"].nunique() > 1
