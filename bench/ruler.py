@@ -80,6 +80,7 @@ __all__ = [
     "ruler_depths",
     "ruler_examples",
     "ruler_grid",
+    "default_ruler_tasks",
     "ruler_task",
     "ruler_text",
     "register_ruler_task",
@@ -115,6 +116,9 @@ class RulerParams:
     rare_freq: int = 2  # cwe: occurrences of each other word (< common_freq)
     frequent_words: int = 3  # fwe: words to return
     alpha: float = 2.0  # fwe: Zipf exponent of the word frequencies
+    people: int = 3  # qa1-qa3: people who move (one asked or holding the asked object)
+    moves: int = 3  # qa1-qa3: "X went to Y." statements
+    objects: int = 1  # qa2, qa3: objects taken, one asked (the others distractors)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -223,7 +227,8 @@ class RulerTask:
     checkpoint key of a model trained on the task (editing it retrains such models only);
     ``fields`` are the :class:`RulerParams` it reads (its rows' ``task_params``); ``depth``: its
     asked statement is placed at the depth asked for (rows per depth, ``eval.ruler.depths``);
-    ``answer_items(params)``: for a word-list task (``Layout.words``), the words its answer has.
+    ``answer_length(params)``: for a task whose haystack is its own list (``Layout.words``), the
+    characters its answer has; ``default``: in ``eval.ruler.tasks``' default (RULER's suite).
     """
 
     name: str
@@ -231,7 +236,8 @@ class RulerTask:
     text: dict[str, str]
     fields: tuple[str, ...] = ()
     depth: bool = False
-    answer_items: Callable[[RulerParams], int] | None = None
+    answer_length: Callable[[RulerParams], int] | None = None
+    default: bool = True
 
 
 #: The registered tasks by name, in registration order (built-ins first).
@@ -246,7 +252,8 @@ def register_ruler_task(
     text: dict[str, str],
     fields: Iterable[str] = (),
     depth: bool = False,
-    answer_items: Callable[[RulerParams], int] | None = None,
+    answer_length: Callable[[RulerParams], int] | None = None,
+    default: bool = True,
 ) -> Callable:
     """Decorator: register the layout function below it as task ``name`` (:class:`RulerTask`)."""
     known = set(RulerParams.__dataclass_fields__)
@@ -260,7 +267,7 @@ def register_ruler_task(
                 f"ruler task {name!r} reads params {unknown} that RulerParams does not have."
             )
         RULER_TASK_REGISTRY[name] = RulerTask(
-            name, layout, text, tuple(fields), bool(depth), answer_items
+            name, layout, text, tuple(fields), bool(depth), answer_length, bool(default)
         )
         return layout
 
@@ -272,6 +279,11 @@ def ruler_task(name: str) -> RulerTask:
     if name not in RULER_TASK_REGISTRY:
         raise ValueError(f"ruler task {name!r} is unknown; allowed: {', '.join(RULER_TASKS)}.")
     return RULER_TASK_REGISTRY[name]
+
+
+def default_ruler_tasks() -> list[str]:
+    """The tasks ``eval.ruler.tasks`` runs when it is not set: RULER's suite (``default``)."""
+    return [name for name, task in RULER_TASK_REGISTRY.items() if task.default]
 
 
 def ruler_text(tasks: Iterable[str]) -> dict[str, str]:
@@ -308,7 +320,7 @@ def min_ruler_length(task: str, params: RulerParams | None = None) -> int:
     fixed = _fixed_length(layout)
     if layout.words is None:
         return fixed + len(",".join(layout.expected))
-    answer = ruler_task(task).answer_items(params) * (WORD + 1) - 1
+    answer = ruler_task(task).answer_length(params)
     n = 1
     while True:  # the shortest list the generator accepts (its words do not depend on the draw)
         try:
@@ -326,7 +338,7 @@ def fixed_ruler_length(task: str, params: RulerParams | None = None) -> int:
     layout = _layout(task, params, 0.0, random.Random(0))
     if layout.words is None:
         return _fixed_length(layout) + len(",".join(layout.expected))
-    return _fixed_length(layout) + ruler_task(task).answer_items(params) * (WORD + 1) - 1
+    return _fixed_length(layout) + ruler_task(task).answer_length(params)
 
 
 def make_ruler_example(
@@ -367,8 +379,7 @@ def make_ruler_example(
     distractors: list[tuple[int, int]] = []
     if layout.words is not None:
         fixed = _fixed_length(layout)
-        items = ruler_task(task).answer_items(params)
-        n_chars = total_length - fixed - len(",".join(["x" * WORD] * items))
+        n_chars = total_length - fixed - ruler_task(task).answer_length(params)
         text, expected = layout.words(n_chars, rng)
         prompt += tok.encode(text)
     else:

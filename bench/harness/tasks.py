@@ -25,6 +25,7 @@ from bench.passkey import (
 )
 from bench.ruler import (
     RULER_TASKS,
+    default_ruler_tasks,
     exact_match,
     match_score,
     params_from,
@@ -188,7 +189,7 @@ TASK_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 def ruler_task_files() -> dict[str, str]:
     """File name -> YAML text of every ``lenbench_ruler_<task>_<L>`` task and of the groups
-    ``lenbench_ruler_<task>`` and ``lenbench_ruler``."""
+    ``lenbench_ruler_<task>``, ``lenbench_ruler`` (RULER's suite) and ``lenbench_reasoning``."""
     files = {}
     for task in RULER_TASKS:
         names = []
@@ -208,8 +209,13 @@ def ruler_task_files() -> dict[str, str]:
                 "  seed: 0           # ruler_grid seed (the native evaluation uses the job seed)\n"
             )
         files[f"lenbench_ruler_{task}.yaml"] = _group_yaml(f"lenbench_ruler_{task}", names)
+    suite = default_ruler_tasks()
     files["lenbench_ruler.yaml"] = _group_yaml(
-        "lenbench_ruler", [f"lenbench_ruler_{task}" for task in RULER_TASKS]
+        "lenbench_ruler", [f"lenbench_ruler_{task}" for task in suite]
+    )  # RULER's suite; the reasoning tasks (qa1-qa3, kv_middle) are their own group
+    files["lenbench_reasoning.yaml"] = _group_yaml(
+        "lenbench_reasoning",
+        [f"lenbench_ruler_{task}" for task in RULER_TASKS if task not in suite],
     )
     return files
 

@@ -44,6 +44,7 @@ from bench.ruler import (
     RULER_FILLERS,
     RULER_TASKS,
     RulerExample,
+    default_ruler_tasks,
     exact_match,
     fixed_ruler_length,
     match_score,
@@ -80,7 +81,8 @@ class RulerConfig(MetricConfig):
     ``effective_length`` rows. Off by default (``eval.ruler.enabled=true``)."""
 
     enabled: bool = False  # off by default: eval.ruler.enabled=true
-    tasks: list = field(default_factory=lambda: list(RULER_TASKS))  # bench.ruler.RULER_TASKS
+    # tasks (bench/ruler_tasks/); default: RULER's suite, not the reasoning tasks (qa1-qa3, kv_middle)
+    tasks: list = field(default_factory=default_ruler_tasks)
     depths: int = 3  # depths of the asked needle (niah_single, niah_multikey), evenly in [0, 1]
     trials: int = 4  # examples per depth; the other tasks get depths x trials per length
     filler: str = "standard"  # haystack of the needle tasks and vt: standard | corpus

@@ -37,7 +37,7 @@ def _list_slots(n_chars: int) -> int:
     "cwe",
     text=CWE_TEXT,
     fields=("common_words", "common_freq", "rare_freq"),
-    answer_items=lambda params: params.common_words,
+    answer_length=lambda params: params.common_words * (WORD + 1) - 1,
 )
 def cwe(params: RulerParams, depth: float, rng: random.Random) -> Layout:
     common = distinct(rng, params.common_words, random_word)
@@ -77,7 +77,7 @@ def zipf_counts(slots: int, top: int, alpha: float) -> list[int] | None:
     "fwe",
     text=FWE_TEXT,
     fields=("frequent_words", "alpha"),
-    answer_items=lambda params: params.frequent_words,
+    answer_length=lambda params: params.frequent_words * (WORD + 1) - 1,
 )
 def fwe(params: RulerParams, depth: float, rng: random.Random) -> Layout:
     question = FWE_TEXT["fwe_ask"].format(n=params.frequent_words)
