@@ -110,6 +110,7 @@ ROW_METRICS: tuple[str, ...] = (
     "attn_entropy",
     "context_nll",
     "position_probe_r2",
+    "longppl",
 )
 
 #: Columns that identify one measured cell; rows agreeing on all of them are duplicates.

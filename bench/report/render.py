@@ -17,6 +17,7 @@ from bench.report.frame import add_labels
 from bench.report.markdown import ReportDir
 from bench.report.sections.config import config_section
 from bench.report.sections.findings import findings_section
+from bench.report.sections.longppl import longppl_section
 from bench.report.sections.nll import bucket_section, perplexity_section
 from bench.report.sections.other import other_section
 from bench.report.sections.passkey import passkey_section
@@ -46,6 +47,7 @@ def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str |
             findings_section(rep, df),
             config_section(df.drop(columns=["row_id"]), results_paths),
             perplexity_section(rep, df, style),
+            longppl_section(rep, df),
             bucket_section(rep, df, style),
             passkey_section(rep, df, style),
             ruler_section(rep, df),

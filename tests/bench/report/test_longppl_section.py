@@ -1,0 +1,44 @@
+"""The LongPPL section: LongPPL beside the same series' perplexity, pooled over runs by key
+tokens, with the evaluator; no section without longppl rows."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from bench.report import generate_report
+from bench.results import write_results
+
+from fixtures.rows import row
+
+
+def rows_of(seed: int, longppl: float, keys: int) -> list[dict]:
+    common = dict(run_id=f"r{seed}", model_id=f"m{seed}", seed=seed)
+    params = '{"evaluator":"abcdef0123456789","alpha":2,"beta":-2}'
+    return [
+        row(metric="nll", value=math.log(50.0), n=1000, eval_length=128, **common),
+        row(metric="longppl", value=longppl, n=keys, eval_length=128, task_params=params, **common),
+    ]
+
+
+def test_longppl_section_pools_by_key_tokens_beside_perplexity(tmp_path: Path) -> None:
+    write_results(rows_of(0, 100.0, 10) + rows_of(1, 400.0, 30), tmp_path / "res" / "a.parquet")
+    report = generate_report(tmp_path / "res", tmp_path / "rep").read_text()
+    assert "## LongPPL beside perplexity" in report
+    t = pd.read_csv(tmp_path / "rep" / "tables" / "longppl.csv")
+    expected = math.exp((10 * math.log(100.0) + 30 * math.log(400.0)) / 40)
+    assert len(t) == 1 and math.isclose(t["longppl"].iloc[0], expected, rel_tol=1e-9)
+    assert math.isclose(t["ppl"].iloc[0], 50.0, rel_tol=1e-9) and t["n"].iloc[0] == 40
+    assert t["evaluator"].iloc[0] == "abcdef0123456789"
+    assert (tmp_path / "rep" / "plots" / "longppl_vs_length.svg").is_file()
+    assert "| longppl |" not in report  # not in "Other metrics" as well
+    # control: the plain mean of the two runs' LongPPL (what a per-run average gives) differs
+    assert not math.isclose(expected, 250.0, rel_tol=1e-3)
+
+
+def test_no_longppl_rows_no_section(tmp_path: Path) -> None:
+    write_results([row()], tmp_path / "res" / "a.parquet")
+    report = generate_report(tmp_path / "res", tmp_path / "rep").read_text()
+    assert "LongPPL" not in report
