@@ -32,7 +32,7 @@ def test_the_page_command_writes_and_checks(tmp_path: Path) -> None:
 def test_every_finding_is_declared_once_with_claim_source_and_a_study_module() -> None:
     registered = findings()
     assert list(registered)[:6] == ["F1", "F2", "F3", "F4", "F5", "F6"]
-    assert [k[0] for k in registered] == sorted((k[0] for k in registered), key="FZTLR".index)
+    assert [k[0] for k in registered] == sorted((k[0] for k in registered), key="FZTLRP".index)
     for key, f in registered.items():
         assert f.claim and f.source, key
         assert f.module.startswith("bench.findings."), key
@@ -43,7 +43,7 @@ def test_the_readme_points_to_the_page_and_restates_no_claim() -> None:
     section = readme.split("\n## Findings\n", 1)[1].split("\n## ", 1)[0]
     assert f"]({FINDINGS_PAGE})" in section
     # no bullet list of claims: a claim lives in its declaration only
-    assert not re.search(r"^- \*\*[FZTLR]\d\*\*", section, re.M)
+    assert not re.search(r"^- \*\*[FZTLRP]\d\*\*", section, re.M)
 
 
 #: "Findings X1-X3 (bench/findings/<module>.py)" or "Findings X1 and X2 (...)" in a comment

@@ -1,0 +1,53 @@
+"""P1 (issue #55 item 4) on hand-built rows: holds where LongPPL ranks the series by effective
+length and perplexity does not, fails in the mirror case, not measured below MIN_SERIES."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from bench.findings.longppl import MIN_SERIES, p1_longppl_tracks_effective_length, spearman
+
+from fixtures.rows import row
+
+EFF = [256, 512, 512, 1024, 1024, 2048, 2048, 4096]
+UNRELATED = [40.0, 12.0, 55.0, 9.0, 70.0, 20.0, 33.0, 60.0]
+
+
+def rows(longppl: list[float], ppl: list[float]) -> pd.DataFrame:
+    out = []
+    for i, (eff, lp, pp) in enumerate(zip(EFF, longppl, ppl, strict=False)):
+        for seed in (0, 1):
+            common = dict(scaling=f"m{i}", run_id=f"r{i}{seed}", model_id=f"m{i}{seed}", seed=seed,
+                          train_length=256)  # fmt: skip
+            out += [
+                row(metric="effective_length", value=eff, eval_length=eff, n=2, task="average",
+                    axis="relative_threshold", axis_value=0.85,
+                    task_params='{"score":"exact","headline":true}', **common),
+                row(metric="longppl", value=lp, n=50, eval_length=1024, **common),
+                row(metric="nll", value=math.log(pp), n=4000, eval_length=1024, **common),
+                row(metric="nll", value=math.log(pp), n=4000, eval_length=512, **common),
+            ]  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def test_p1_holds_when_longppl_tracks_the_effective_length():
+    longppl = [1000.0 / e for e in EFF]  # lower LongPPL, longer effective length
+    result = p1_longppl_tracks_effective_length(rows(longppl, UNRELATED))
+    assert result.status == "holds", result.numbers
+    assert "8 series at length 1024" in result.numbers  # the longest length with both
+
+
+def test_p1_fails_in_the_mirror_case_and_needs_enough_series():
+    ppl = [1000.0 / e for e in EFF]
+    result = p1_longppl_tracks_effective_length(rows(UNRELATED, ppl))
+    assert result.status == "does not hold", result.numbers
+    few = rows(UNRELATED[: MIN_SERIES - 1], ppl[: MIN_SERIES - 1])
+    assert p1_longppl_tracks_effective_length(few).status == "not measured"
+
+
+def test_spearman_against_a_hand_computed_value():
+    # ranks x 1,2,3,4; y 2,1,4,3: d = 1,1,1,1; rho = 1 - 6*4/(4*15) = 0.6
+    assert math.isclose(spearman([10, 20, 30, 40], [5, 1, 9, 7]), 0.6)
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
