@@ -191,8 +191,53 @@ def ruler_section(rep: ReportDir, df: pd.DataFrame) -> str:
             md_e,
         ]
     parts += _filler_share(rep, rows)
+    parts += _depth_curve(rep, rows, "kv_middle")
     parts += _passkey_beside(rep, df, set(t["series"]))
     return "\n\n".join(parts)
+
+
+def depth_table(rows: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Per series, eval length and depth of the asked item: the exact accuracy of ``task``
+    (trials of all seeds pooled: weights ``n``)."""
+    d = rows[(rows["task"] == task) & (rows["axis"] == "depth")].copy()
+    if d.empty:
+        return d
+    d["depth"] = d["axis_value"].astype(float)
+    t = aggregate(d, [*GROUP_KEYS, "eval_length", "depth"])
+    return sort_series(t, ["eval_length", "depth"])
+
+
+def _depth_curve(rep: ReportDir, rows: pd.DataFrame, task: str) -> list[str]:
+    """Accuracy by the asked item's depth (lost in the middle: a U where the middle is read
+    worse than the ends), one panel per series, a line per length."""
+    t = depth_table(rows, task)
+    if t.empty:
+        return []
+    series = list(dict.fromkeys(t["series"]))[:MAX_PANELS]
+    fig = Figure(figsize=(3.2 * min(len(series), 4), 2.8 * math.ceil(len(series) / 4)),
+                 layout="constrained")  # fmt: skip
+    axes = fig.subplots(math.ceil(len(series) / 4), min(len(series), 4), squeeze=False).ravel()
+    for ax, name in zip(axes, series, strict=False):
+        s = t[t["series"] == name]
+        for i, (length, g) in enumerate(s.groupby("eval_length")):
+            ax.plot(g["depth"], g["value"], "o-", color=f"C{i}", label=f"{int(length)}")
+        ax.set(title=str(name), xlabel="depth of the asked pair", ylim=(-0.05, 1.05))
+        ax.legend(title="length", fontsize=7)
+    axes[0].set_ylabel("exact accuracy")
+    for ax in axes[len(series) :]:
+        ax.set_visible(False)
+    name = f"{task}_by_depth"
+    save_figure(fig, rep.plots_dir, name)
+    shown = t.assign(accuracy=t["value"].map(lambda v: f"{v:.2f}"))
+    shown = shown.pivot_table(index=["series", "eval_length"], columns="depth",
+                              values="accuracy", aggfunc="first")  # fmt: skip
+    md = write_table(rep, name, t, shown, index=True)
+    caption = (
+        f"{task}: exact accuracy by the depth of the asked pair in the list (0: first, 1: last), "
+        "a line per evaluation length; a U (the middle read worse than the ends) is the "
+        "lost-in-the-middle effect. Trials of all seeds pooled."
+    )
+    return [f"### {task} by depth", figure_md(name, caption), f"Source: `tables/{name}.csv`.", md]
 
 
 def filler_share_table(rows: pd.DataFrame) -> pd.DataFrame:

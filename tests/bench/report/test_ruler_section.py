@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from bench.report import generate_report
 from bench.results import write_results
@@ -66,3 +67,25 @@ def test_no_ruler_rows_no_section(tmp_path: Path) -> None:
     write_results([row()], tmp_path / "results" / "r.parquet")
     md = generate_report(tmp_path / "results", tmp_path / "report").read_text()
     assert "## RULER-style tasks" not in md
+
+
+def test_kv_middle_by_depth_is_a_table_and_a_figure(tmp_path: Path) -> None:
+    """kv_middle rows per depth give the lost-in-the-middle table (trials pooled over seeds) and
+    figure; control: the suite's rows alone give neither."""
+    rows = ruler_rows(4)
+    common = dict(experiment="ruler", run_id="r4", model_id="m4", seed=4, train_length=L)
+    for depth, (k0, k1) in {0.0: (20, 22), 0.5: (6, 8), 1.0: (18, 20)}.items():
+        for seed_n, k in ((4, k0), (5, k1)):
+            extra = {**common, "run_id": f"r{seed_n}", "model_id": f"m{seed_n}", "seed": seed_n}
+            rows.append(row(metric="kv_middle", value=k / 24, n=24, eval_length=L, axis="depth",
+                            axis_value=depth, task="kv_middle", task_params="{}", **extra))  # fmt: skip
+    write_results(rows, tmp_path / "res" / "a.parquet")
+    report = generate_report(tmp_path / "res", tmp_path / "rep").read_text()
+    assert "### kv_middle by depth" in report
+    t = pd.read_csv(tmp_path / "rep" / "tables" / "kv_middle_by_depth.csv")
+    pooled = dict(zip(t["depth"], t["value"], strict=True))
+    assert pooled == pytest.approx({0.0: 42 / 48, 0.5: 14 / 48, 1.0: 38 / 48})
+    assert (tmp_path / "rep" / "plots" / "kv_middle_by_depth.svg").is_file()
+    write_results(ruler_rows(4), tmp_path / "plain" / "a.parquet")
+    plain = generate_report(tmp_path / "plain", tmp_path / "rep2").read_text()
+    assert "kv_middle by depth" not in plain
