@@ -52,7 +52,7 @@ def series_table(df: pd.DataFrame) -> pd.DataFrame:
     ]
     if "task_params" in eff.columns:
         headline = ['"headline":false' not in str(p).replace(" ", "") for p in eff["task_params"]]
-        eff = eff[headline]
+        eff = eff[pd.Series(headline, index=eff.index, dtype=bool)]
     effective = eff.groupby("_series")["value"].median()
     long = df[(df["metric"] == "longppl") & (df["n"] > 0)]
     nll = window_nll(df)
