@@ -103,4 +103,3 @@ def overall_ranks(per_metric: Mapping[str, Mapping[str, int]]) -> dict[str, floa
         name: float(np.mean([m[name] for m in per_metric.values() if name in m]))
         for name in sorted(names)
     }
-
