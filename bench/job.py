@@ -20,16 +20,15 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.checks import NotApplicable, check_method, first_line
-from bench.corpora import Corpus, Document
-from bench.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
+from bench.checks import NotApplicable, first_line
+from bench.corpora import Corpus
+from bench.extend import base_job
 from bench.metrics import ResolvedEval
 from bench.result_digest import digest_problem
 from bench.results import canonical_json, describe_row, non_finite_row, write_results
@@ -37,10 +36,9 @@ from bench.runtime import busy_cores, resolve_device
 from bench.schema import JobConfig
 from bench.shards import IDENTITY_COLUMN, merge_shards, remove_shards, shard_path
 from bench.source import ModelSource, SourceModel
+from bench.trained_source import TrainedSource, longppl_evaluator
 from models.lazy import torch
-from models.resolved_scaling import resolved_scaling
-from models.scaling import applicable_methods
-from models.scaling_config import ScalingConfig, run_scaling
+from models.scaling_config import ScalingConfig
 
 log = logging.getLogger("lenbench")
 
@@ -572,196 +570,3 @@ def measure(
             point_rows = [{**row, ROW_IDENTITY: identity} for row in point_rows]
         rows += point_rows
     return rows
-
-
-def evaluator_job(job: JobConfig, length: int, seed: int) -> JobConfig:
-    """``eval.longppl``'s auto evaluator: the job's recipe (model, data, training) with RoPE, no
-    scaling and no fine-tune, seed ``seed``, trained at ``length`` tokens."""
-    values = asdict(job)
-    values.update(
-        seed=int(seed), position={"kind": "rope"}, scaling={"name": "none", "method": "default"}
-    )
-    values.update(extend={}, pretrained=None)
-    values["train"]["length"] = int(length)
-    return JobConfig.from_hydra(values)
-
-
-def longppl_evaluator(spec: JobSpec, corpus: Corpus) -> Any:
-    """The evaluator model of ``eval.longppl`` (``bench.metrics.longppl.Evaluator``), from the
-    cache (the auto evaluator trained on a miss), or None when the metric does not run."""
-    from bench.cache import get_or_train, load_model, weights_key
-    from bench.metrics.longppl import AUTO, Evaluator
-
-    cfg = spec.eval.metrics.get("longppl")
-    if cfg is None or not cfg.enabled or not cfg.lengths:
-        return None
-    longest = max(cfg.lengths)
-    if cfg.evaluator != AUTO:
-        module, meta = load_model(cfg.evaluator, spec.cache_root, device=spec.device)
-        return Evaluator(module, meta["key"], int(meta["train_length"]))
-    job = evaluator_job(spec.job, longest, cfg.evaluator_seed)
-    key = weights_key(job, corpus)
-    if key == weights_key(spec.job, corpus):
-        raise ValueError(
-            f"eval.longppl's evaluator would be the judged model itself ({key}); allowed: another "
-            "evaluator_seed or an evaluator checkpoint (the evaluator never judges itself)."
-        )
-    module, _, _ = get_or_train(job, corpus, spec.cache_root, device=spec.device)
-    return Evaluator(module, key, longest)
-
-
-# --------------------------------------------------------------------------- the trained source
-
-
-class TrainedSource:
-    """A lenbench model of the job's config (``bench.source.ModelSource``): from the checkpoint
-    cache, trained on a miss; with ``extend`` active, the fine-tune of that model (and the states
-    of its recovery curve)."""
-
-    obtains = "training"
-    caches = True  # checkpoints under paths.cache
-
-    def __init__(self, job: JobConfig) -> None:
-        self.job = job
-
-    def check_scaling(self, scaling: ScalingConfig) -> None:
-        job, kind = self.job, self.job.position.kind
-        allowed, note = applicable_methods(kind), ", each may add logn"
-        check_method("scaling", scaling.name, scaling.method, kind, allowed, note=note)
-        outside = job.arm.excluded(
-            kind,
-            scaling.name,
-            job.extend.name,
-            job.train.position_sampling,
-            job.model.attention_sink,
-        )
-        outside = outside or job.train.sampling_problem(job.position.family)
-        if outside:
-            raise NotApplicable(outside)
-
-    def plan(self) -> tuple[ResolvedEval, ScalingConfig]:
-        job = self.job
-        resolved = job.eval.resolve(job.train.length)
-        ruler = resolved.metrics.get("ruler")
-        partial = ruler.check_fit() if ruler is not None else None  # raises if none fits
-        if partial:
-            log.warning("lenbench: %s", partial)
-        passkey = resolved.metrics.get("passkey")
-        if passkey is not None and passkey.template is None:  # evaluate with the trained template
-            resolved.metrics["passkey"] = replace(passkey, template=job.train.passkey_template)
-        if job.extend.active:
-            check_finetune_eval(job)
-            scaling = finetune_scaling(job)
-        else:
-            scaling = run_scaling(
-                job.scaling, train_length=job.train.length, lengths=resolved.lengths
-            )
-        _check_scaling_at_lengths(job, scaling, resolved.lengths)
-        return resolved, scaling
-
-    def model_id(self, corpus: Corpus) -> str:
-        from bench.cache import weights_key
-
-        return weights_key(self.job, corpus)
-
-    def model(self, corpus: Corpus, spec: JobSpec) -> SourceModel:
-        from bench.cache import get_or_train
-
-        module, meta, trained = get_or_train(self.job, corpus, spec.cache_root, device=spec.device)
-        # the end-of-sweep summary counts trainings that went on from a saved state
-        stats = meta.get("train_stats") or {}
-        resumed = bool(trained and stats.get("resumed_from"))
-        columns = {}
-        if self.job.train.until_retrieves is not None and not self.job.extend.active:
-            columns["train_steps"] = int(stats["steps"])  # where the retrieval check ended it
-        return SourceModel(module, trained=trained, labels={"resumed": resumed}, columns=columns)
-
-    def test_docs(self, corpus: Corpus, model: SourceModel) -> Sequence[Document]:
-        return corpus.split("test")
-
-    def measured(
-        self, model: SourceModel, corpus: Corpus, spec: JobSpec
-    ) -> Iterator[tuple[torch.nn.Module, dict[str, Any] | None]]:
-        """The fine-tune after k updates for each k of ``extend.curve``, one at a time (the states
-        the job's run stored, ``bench.cache.save_snapshot``, or trained like any checkpoint), with
-        their own identity; then the job's model."""
-        from bench.cache import curve_job, get_or_train, model_config_id, weights_key
-
-        job = self.job
-        for k in job.extend.curve if job.extend.active else ():
-            point = curve_job(job, k)
-            point_model, _, _ = get_or_train(point, corpus, spec.cache_root, device=spec.device)
-            own = {
-                "model_id": weights_key(point, corpus),
-                "model_config_id": model_config_id(point, corpus),
-                "finetune_steps": point.extend.steps,
-            }
-            yield point_model, own
-        yield model.module, None
-
-    def extra_rows(self, model: SourceModel, spec: JobSpec) -> list[dict[str, Any]]:
-        harness = spec.eval.harness
-        if not harness.tasks:
-            return []
-        from bench.harness import harness_rows, run_harness
-
-        results = run_harness(
-            model.module,
-            list(harness.tasks),
-            scaling=spec.scaling,
-            limit=harness.limit,
-            device=spec.device,
-            # the native passkey metric's template (the training's unless eval names one)
-            metadata={"data": asdict(self.job.data), "template": _passkey_template(spec)},
-        )
-        return [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
-
-    def columns(self, model: SourceModel, corpus: Corpus) -> dict[str, Any]:
-        from bench.cache import curve_job, model_config_id, weights_key
-
-        job = self.job
-        columns = {
-            "position": job.position.kind,
-            "position_params": canonical_json(job.position.params()),  # kind: its own column
-            "train_length": job.train.length,
-            "model_config_id": model_config_id(job, corpus),
-        }
-        if job.train.position_sampling != "contiguous":  # how its training windows were positioned
-            columns["position_sampling"] = job.train.position_sampling
-        if job.model.attention_sink != "none":
-            columns["attention_sink"] = job.model.attention_sink
-        columns.update(job.model.switches())  # bench.series.SWITCH_COLUMNS: the variants on
-        columns.update(model.columns)
-        if job.extend.active:
-            columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))
-            # one id for every update count of this fine-tune recipe: the points of one curve
-            columns["finetune_curve_id"] = model_config_id(curve_job(job, 0), corpus)
-        return columns
-
-
-def _check_scaling_at_lengths(
-    job: JobConfig, scaling: ScalingConfig, eval_lengths: list[int]
-) -> None:
-    """The run's scaling's parameters at every eval length, and eval lengths a learned table with
-    the ``error`` policy cannot embed (the evaluation would skip them only after training)."""
-    position, length_trained = job.position, job.train.length
-    for length in eval_lengths:
-        try:
-            resolved = resolved_scaling(scaling, job.model, position, length_trained, length)
-        except ValueError as exc:
-            raise ValueError(
-                f"scaling {job.scaling.name} is invalid at eval length {length}: {exc}"
-            ) from None
-        if position.range_error(length - 1, length, length_trained, resolved.position_factor):
-            rows = position.table_rows(length_trained)
-            raise ValueError(
-                f"eval length {length} is beyond the learned position table ({rows} rows) and "
-                f"position.out_of_range is {position.out_of_range!r}; allowed: eval lengths "
-                f"<= {rows}, position.out_of_range=clamp or interpolate, or scaling=linear."
-            )
-
-
-def _passkey_template(spec: JobSpec) -> str:
-    passkey = spec.eval.metrics.get("passkey")
-    template = getattr(passkey, "template", None)
-    return str(template or spec.job.train.passkey_template)

@@ -1,7 +1,7 @@
 """Where a job's model comes from: what a model source gives the job pipeline.
 
 :func:`bench.job.run_job` is one pipeline (plan, model id, already done?, model, evaluate, write)
-over a :class:`ModelSource`. There are two: ``bench.job.TrainedSource`` (the checkpoint cache,
+over a :class:`ModelSource`. There are two: ``bench.trained_source.TrainedSource`` (the checkpoint cache,
 training on a miss, ``extend`` fine-tunes) and ``bench.pretrained.source.PretrainedSource`` (a
 transformers model). The pipeline asks the source whether the scaling applies (the sources differ
 in which methods they implement; each says so through ``bench.checks.check_method``), what the run's
