@@ -1,13 +1,14 @@
 """The trained model source (``bench.source.ModelSource``): lenbench models from the checkpoint
 cache, trained on a miss, fine-tuned with ``extend``; and the models a job obtains beside its
-own from the same cache (``eval.longppl``'s evaluator)."""
+own from the same cache (``eval.longppl``'s evaluator). ``spec`` is the job's
+``bench.job.JobSpec``, as in ``bench.source``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.checks import NotApplicable, check_method
 from bench.corpora import Corpus, Document
@@ -20,9 +21,6 @@ from models.lazy import torch
 from models.resolved_scaling import resolved_scaling
 from models.scaling import applicable_methods
 from models.scaling_config import ScalingConfig, run_scaling
-
-if TYPE_CHECKING:
-    from bench.job import JobSpec
 
 log = logging.getLogger("lenbench")
 
@@ -41,7 +39,7 @@ def evaluator_job(job: JobConfig, length: int, seed: int) -> JobConfig:
     return JobConfig.from_hydra(values)
 
 
-def longppl_evaluator(spec: JobSpec, corpus: Corpus) -> Any:
+def longppl_evaluator(spec: Any, corpus: Corpus) -> Any:
     """The evaluator model of ``eval.longppl`` (``bench.metrics.longppl.Evaluator``), from the
     cache (the auto evaluator trained on a miss), or None when the metric does not run."""
     from bench.cache import get_or_train, load_model, weights_key
@@ -116,7 +114,7 @@ class TrainedSource:
 
         return weights_key(self.job, corpus)
 
-    def model(self, corpus: Corpus, spec: JobSpec) -> SourceModel:
+    def model(self, corpus: Corpus, spec: Any) -> SourceModel:
         from bench.cache import get_or_train
 
         module, meta, trained = get_or_train(self.job, corpus, spec.cache_root, device=spec.device)
@@ -132,7 +130,7 @@ class TrainedSource:
         return corpus.split("test")
 
     def measured(
-        self, model: SourceModel, corpus: Corpus, spec: JobSpec
+        self, model: SourceModel, corpus: Corpus, spec: Any
     ) -> Iterator[tuple[torch.nn.Module, dict[str, Any] | None]]:
         """The fine-tune after k updates for each k of ``extend.curve``, one at a time (the states
         the job's run stored, ``bench.cache.save_snapshot``, or trained like any checkpoint), with
@@ -151,7 +149,7 @@ class TrainedSource:
             yield point_model, own
         yield model.module, None
 
-    def extra_rows(self, model: SourceModel, spec: JobSpec) -> list[dict[str, Any]]:
+    def extra_rows(self, model: SourceModel, spec: Any) -> list[dict[str, Any]]:
         harness = spec.eval.harness
         if not harness.tasks:
             return []
@@ -213,7 +211,7 @@ def check_scaling_at_lengths(
             )
 
 
-def passkey_template_name(spec: JobSpec) -> str:
+def passkey_template_name(spec: Any) -> str:
     passkey = spec.eval.metrics.get("passkey")
     template = getattr(passkey, "template", None)
     return str(template or spec.job.train.passkey_template)
