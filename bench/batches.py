@@ -149,36 +149,10 @@ class TrainingStream:
         ruler_params: Mapping | None = None,
         ruler_stages: Sequence[tuple[int, Sequence[str]]] = (),
     ) -> None:
-        if int(seq_len) < 1 or int(batch_size) < 1:
-            raise ValueError(
-                f"seq_len {seq_len!r} and batch_size {batch_size!r} are invalid; both must be integers >= 1."
-            )
-        if not 0.0 <= float(passkey_fraction) <= 1.0:
-            raise ValueError(
-                f"passkey_fraction {passkey_fraction!r} is invalid; allowed values are in [0, 1]."
-            )
-        if passkey_filler not in PASSKEY_FILLERS:
-            raise ValueError(
-                f"passkey_filler {passkey_filler!r} is unknown; allowed fillers are {', '.join(PASSKEY_FILLERS)}."
-            )
-        if passkey_length not in PASSKEY_LENGTHS:
-            raise ValueError(
-                f"passkey_length {passkey_length!r} is unknown; allowed values are {', '.join(PASSKEY_LENGTHS)}."
-            )
-        if passkey_loss not in PASSKEY_LOSSES:
-            raise ValueError(
-                f"passkey_loss {passkey_loss!r} is unknown; allowed values are {', '.join(PASSKEY_LOSSES)}."
-            )
-        if position_sampling not in POSITION_SAMPLINGS:
-            raise ValueError(
-                f"position_sampling {position_sampling!r} is unknown; allowed values are "
-                f"{', '.join(POSITION_SAMPLINGS)}."
-            )
-        if position_sampling != "contiguous" and (max_position or 0) < int(seq_len):
-            raise ValueError(
-                f"max_position {max_position!r} must be an integer >= seq_len {seq_len} for "
-                f"{position_sampling} positions."
-            )
+        _check_stream_args(
+            seq_len, batch_size, passkey_fraction, passkey_filler, passkey_length, passkey_loss,
+            position_sampling, max_position,
+        )  # fmt: skip
         self.position_sampling = position_sampling
         self.max_position = max_position
         self.seq_len = int(seq_len)
@@ -198,17 +172,21 @@ class TrainingStream:
         if ruler_stages and not self.ruler_tasks:
             raise ValueError("ruler_stages needs ruler_tasks (the task rows after the stages).")
         # (first update after the stage, its tasks); updates from the last end read ruler_tasks
-        self._stage_ends: list[tuple[int, list[str]]] = []
-        for steps, tasks in ruler_stages:
-            if int(steps) < 1 or not tasks:
-                raise ValueError(
-                    f"ruler stage ({steps!r}, {tasks!r}) is invalid; each stage needs steps >= 1 "
-                    "and a non-empty list of tasks."
-                )
-            end = int(steps) + (self._stage_ends[-1][0] if self._stage_ends else 0)
-            self._stage_ends.append((end, list(tasks)))
+        self._stage_ends = _stage_ends(ruler_stages)
         self._ruler_end = self.tokenizer.encode(RULER_END)
         self._min_example = min_passkey_length(template=passkey_template)  # any key fits
+        self._check_examples_fit(passkey_template)
+        self._stream = torch.from_numpy(concat_documents(docs))
+        if self._stream.numel() < self.seq_len + 1:
+            raise ValueError(
+                f"the training documents hold {self._stream.numel()} tokens, fewer than one window of "
+                f"seq_len + 1 = {self.seq_len + 1}; use more documents or a shorter seq_len."
+            )
+        self._offsets = torch.arange(self.seq_len + 1)
+
+    def _check_examples_fit(self, passkey_template: str) -> None:
+        """Every task row's shortest example fits a window (checked against the longest key now,
+        rather than failing at a random later step)."""
         needed = self._min_example + len(self._end_ids)
         what = f"passkey training examples with the {passkey_template!r} template"
         every_task = {*self.ruler_tasks, *(t for _, tasks in self._stage_ends for t in tasks)}
@@ -218,18 +196,10 @@ class TrainingStream:
                 if minimum > needed:
                     needed, what = minimum, f"ruler task {task!r} training examples"
         if self.passkey_fraction > 0 and self.seq_len + 1 < needed:
-            # Checked against the longest key now, rather than failing at a random later step.
             raise ValueError(
                 f"seq_len {self.seq_len} is too short for {what}; seq_len + 1 must be at least "
                 f"{needed} (or set passkey_fraction=0)."
             )
-        self._stream = torch.from_numpy(concat_documents(docs))
-        if self._stream.numel() < self.seq_len + 1:
-            raise ValueError(
-                f"the training documents hold {self._stream.numel()} tokens, fewer than one window of "
-                f"seq_len + 1 = {self.seq_len + 1}; use more documents or a shorter seq_len."
-            )
-        self._offsets = torch.arange(self.seq_len + 1)
 
     def passkey_rows_at(self, step: int) -> int:
         """Number of passkey rows in batch ``step`` (cumulative rounding keeps the run total exact)."""
@@ -356,3 +326,59 @@ def validation_batches(
     starts = torch.tensor([(i * last) // max(n - 1, 1) for i in range(n)], dtype=torch.long)
     windows = stream[starts[:, None] + torch.arange(width)].long()
     return list(windows.split(int(batch_size)))
+
+
+def _stage_ends(ruler_stages: Sequence[tuple[int, Sequence[str]]]) -> list[tuple[int, list[str]]]:
+    """(first update after each curriculum stage, its tasks), checked."""
+    ends: list[tuple[int, list[str]]] = []
+    for steps, tasks in ruler_stages:
+        if int(steps) < 1 or not tasks:
+            raise ValueError(
+                f"ruler stage ({steps!r}, {tasks!r}) is invalid; each stage needs steps >= 1 "
+                "and a non-empty list of tasks."
+            )
+        ends.append((int(steps) + (ends[-1][0] if ends else 0), list(tasks)))
+    return ends
+
+
+def _check_stream_args(
+    seq_len: int,
+    batch_size: int,
+    passkey_fraction: float,
+    passkey_filler: str,
+    passkey_length: str,
+    passkey_loss: str,
+    position_sampling: str,
+    max_position: int | None,
+) -> None:
+    """One sentence for the first bad argument of :class:`TrainingStream`."""
+    if int(seq_len) < 1 or int(batch_size) < 1:
+        raise ValueError(
+            f"seq_len {seq_len!r} and batch_size {batch_size!r} are invalid; both must be integers >= 1."
+        )
+    if not 0.0 <= float(passkey_fraction) <= 1.0:
+        raise ValueError(
+            f"passkey_fraction {passkey_fraction!r} is invalid; allowed values are in [0, 1]."
+        )
+    if passkey_filler not in PASSKEY_FILLERS:
+        raise ValueError(
+            f"passkey_filler {passkey_filler!r} is unknown; allowed fillers are {', '.join(PASSKEY_FILLERS)}."
+        )
+    if passkey_length not in PASSKEY_LENGTHS:
+        raise ValueError(
+            f"passkey_length {passkey_length!r} is unknown; allowed values are {', '.join(PASSKEY_LENGTHS)}."
+        )
+    if passkey_loss not in PASSKEY_LOSSES:
+        raise ValueError(
+            f"passkey_loss {passkey_loss!r} is unknown; allowed values are {', '.join(PASSKEY_LOSSES)}."
+        )
+    if position_sampling not in POSITION_SAMPLINGS:
+        raise ValueError(
+            f"position_sampling {position_sampling!r} is unknown; allowed values are "
+            f"{', '.join(POSITION_SAMPLINGS)}."
+        )
+    if position_sampling != "contiguous" and (max_position or 0) < int(seq_len):
+        raise ValueError(
+            f"max_position {max_position!r} must be an integer >= seq_len {seq_len} for "
+            f"{position_sampling} positions."
+        )
