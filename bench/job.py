@@ -154,13 +154,21 @@ def validate_job(job: JobConfig) -> JobSpec:
 
 
 def _check_longppl(job: JobConfig, resolved: ResolvedEval) -> None:
-    """LongPPL's evaluator shares the judged models' byte tokens: refuse it on a pretrained model
-    before any work (the evaluator's own length is checked where it is loaded)."""
+    """LongPPL's evaluator reads the judged model's tokens: a pretrained model needs a pretrained
+    evaluator (its tokenizer is checked where it loads), a lenbench model a lenbench one."""
     cfg = resolved.metrics.get("longppl")
-    if cfg is not None and cfg.enabled and cfg.lengths and job.pretrained is not None:
+    if cfg is None or not cfg.enabled or not cfg.lengths:
+        return
+    named = cfg.evaluator_pretrained is not None
+    if job.pretrained is not None and not named:
         raise ValueError(
-            "eval.longppl runs on lenbench models only for now (its evaluator shares their byte "
-            "tokens); allowed: eval.longppl.enabled=false for a pretrained model."
+            "eval.longppl on a pretrained model needs eval.longppl.evaluator_pretrained: a "
+            "transformers model with the same tokenizer that chooses the key tokens."
+        )
+    if job.pretrained is None and named:
+        raise ValueError(
+            f"eval.longppl.evaluator_pretrained {cfg.evaluator_pretrained!r} is for pretrained "
+            "models; allowed for a lenbench model: eval.longppl.evaluator (auto or a checkpoint key)."
         )
 
 

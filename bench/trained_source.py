@@ -49,6 +49,8 @@ def longppl_evaluator(spec: Any, corpus: Corpus) -> Any:
     if cfg is None or not cfg.enabled or not cfg.lengths:
         return None
     longest = max(cfg.lengths)
+    if spec.job.pretrained is not None:
+        return pretrained_evaluator(cfg.evaluator_pretrained, spec, longest)
     if cfg.evaluator != AUTO:
         module, meta = load_model(cfg.evaluator, spec.cache_root, device=spec.device)
         return Evaluator(module, meta["key"], int(meta["train_length"]))
@@ -61,6 +63,31 @@ def longppl_evaluator(spec: Any, corpus: Corpus) -> Any:
         )
     module, _, _ = get_or_train(job, corpus, spec.cache_root, device=spec.device)
     return Evaluator(module, key, longest)
+
+
+def pretrained_evaluator(path: str, spec: Any, longest: int) -> Any:
+    """A transformers evaluator for a pretrained job: same vocabulary as the judged model's
+    tokenizer, and positions up to ``longest`` it can embed (a learned table's end refuses; a
+    rotary or bias model scores any length, as the judged model does)."""
+    from bench.metrics.longppl import Evaluator
+    from bench.pretrained.adapter import PretrainedLM
+    from bench.pretrained.config import PretrainedConfig, load_pretrained
+
+    judged = PretrainedConfig(path=spec.job.pretrained.path)
+    hf, tokenizer = load_pretrained(PretrainedConfig(path=path), spec.device)
+    _, judged_tokenizer = load_pretrained(judged, "cpu")
+    if tokenizer.get_vocab() != judged_tokenizer.get_vocab():
+        raise ValueError(
+            f"eval.longppl.evaluator_pretrained {path!r} has another tokenizer than the judged "
+            "model; allowed: a model with the same tokenizer (key tokens are token positions)."
+        )
+    lm = PretrainedLM(hf, tokenizer, spec.eval.train_length)
+    problem = lm.position_range_error(longest - 1, longest)  # a learned table's end, else None
+    if problem is not None:
+        raise ValueError(
+            f"eval.longppl.evaluator_pretrained {path!r} cannot score length {longest}: {problem}"
+        )
+    return Evaluator(lm, f"hf:{path}", int(longest))
 
 
 class TrainedSource:

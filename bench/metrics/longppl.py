@@ -14,7 +14,8 @@ The key tokens are chosen once per document, length and evaluator, so every seri
 scored on the same tokens: the evaluator is one model for all of them (``evaluator: auto``: the
 job's recipe with RoPE, no scaling and no fine-tune, seed ``evaluator_seed``, trained at the
 longest LongPPL length, from the checkpoint cache; or the key of a checkpoint in the cache), and
-never a series it judges. Defaults: alpha 2, beta -2 (the paper's), K the training length (the
+never a series it judges; for a pretrained model, ``evaluator_pretrained`` names a transformers
+model with the same tokenizer, whose maximum length must cover the LongPPL lengths. Defaults: alpha 2, beta -2 (the paper's), K the training length (the
 paper: 4K of 32K), W = K / 4 (the paper: 1024 of 4096). Rows: ``value`` the LongPPL, ``n`` the
 key tokens, ``task_params`` the evaluator's checkpoint key, alpha, beta, K, W and the targets
 judged; a length with no key token writes no row (a warning says so).
@@ -57,6 +58,9 @@ class LongPPLConfig(MetricConfig):
     window: Any = None  # W: targets sharing one short read; null = K // 4
     evaluator: str = AUTO  # auto (the recipe at the longest length, RoPE) or a checkpoint key
     evaluator_seed: int = 0  # the auto evaluator's seed (one evaluator for every seed's series)
+    # a pretrained model's evaluator: a transformers model (directory or hub id) with the same
+    # tokenizer; required for a pretrained job, refused for a lenbench one (byte tokens)
+    evaluator_pretrained: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -122,3 +122,36 @@ def test_experiment_config_composes(hf_model_dirs):
     )
     with pytest.raises(ValueError, match="pretrained.path is required"):
         JobConfig.from_hydra(without)
+
+
+def test_longppl_on_a_pretrained_model_with_a_pretrained_evaluator(hf_model_dirs, tmp_path):
+    """eval.longppl on a pretrained model: a named transformers evaluator with the same tokenizer
+    chooses the key tokens (rows name it); without one, or with a lenbench evaluator setting,
+    one sentence before work; an evaluator too short for the length is refused by name."""
+    import pandas as pd
+
+    from bench.job import run_job, validate_job
+
+    longppl = {"enabled": True, "alpha": 0.0, "beta": -100.0, "max_docs": 2}
+    from dataclasses import replace
+
+    from bench.metrics import as_eval_config
+
+    base = _job(hf_model_dirs["llama"], tmp_path)
+    evaluator = str(hf_model_dirs["neox"])
+    with_eval = replace(base, eval=as_eval_config({**small_eval(["4x"]), "longppl": {
+        **longppl, "evaluator_pretrained": evaluator}}))  # fmt: skip
+    done = run_job(with_eval)
+    assert done["status"] == "done", done
+    rows = pd.read_parquet(done["results_path"])
+    long = rows[rows["metric"] == "longppl"]
+    assert set(long["eval_length"]) == {128, 256} and (long["n"] > 0).all()
+    assert {json.loads(p)["evaluator"] for p in long["task_params"]} == {f"hf:{evaluator}"}
+    without = replace(base, eval=as_eval_config({**small_eval(["4x"]), "longppl": longppl}))
+    with pytest.raises(ValueError, match="needs eval.longppl.evaluator_pretrained") as err:
+        validate_job(without)
+    one_sentence(str(err.value))
+    short = replace(base, eval=as_eval_config({**small_eval(["4x"]), "longppl": {
+        **longppl, "evaluator_pretrained": str(hf_model_dirs["gpt2"])}}))  # fmt: skip
+    summary = run_job(short)
+    assert summary["status"] == "invalid" and "cannot score length 256" in summary["message"]
