@@ -18,8 +18,11 @@ __all__ = ["ATTENTION_SINKS", "ATTN_SCALES", "SSMAX_INIT", "ModelConfig", "check
 #: (StreamingLLM's pre-training recipe), at the position of the row's first token.
 ATTENTION_SINKS = ("none", "learned", "token")
 #: ``model.attn_scale``: none; ssmax = Scalable-Softmax (Nakanishi 2025), each query times
-#: s_h log n, n the keys it sees and s_h learned per head and layer, in training and evaluation.
-ATTN_SCALES = ("none", "ssmax")
+#: s_h log n, n the keys it sees and s_h learned per head and layer, in training and evaluation;
+#: llama4 = Llama 4's query temperature log1p(floor((p + 1) / attn_floor)) * attn_temperature + 1
+#: at every layer, for any family (transformers' ``attn_temperature_tuning``; iRoPE has it on
+#: its NoPE layers already), in training and evaluation.
+ATTN_SCALES = ("none", "ssmax", "llama4")
 #: SSMax's initial s_h (the unofficial reference implementation's; the paper states none)
 SSMAX_INIT = 0.43
 
@@ -46,6 +49,10 @@ class ModelConfig:
     output_gate: bool = field(default=False, metadata={"weights": "if_set"})
     # ATTN_SCALES; in the checkpoint key only when set
     attn_scale: str = field(default="none", metadata={"weights": "if_set"})
+    # attn_scale=llama4: the floor (Llama 4: 8192; null = the training length) and the scale
+    # (Llama 4: 0.1) of its query temperature; in the checkpoint key only when set
+    attn_floor: int | None = field(default=None, metadata={"weights": "if_set"})
+    attn_temperature: float = field(default=0.1, metadata={"weights": "if_set"})
 
     def switches(self) -> dict[str, str]:
         """The model switches that are on, each as the variant its result column names
@@ -88,6 +95,19 @@ class ModelConfig:
             raise ValueError(
                 f"attn_scale {self.attn_scale!r} is unknown; allowed: {', '.join(ATTN_SCALES)}."
             )
+        if self.attn_floor is not None and (
+            isinstance(self.attn_floor, bool) or not isinstance(self.attn_floor, int)
+            or self.attn_floor < 1
+        ):  # fmt: skip
+            raise ValueError(
+                f"attn_floor {self.attn_floor!r} is invalid; allowed: an integer >= 1 or null."
+            )
+        if isinstance(self.attn_temperature, bool) or not isinstance(
+            self.attn_temperature, int | float
+        ) or not self.attn_temperature > 0:  # fmt: skip
+            raise ValueError(
+                f"attn_temperature {self.attn_temperature!r} is invalid; allowed: a number > 0."
+            )
         if self.attention_sink not in ATTENTION_SINKS:
             raise ValueError(
                 f"attention_sink {self.attention_sink!r} is unknown; allowed: "
@@ -98,6 +118,12 @@ class ModelConfig:
 def check_combination(model_cfg: ModelConfig, position_cfg: PositionConfig) -> None:
     """Raise ValueError (one sentence) for model switches that do not combine with the position
     family; needs no model, so a job checks it before anything trains."""
+    if model_cfg.attn_scale == "llama4" and position_cfg.kind == "irope":
+        raise ValueError(
+            "model.attn_scale=llama4 does not combine with position=irope, which applies Llama "
+            "4's query temperature on its NoPE layers itself (position.temperature_scale); "
+            "allowed: attn_scale none or ssmax."
+        )
     if model_cfg.attention_sink == "learned" and position_cfg.acts_on == "contextual":
         raise ValueError(
             f"model.attention_sink=learned does not combine with position={position_cfg.kind} "

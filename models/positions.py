@@ -480,6 +480,13 @@ def _alibi(
 # --------------------------------------------------------------------------- padding
 
 
+def llama4_query_temperature(position_ids: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
+    """Llama 4's query factor log1p(floor((p + 1) / floor)) * scale + 1 at position ids p,
+    float32, same shape (transformers' ``Llama4TextAttention``, ``attn_temperature_tuning``)."""
+    p = position_ids.to(torch.float32)
+    return torch.log1p(torch.floor((p + 1.0) / floor)) * scale + 1.0
+
+
 def position_ids_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counted over real tokens only, so left and right padding give the same positions.
 

@@ -20,9 +20,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import Attention, AttentionInputs, logn_query_scale, pair_inputs
+from models.attention import (
+    Attention,
+    AttentionInputs,
+    logn_query_scale,
+    pair_inputs,
+)
 from models.model_config import ATTENTION_SINKS, ModelConfig, check_combination
-from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
+from models.positions import (
+    PositionConfig,
+    RotaryTable,
+    llama4_query_temperature,
+    position_ids_from_attention_mask,
+)
 from models.resolved_scaling import (
     resolve_scaling,
     resolved_scaling,
@@ -402,6 +412,16 @@ class DecoderLM(nn.Module):
             if pairs is not None:
                 at = pairs.query_positions(at)
             q_scale = logn_query_scale(at, self.train_length)[:, None, :, None]
+        if self.model_cfg.attn_scale == "llama4":  # at each query's position, as log-n's
+            at = (
+                positions.position_ids
+                if pairs is None
+                else pairs.query_positions(positions.position_ids)
+            )
+            floor = self.model_cfg.attn_floor or self.train_length
+            factor = llama4_query_temperature(at, floor, self.model_cfg.attn_temperature)
+            factor = factor[:, None, :, None]  # [N, 1, L, 1]
+            q_scale = factor if q_scale is None else q_scale * factor
         log_keys = None
         if self.model_cfg.attn_scale == "ssmax":  # real keys up to each query, cached + new
             seen = positions.k_valid.cumsum(dim=1)[:, positions.k_valid.shape[1] - n_new :]

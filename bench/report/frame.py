@@ -112,7 +112,12 @@ def scaling_rank(scaling: str) -> int:
 #: eval-time scaling of a model that was not ("linear (zero-shot)").
 FINETUNE_MARK = " ft@"
 #: the position label's mark of a model trained with a model switch on (bench.series.SWITCH_COLUMNS)
-SWITCH_LABELS = {"qk_norm": " +QK-norm", "output_gate": " +output gate", "attn_scale": " +SSMax"}
+#: a model switch's mark in series labels, by column and the variant it holds
+SWITCH_LABELS = {
+    "qk_norm": {"rms": " +QK-norm"},
+    "output_gate": {"sigmoid": " +output gate"},
+    "attn_scale": {"ssmax": " +SSMax", "llama4": " +Llama 4 temperature"},
+}
 ZERO_SHOT = " (zero-shot)"
 
 
@@ -165,9 +170,12 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     if "attention_sink" in df.columns:  # trained with an attention sink
         sunk = df["attention_sink"].notna()
         df.loc[sunk, "position_label"] += " +" + df.loc[sunk, "attention_sink"] + " sink"
-    for column, mark in SWITCH_LABELS.items():  # trained with a model switch on
+    for column, marks in SWITCH_LABELS.items():  # trained with a model switch on
         if column in df.columns:
-            df.loc[df[column].notna(), "position_label"] += mark
+            on = df[column].notna()
+            df.loc[on, "position_label"] += df.loc[on, column].map(
+                lambda v, marks=marks: marks.get(v, f" +{v}")
+            )
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:
         series = series + " L=" + df["train_length"].astype(str)

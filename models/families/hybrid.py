@@ -23,8 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from models.families.classic import Rope
-from models.lazy import torch
-from models.positions import PositionConfig, register_family
+from models.positions import PositionConfig, llama4_query_temperature, register_family
 
 __all__ = ["LAYER_KINDS", "LLAMA4_QK_NORM_EPS", "layer_pattern", "llama4_query_temperature"]
 
@@ -40,14 +39,6 @@ DEFAULT_SPAN_DIVISOR = 4
 #: eps of Llama 4's QK-norm: transformers builds it with ``config.rms_norm_eps`` (1e-5 by default in
 #: ``Llama4TextConfig``), Meta's reference with the model's ``norm_eps`` (1e-5)
 LLAMA4_QK_NORM_EPS = 1e-5
-
-
-def llama4_query_temperature(position_ids: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
-    """Llama 4's NoPE-layer query factor log1p(floor((p + 1) / floor)) * scale + 1 at position
-    ids p, float32, same shape (transformers' ``Llama4TextAttention``, ``attn_temperature_tuning``).
-    """
-    p = position_ids.to(torch.float32)
-    return torch.log1p(torch.floor((p + 1.0) / floor)) * scale + 1.0
 
 
 def layer_pattern(cfg: PositionConfig, default: tuple[str, ...], n_layers: int) -> list[str]:

@@ -98,6 +98,6 @@ def test_attn_scale_in_the_key_only_when_set_and_an_unknown_one_refused():
     assert "attn_scale" not in weights_dict(ModelConfig())
     assert weights_dict(ModelConfig(attn_scale="ssmax"))["attn_scale"] == "ssmax"
     with pytest.raises(
-        ValueError, match=r"^model\.attn_scale 'bogus' is unknown; allowed: none, ssmax\.$"
+        ValueError, match=r"^model\.attn_scale 'bogus' is unknown; allowed: none, ssmax, llama4\.$"
     ):
         JobConfig.from_hydra({"model": {"attn_scale": "bogus"}})
