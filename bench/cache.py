@@ -289,7 +289,7 @@ def _json_safe(stats: TrainStats | Mapping[str, Any] | None) -> dict[str, Any]:
     return json.loads(json.dumps(dict(stats or {}), default=str))
 
 
-def _resolve(ref: str | Path, cache_root: str | Path | None) -> Path:
+def checkpoint_ref_dir(ref: str | Path, cache_root: str | Path | None) -> Path:
     """Checkpoint directory of a key, a checkpoint directory or a model.pt path."""
     path = Path(ref).expanduser()
     if isinstance(ref, str) and _KEY_PATTERN.fullmatch(ref) and not path.exists():
@@ -413,7 +413,7 @@ def load_model(
     (its weights config does not hash to its key), or does not equal ``expected_config`` when
     given.
     """
-    directory = _resolve(ref, cache_root)
+    directory = checkpoint_ref_dir(ref, cache_root)
     done, payload = _read_checkpoint(directory)
     key, stored = _verified_config(directory, done, payload, expected_config)
     model = DecoderLM(

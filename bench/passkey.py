@@ -220,14 +220,14 @@ def _check_key(key: object) -> int:
     return int(key)
 
 
-def _check_depth(depth: object) -> float:
+def check_depth(depth: object) -> float:
     value = float(depth)  # type: ignore[arg-type]
     if not 0.0 <= value <= 1.0:  # also rejects NaN
         raise ValueError(f"passkey depth {depth!r} is invalid; allowed depths are in [0, 1].")
     return value
 
 
-def _source_ids(filler_source: object) -> np.ndarray:
+def source_ids(filler_source: object) -> np.ndarray:
     """Normalize a corpus filler source (str, bytes, ids, array, tensor) to a 1-D int array."""
     if isinstance(filler_source, str):
         filler_source = filler_source.encode("utf-8")
@@ -242,7 +242,7 @@ def _source_ids(filler_source: object) -> np.ndarray:
     return arr
 
 
-def _corpus_filler(source: np.ndarray, n_tokens: int, rng: random.Random | None) -> list[int]:
+def corpus_filler(source: np.ndarray, n_tokens: int, rng: random.Random | None) -> list[int]:
     """``n_tokens`` consecutive ids from ``source`` at a random offset (wrapping around).
 
     Contiguous text keeps the haystack natural; wrapping lets a short source still
@@ -278,7 +278,7 @@ def make_passkey_example(
     """
     template = passkey_template(template)
     tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
-    depth = _check_depth(depth)
+    depth = check_depth(depth)
     if filler not in PASSKEY_FILLERS:
         raise ValueError(
             f"passkey filler {filler!r} is unknown; allowed fillers are {', '.join(PASSKEY_FILLERS)}."
@@ -309,7 +309,7 @@ def make_passkey_example(
     else:
         if filler_source is None:
             raise ValueError('passkey filler "corpus" needs a filler_source (text or token ids).')
-        stream = _corpus_filler(_source_ids(filler_source), n_filler, rng)
+        stream = corpus_filler(source_ids(filler_source), n_filler, rng)
         prefix, suffix = stream[:n_prefix], stream[n_prefix:]
 
     sep = tok.encode(SEPARATOR)
@@ -371,7 +371,7 @@ def passkey_grid(
     each length in its tokens (:func:`fit_passkey_example`); ``filler_source`` is then text.
     """
     lengths = [int(x) for x in lengths]
-    depths = [_check_depth(d) for d in depths]
+    depths = [check_depth(d) for d in depths]
     if isinstance(trials, bool) or int(trials) < 1:
         raise ValueError(f"passkey trials {trials!r} is invalid; allowed values are integers >= 1.")
     if not lengths or not depths:
@@ -521,7 +521,7 @@ def fit_passkey_example(
         prompt_ids=prompt,
         answer_ids=answer,
         key=int(key),
-        depth=_check_depth(depth),
+        depth=check_depth(depth),
         needle_start=len(tokenizer.encode(before, add_special_tokens=True)),
         trial=int(trial),
         filler=filler,

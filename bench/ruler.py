@@ -53,10 +53,10 @@ import numpy as np
 from bench.passkey import (
     SEPARATOR,
     TaskExample,
-    _check_depth,
-    _corpus_filler,
-    _source_ids,
+    check_depth,
+    corpus_filler,
     fit_filler_length,
+    source_ids,
     standard_filler_text,
 )
 from bench.tokenizer import ByteTokenizer
@@ -359,7 +359,7 @@ def make_ruler_example(
     Raises ValueError when ``total_length`` is below :func:`min_ruler_length`.
     """
     params = params or RulerParams()
-    depth = _check_depth(depth)
+    depth = check_depth(depth)
     if filler not in RULER_FILLERS:
         raise ValueError(
             f"ruler filler {filler!r} is unknown; allowed: {', '.join(RULER_FILLERS)}."
@@ -390,7 +390,7 @@ def make_ruler_example(
         else:
             if filler_source is None:
                 raise ValueError('ruler filler "corpus" needs a filler_source (text or token ids).')
-            stream = _corpus_filler(_source_ids(filler_source), n_filler, rng)
+            stream = corpus_filler(source_ids(filler_source), n_filler, rng)
         cut = 0
         for at, text, holds_answer in sorted(layout.statements, key=lambda s: s[0]):
             stop = round(at * n_filler)
@@ -439,7 +439,7 @@ def ruler_grid(
     has as many trials per length. Each example depends only on (seed, task, length, depth,
     trial)."""
     params = params or RulerParams()
-    depths = [_check_depth(d) for d in depths]
+    depths = [check_depth(d) for d in depths]
     if isinstance(trials, bool) or int(trials) < 1:
         raise ValueError(f"ruler trials {trials!r} is invalid; allowed values are integers >= 1.")
     out = []
@@ -539,7 +539,7 @@ def ruler_examples(
     (:func:`fit_ruler_example`)."""
     if tokenizer is None:
         return ruler_grid([task], [length], depths, trials, seed, params, filler, filler_source)
-    depths = [_check_depth(d) for d in depths]
+    depths = [check_depth(d) for d in depths]
     return [
         fit_ruler_example(task, length, d, t, seed, tokenizer, params, filler, filler_source)
         for d, t in _cells(task, depths, trials)

@@ -90,7 +90,7 @@ def _with_training_template(argv: list[str]) -> list[str]:
     metadata names one or the checkpoint cannot be read here (the model then reports it)."""
     import json
 
-    from bench.cache import DONE_FILE, _resolve
+    from bench.cache import DONE_FILE, checkpoint_ref_dir
     from bench.harness.tasks import training_template
 
     if _option_value(argv, "--model") != "lenbench":
@@ -102,7 +102,7 @@ def _with_training_template(argv: list[str]) -> list[str]:
         if not isinstance(metadata, dict) or "template" in metadata or not ref:
             return argv
         root = _model_arg(argv, "cache_root")
-        record = json.loads((_resolve(ref, root) / DONE_FILE).read_text(encoding="utf-8"))
+        record = json.loads((checkpoint_ref_dir(ref, root) / DONE_FILE).read_text(encoding="utf-8"))
     except (ValueError, OSError):
         return argv
     template = training_template(record)
@@ -236,10 +236,10 @@ def check_arguments(argv: Sequence[str]) -> None:
 
 
 def _check_checkpoint(ref: str, cache_root: str | None) -> None:
-    from bench.cache import DONE_FILE, MODEL_FILE, CheckpointError, _resolve
+    from bench.cache import DONE_FILE, MODEL_FILE, CheckpointError, checkpoint_ref_dir
 
     try:
-        directory = _resolve(ref, cache_root)
+        directory = checkpoint_ref_dir(ref, cache_root)
     except CheckpointError as err:
         raise HarnessArgError(str(err)) from None
     if not (directory / MODEL_FILE).exists():
