@@ -22,7 +22,7 @@ from models.scaling_config import ORACLE_SUFFIX
 # registries in models/): names not listed here sort after these, by name, and are shown all the same.
 POSITION_ORDER = [
     "rope", "sinusoidal", "learned", "alibi", "nope",
-    # the zoo (models/families/zoo.py): bias families, rotary variants, contextual
+    # the zoo (models/families/zoo.py, rotary.py, cope.py): bias families, rotary variants, contextual
     "t5", "kerple_log", "kerple_power", "fire", "sandwich", "p_rope", "xpos", "cope", "hope",
 ]  # fmt: skip
 SCALING_ORDER = ["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "logn"]

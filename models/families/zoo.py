@@ -1,4 +1,5 @@
-"""The position-encoding zoo: families compared against since 2020, each one registered definition.
+"""The position-encoding zoo's relative biases: families compared against since 2020, each one
+registered definition.
 
 Relative biases added to the attention logits (``acts_on == "scores"``), as a function of query
 position i, key position j and the causal distance n = i - j >= 0:
@@ -11,18 +12,8 @@ position i, key position j and the causal distance n = i - j >= 0:
 - ``sandwich`` (Chi et al. 2023): parameter-free, the inner product of sinusoidal embeddings of i
   and j (a sum of cosines of n) with ALiBi-like per-head compression.
 
-two rotary variants (``acts_on == "qk"``):
-
-- ``p_rope`` (Barbero et al. 2025): RoPE keeping the highest-frequency fraction p of the rotary
-  pairs and leaving the others unrotated (p = 0 is NoPE, p = 1 is RoPE); unlike NeoX partial
-  rotary (``rotary_fraction``), the kept frequencies are RoPE's own;
-- ``xpos`` (Sun et al. 2023): RoPE with a per-pair decay of the logit with distance;
-
-and one contextual family (``acts_on == "contextual"``):
-
-- ``cope`` (Golovneva et al. 2024): positions counted by gates sigma(q_i . k_t) over the keys
-  from j to i, a learned embedding interpolated at that count and dotted with the query; it
-  reads no position id at all.
+The zoo's rotary variants (p-RoPE, HoPE, xPos) are in :mod:`models.families.rotary`, its
+contextual family (CoPE) in :mod:`models.families.cope`.
 
 A method acting on positions (``applies_to=("positions",)``, e.g. ``scaling=linear``) divides
 positions and distances by its factor for every family here: the families without frequencies
@@ -37,9 +28,8 @@ import math
 from functools import partial
 from typing import Any
 
-from models.families.classic import Rope
 from models.lazy import nn, torch
-from models.positions import ContextualBias, Family, PositionConfig, ScoreBias, register_family
+from models.positions import Family, PositionConfig, ScoreBias, register_family
 
 # KERPLE keeps r1, r2 >= this (its reference clamps the parameters at 1e-2)
 KERPLE_EPS = 1e-2
@@ -323,199 +313,3 @@ class Sandwich(_BiasFamily):
             lambda: torch.arange(1, heads + 1, device=device, dtype=torch.float32) * 8 / heads,
         )
         return ScoreBias(_sandwich, (table, compression))
-
-
-# --------------------------------------------------------------------------- p-RoPE
-
-
-@register_family
-class PRope(Rope):
-    """p-RoPE: RoPE whose lowest-frequency 1 - p of the rotary pairs are not rotated
-    (inverse frequency 0), p = ``frequency_fraction``; int(p x pairs) pairs keep theirs."""
-
-    name = "p_rope"
-    fields = ("base", "layout", "frequency_fraction")
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.rotary_fraction != 1.0:
-            raise ValueError(
-                f"p_rope keeps a fraction of RoPE's frequencies (position.frequency_fraction); "
-                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
-            )
-        if not 0 <= cfg.frequency_fraction <= 1:
-            raise ValueError(
-                f"position.frequency_fraction must be in [0, 1], got {cfg.frequency_fraction}."
-            )
-        super().check(cfg, head_dim, d_model)
-
-    def adjust_frequencies(
-        self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
-    ) -> torch.Tensor:
-        kept = int(cfg.frequency_fraction * inv_freq.numel())  # inv_freq falls with the index
-        return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
-
-
-# --------------------------------------------------------------------------- HoPE
-
-
-def hope_kept_pairs(pairs: int, base: float, train_length: int) -> int:
-    """How many of RoPE's rotary pairs HoPE keeps: those whose period 2 pi / theta_i, with
-    theta_i = base^(-i / pairs), fits the training length (<= L). They are the first ones: the
-    frequencies fall with the index."""
-    i = torch.arange(pairs, dtype=torch.float64)
-    periods = 2 * math.pi * torch.pow(torch.tensor(float(base), dtype=torch.float64), i / pairs)
-    return int((periods <= train_length).sum())
-
-
-@register_family
-class HoPE(Rope):
-    """HoPE (Chen et al., ACL 2025, arXiv 2410.21216): RoPE keeping only its high-frequency pairs,
-    those whose period fits the training length L (:func:`hope_kept_pairs`); every lower-frequency
-    pair is position-independent (inverse frequency 0). The cut is a pair index fixed by L and the
-    base, so an eval-time scaling rescales the kept pairs and never moves the cut (as p-RoPE's)."""
-
-    name = "hope"
-    fields = ("base", "layout")
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.rotary_fraction != 1.0:
-            raise ValueError(
-                "hope keeps RoPE's pairs whose period fits the training length; "
-                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
-            )
-        super().check(cfg, head_dim, d_model)
-
-    def adjust_frequencies(
-        self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
-    ) -> torch.Tensor:
-        kept = hope_kept_pairs(inv_freq.numel(), cfg.base, train_length)
-        return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
-
-
-# --------------------------------------------------------------------------- xPos
-
-
-def xpos_scale(rotary_dim: int) -> torch.Tensor:
-    """xPos's per-pair decay base zeta_k = (2k / r + 0.4) / 1.4, k = 0..r/2-1, float32 [r/2]."""
-    k = torch.arange(0, rotary_dim, 2, dtype=torch.float32)
-    return (k / rotary_dim + 0.4) / 1.4
-
-
-def xpos_decay(
-    position_ids: torch.Tensor,
-    centre: int,
-    rotary_dim: int,
-    scale_base: float,
-    scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """zeta_k^((i - centre) / gamma) for every position i of ``position_ids`` [N, L] and pair k,
-    float32 [N, L, r/2]; the difference i - centre is taken in integers, so exactly. ``scale``:
-    :func:`xpos_scale` of ``rotary_dim`` already on the device (else built here)."""
-    power = (position_ids - centre).to(torch.float32)[..., None] / scale_base
-    if scale is None:
-        scale = xpos_scale(rotary_dim).to(position_ids.device)
-    return scale**power
-
-
-@register_family
-class XPos(Rope):
-    """xPos (Sun et al. 2023): RoPE whose pair k of the query at position i is scaled by
-    zeta_k^((i - c) / gamma) and of the key at position j by zeta_k^(-(j - c) / gamma), so that
-    the q.k logit carries zeta_k^((i - j) / gamma), a decay with distance (gamma =
-    ``xpos_scale_base``), whatever the centre c. The paper's formula has c = 0, whose key scale
-    zeta_0^(-j / gamma) leaves float32 from j ~ 36,000 at gamma 512 (non-finite logits);
-    x-transformers and rotary-embedding-torch centre on the sequence (c = L // 2). Here c is each
-    row's length (its largest position id + 1, which the KV cache keeps from the prefill: cached
-    keys and later queries share it), so exponents stay within the row's span at any offset: finite
-    while a row spans less than ~36,000 positions at gamma 512, and the logits are the uncentred
-    ones to float32 rounding. A position transform and the frequency methods act on the rotation
-    only (through its frequencies)."""
-
-    name = "xpos"
-    fields = ("base", "layout", "xpos_scale_base")
-    # no "pairs": a pair's decay follows its key's own position, which a rotation cannot move
-    capabilities = ("positions", "frequencies", "rotary")
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.rotary_fraction != 1.0:
-            raise ValueError(
-                f"xpos rotates every channel; position.rotary_fraction must stay 1.0, got "
-                f"{cfg.rotary_fraction}."
-            )
-        if cfg.xpos_scale_base <= 0:
-            raise ValueError(f"position.xpos_scale_base must be > 0, got {cfg.xpos_scale_base}.")
-        super().check(cfg, head_dim, d_model)
-
-    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
-        # the scales (not the logits) depend on the centre, each row's length: the model then
-        # passes every row's own length (frozen at the prefill) as ``seq_len``
-        return True
-
-    def rotary(self, model: Any, position_ids: torch.Tensor, seq_len: int):
-        cos, sin = model.rotary_table(seq_len)(position_ids)  # [N, L, r/2] each
-        centre = self.centre(position_ids, seq_len)
-        scale_base = model.position_cfg.xpos_scale_base
-        rotary_dim, device = 2 * cos.shape[-1], position_ids.device
-        scale = model.resolved_scaling.cached(
-            ("xpos_scale", rotary_dim, str(device)), lambda: xpos_scale(rotary_dim).to(device)
-        )
-        decay = xpos_decay(position_ids, centre, rotary_dim, scale_base, scale)  # [N, L, r/2]
-        return cos * decay, sin * decay, cos / decay, sin / decay
-
-    def centre(self, position_ids: torch.Tensor, seq_len: int) -> int:
-        """The exponents' centre c for rows of length ``seq_len`` at ``position_ids`` (which a
-        decoding step's few new positions cannot give): the length."""
-        return int(seq_len)
-
-
-# --------------------------------------------------------------------------- CoPE
-
-
-def cope_positions(logits: torch.Tensor, factor: float, npos_max: int) -> torch.Tensor:
-    """p_ij = sum_{t = j..i} sigma(logit_it) / factor, at most npos_max - 1: [N, H, T, S] float32
-    from the scaled logits (-inf where masked, so masked keys count 0: the sum over t >= j of
-    the whole row is the sum from j to i)."""
-    gates = torch.sigmoid(logits)
-    counted = gates.flip(-1).cumsum(dim=-1).flip(-1) / factor
-    return counted.clamp(max=npos_max - 1)  # CoPE's own cap (p_max), not an input check
-
-
-def _cope(layer, q, logits, scale, embeddings, factor, npos_max):
-    pos = cope_positions(logits, factor, npos_max)  # [N, H, T, S]
-    at_integer = scale * (q @ embeddings[layer].T)  # [N, H, T, npos_max]: scale q . e[p]
-    floor = pos.floor()
-    weight = pos - floor  # the gradient reaches the gates through the interpolation weight
-    below = at_integer.gather(-1, floor.long())
-    above = at_integer.gather(-1, pos.ceil().long())
-    return above * weight + below * (1 - weight)
-
-
-@register_family
-class CoPE(Family):
-    """CoPE: logits_ij += scale q_i . e[p_ij], e [npos_max, d] learned per layer (shared by the
-    heads, zero-initialised), interpolated linearly between integer positions, with p_ij the
-    count of gates sigma(scale q_i . k_t) for t = j..i, capped at npos_max - 1. As the paper's
-    reference code (facebookresearch/RAM ``projects/cope``): gates on the scaled logits, the
-    position term scaled like q . k. Needs each logits row whole, so it runs on the tiled path
-    (no flex or fused kernel)."""
-
-    name, acts_on = "cope", "contextual"
-    fields = ("cope_npos_max",)
-    capabilities = ("positions",)  # a position transform divides the counted positions
-    reads_position_ids = False  # positions are counted over the content
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.cope_npos_max < 2:
-            raise ValueError(f"position.cope_npos_max must be >= 2, got {cfg.cope_npos_max}.")
-
-    def init(self, model: Any) -> None:
-        shape = (
-            model.model_cfg.n_layers,
-            model.position_cfg.cope_npos_max,
-            model.model_cfg.head_dim,
-        )
-        model.cope_emb = nn.Parameter(torch.zeros(shape))  # [layers, npos_max, d]
-
-    def contextual_bias(self, model: Any) -> ContextualBias:
-        factor = float(model.resolved_scaling.position_factor or 1.0)
-        return ContextualBias(_cope, (model.cope_emb, factor, model.position_cfg.cope_npos_max))

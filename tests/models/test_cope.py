@@ -1,4 +1,4 @@
-"""CoPE (models/families/zoo.py, ``position=cope``) against x-transformers' CoPE module and a direct,
+"""CoPE (models/families/cope.py, ``position=cope``) against x-transformers' CoPE module and a direct,
 entry-by-entry evaluation of the paper's formula; tiling, the contextual path, gradients through
 the gates, position interpolation and its fields. Cache, padding, shift invariance and every metric:
 tests/models/test_zoo.py (CoPE is one of its families).
@@ -13,7 +13,7 @@ import torch
 
 import models.attention as attention
 from models.attention import AttentionInputs, _attend_tiled, _use_flex
-from models.families.zoo import _cope, cope_positions
+from models.families.cope import _cope, cope_positions
 from models.positions import PositionConfig
 from models.scaling import applicable_methods
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig

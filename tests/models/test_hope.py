@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from models.families.zoo import hope_kept_pairs
+from models.families.rotary import hope_kept_pairs
 from models.positions import PositionConfig
 from models.scaling_config import ScalingConfig
 from models.transformer import DecoderLM, ModelConfig

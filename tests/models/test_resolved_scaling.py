@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from models.families.zoo import sandwich_table, xpos_scale
+from models.families.rotary import xpos_scale
+from models.families.zoo import sandwich_table
 from models.positions import PositionConfig, families
 from models.resolved_scaling import PROBE_ROTARY_DIM
 from models.scaling import (

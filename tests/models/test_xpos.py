@@ -1,4 +1,4 @@
-"""xPos (models/families/zoo.py) against rotary-embedding-torch's ``use_xpos`` (a test-only dependency)
+"""xPos (models/families/rotary.py) against rotary-embedding-torch's ``use_xpos`` (a test-only dependency)
 and against the uncentred logits in float64 at offsets up to 10^6 (centred exponents stay
 finite), KV-cache decoding at such an offset, its fields and scalings (KV cache, left padding and
 shift invariance, with a strong decay: tests/models/test_zoo.py)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.families.zoo import xpos_decay
+from models.families.rotary import xpos_decay
 from models.positions import PositionConfig, rotate
 from models.scaling import applicable_methods
 from models.transformer import DecoderLM, ModelConfig
@@ -136,7 +136,7 @@ def test_xpos_cache_decoding_equals_the_full_forward_at_a_large_offset(monkeypat
     frozen at the prefill, the same for cached keys and later queries. Negative controls: the old
     uncentred exponents give non-finite logits; a centre taken per forward from its own position
     ids (not kept by the cache) makes decoding differ from the full forward."""
-    from models.families.zoo import XPos
+    from models.families.rotary import XPos
 
     model = xpos_model(scale_base=32.0)
     with torch.no_grad():  # sharp attention, so that a wrong key scale shows in the logits

@@ -1,4 +1,4 @@
-"""The zoo's position families (models/families/zoo.py) against independent evaluations of their formulas.
+"""The zoo's position families (models/families/zoo.py, rotary.py, cope.py) against independent evaluations of their formulas.
 
 Each bias equals its oracle on random inputs with a perturbed-parameter control; every family
 works with the KV cache and left padding, is shift invariant exactly when it is relative, and has

@@ -1,0 +1,162 @@
+"""The zoo's rotary variants (``acts_on == "qk"``), each RoPE with one change:
+
+- ``p_rope`` (Barbero et al. 2025): RoPE keeping the highest-frequency fraction p of the rotary
+  pairs and leaving the others unrotated (p = 0 is NoPE, p = 1 is RoPE); unlike NeoX partial
+  rotary (``rotary_fraction``), the kept frequencies are RoPE's own;
+- ``hope`` (Chen et al. 2025): RoPE's high-frequency pairs kept, the pairs whose period exceeds
+  the training length made position-independent;
+- ``xpos`` (Sun et al. 2023): RoPE with a per-pair decay of the logit with distance.
+
+Tested against independent evaluations (tests/models/test_zoo.py, test_hope.py, test_xpos.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from models.families.classic import Rope
+from models.lazy import torch
+from models.positions import PositionConfig, register_family
+
+# --------------------------------------------------------------------------- p-RoPE
+
+
+@register_family
+class PRope(Rope):
+    """p-RoPE: RoPE whose lowest-frequency 1 - p of the rotary pairs are not rotated
+    (inverse frequency 0), p = ``frequency_fraction``; int(p x pairs) pairs keep theirs."""
+
+    name = "p_rope"
+    fields = ("base", "layout", "frequency_fraction")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.rotary_fraction != 1.0:
+            raise ValueError(
+                f"p_rope keeps a fraction of RoPE's frequencies (position.frequency_fraction); "
+                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
+            )
+        if not 0 <= cfg.frequency_fraction <= 1:
+            raise ValueError(
+                f"position.frequency_fraction must be in [0, 1], got {cfg.frequency_fraction}."
+            )
+        super().check(cfg, head_dim, d_model)
+
+    def adjust_frequencies(
+        self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
+    ) -> torch.Tensor:
+        kept = int(cfg.frequency_fraction * inv_freq.numel())  # inv_freq falls with the index
+        return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
+
+
+# --------------------------------------------------------------------------- HoPE
+
+
+def hope_kept_pairs(pairs: int, base: float, train_length: int) -> int:
+    """How many of RoPE's rotary pairs HoPE keeps: those whose period 2 pi / theta_i, with
+    theta_i = base^(-i / pairs), fits the training length (<= L). They are the first ones: the
+    frequencies fall with the index."""
+    i = torch.arange(pairs, dtype=torch.float64)
+    periods = 2 * math.pi * torch.pow(torch.tensor(float(base), dtype=torch.float64), i / pairs)
+    return int((periods <= train_length).sum())
+
+
+@register_family
+class HoPE(Rope):
+    """HoPE (Chen et al., ACL 2025, arXiv 2410.21216): RoPE keeping only its high-frequency pairs,
+    those whose period fits the training length L (:func:`hope_kept_pairs`); every lower-frequency
+    pair is position-independent (inverse frequency 0). The cut is a pair index fixed by L and the
+    base, so an eval-time scaling rescales the kept pairs and never moves the cut (as p-RoPE's)."""
+
+    name = "hope"
+    fields = ("base", "layout")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.rotary_fraction != 1.0:
+            raise ValueError(
+                "hope keeps RoPE's pairs whose period fits the training length; "
+                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
+            )
+        super().check(cfg, head_dim, d_model)
+
+    def adjust_frequencies(
+        self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
+    ) -> torch.Tensor:
+        kept = hope_kept_pairs(inv_freq.numel(), cfg.base, train_length)
+        return torch.cat((inv_freq[:kept], torch.zeros_like(inv_freq[kept:])))
+
+
+# --------------------------------------------------------------------------- xPos
+
+
+def xpos_scale(rotary_dim: int) -> torch.Tensor:
+    """xPos's per-pair decay base zeta_k = (2k / r + 0.4) / 1.4, k = 0..r/2-1, float32 [r/2]."""
+    k = torch.arange(0, rotary_dim, 2, dtype=torch.float32)
+    return (k / rotary_dim + 0.4) / 1.4
+
+
+def xpos_decay(
+    position_ids: torch.Tensor,
+    centre: int,
+    rotary_dim: int,
+    scale_base: float,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """zeta_k^((i - centre) / gamma) for every position i of ``position_ids`` [N, L] and pair k,
+    float32 [N, L, r/2]; the difference i - centre is taken in integers, so exactly. ``scale``:
+    :func:`xpos_scale` of ``rotary_dim`` already on the device (else built here)."""
+    power = (position_ids - centre).to(torch.float32)[..., None] / scale_base
+    if scale is None:
+        scale = xpos_scale(rotary_dim).to(position_ids.device)
+    return scale**power
+
+
+@register_family
+class XPos(Rope):
+    """xPos (Sun et al. 2023): RoPE whose pair k of the query at position i is scaled by
+    zeta_k^((i - c) / gamma) and of the key at position j by zeta_k^(-(j - c) / gamma), so that
+    the q.k logit carries zeta_k^((i - j) / gamma), a decay with distance (gamma =
+    ``xpos_scale_base``), whatever the centre c. The paper's formula has c = 0, whose key scale
+    zeta_0^(-j / gamma) leaves float32 from j ~ 36,000 at gamma 512 (non-finite logits);
+    x-transformers and rotary-embedding-torch centre on the sequence (c = L // 2). Here c is each
+    row's length (its largest position id + 1, which the KV cache keeps from the prefill: cached
+    keys and later queries share it), so exponents stay within the row's span at any offset: finite
+    while a row spans less than ~36,000 positions at gamma 512, and the logits are the uncentred
+    ones to float32 rounding. A position transform and the frequency methods act on the rotation
+    only (through its frequencies)."""
+
+    name = "xpos"
+    fields = ("base", "layout", "xpos_scale_base")
+    # no "pairs": a pair's decay follows its key's own position, which a rotation cannot move
+    capabilities = ("positions", "frequencies", "rotary")
+
+    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
+        if cfg.rotary_fraction != 1.0:
+            raise ValueError(
+                f"xpos rotates every channel; position.rotary_fraction must stay 1.0, got "
+                f"{cfg.rotary_fraction}."
+            )
+        if cfg.xpos_scale_base <= 0:
+            raise ValueError(f"position.xpos_scale_base must be > 0, got {cfg.xpos_scale_base}.")
+        super().check(cfg, head_dim, d_model)
+
+    def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
+        # the scales (not the logits) depend on the centre, each row's length: the model then
+        # passes every row's own length (frozen at the prefill) as ``seq_len``
+        return True
+
+    def rotary(self, model: Any, position_ids: torch.Tensor, seq_len: int):
+        cos, sin = model.rotary_table(seq_len)(position_ids)  # [N, L, r/2] each
+        centre = self.centre(position_ids, seq_len)
+        scale_base = model.position_cfg.xpos_scale_base
+        rotary_dim, device = 2 * cos.shape[-1], position_ids.device
+        scale = model.resolved_scaling.cached(
+            ("xpos_scale", rotary_dim, str(device)), lambda: xpos_scale(rotary_dim).to(device)
+        )
+        decay = xpos_decay(position_ids, centre, rotary_dim, scale_base, scale)  # [N, L, r/2]
+        return cos * decay, sin * decay, cos / decay, sin / decay
+
+    def centre(self, position_ids: torch.Tensor, seq_len: int) -> int:
+        """The exponents' centre c for rows of length ``seq_len`` at ``position_ids`` (which a
+        decoding step's few new positions cannot give): the length."""
+        return int(seq_len)
