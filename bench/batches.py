@@ -20,13 +20,13 @@ from bench.passkey import (
     DEFAULT_TEMPLATE,
     PASSKEY_FILLERS,
     PasskeyExample,
-    TaskExample,
     make_passkey_example,
     min_passkey_length,
     random_key,
 )
 from bench.passkey import passkey_template as passkey_template_of
 from bench.ruler import RULER_END, make_ruler_example, min_ruler_length, params_from
+from bench.task_text import TaskExample
 from bench.tokenizer import ByteTokenizer
 from bench.train_config import PASSKEY_LENGTHS, PASSKEY_LOSSES, POSITION_SAMPLINGS
 

@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.passkey import (
-    SEPARATOR,
+from bench.passkey import SEPARATOR
+from bench.task_text import (
     TaskExample,
     check_depth,
     corpus_filler,

@@ -20,8 +20,9 @@ from bench.corpora import (
     load_corpus,
     stdlib_root,
 )
-from bench.passkey import STANDARD_FILLER, TASK_DESCRIPTION, min_passkey_length
+from bench.passkey import TASK_DESCRIPTION, min_passkey_length
 from bench.schema import DataConfig
+from bench.task_text import STANDARD_FILLER
 from bench.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
