@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from bench.ruler import (
+from bench.ruler_registry import (
     VALUE_DIGITS,
     Layout,
     RulerParams,

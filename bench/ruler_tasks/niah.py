@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import random
 
-from bench.ruler import Layout, RulerParams, distinct, random_key, random_value, register_ruler_task
+from bench.ruler_registry import (
+    Layout,
+    RulerParams,
+    distinct,
+    random_key,
+    random_value,
+    register_ruler_task,
+)
 
 #: the needle tasks' text (shared by the four)
 TEXT = {

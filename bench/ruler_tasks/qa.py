@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from bench.ruler import Layout, RulerParams, register_ruler_task
+from bench.ruler_registry import Layout, RulerParams, register_ruler_task
 
 # one length each (names 3 letters, places 4, objects 3): every draw has the same fixed text
 NAMES = ("Ann", "Bob", "Cal", "Dee", "Eli", "Fay", "Gus", "Ida", "Jon", "Kim")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from bench.ruler import (
+from bench.ruler_registry import (
     Layout,
     RulerParams,
     distinct,

@@ -9,7 +9,14 @@ import random
 
 import numpy as np
 
-from bench.ruler import WORD, Layout, RulerParams, distinct, random_word, register_ruler_task
+from bench.ruler_registry import (
+    WORD,
+    Layout,
+    RulerParams,
+    distinct,
+    random_word,
+    register_ruler_task,
+)
 
 CWE_TEXT = {
     "head_cwe": "Find the most common words.",
