@@ -560,7 +560,7 @@ def measure(
     from bench.evaluate import evaluate_model
 
     docs = source.test_docs(corpus, model)
-    evaluator = longppl_evaluator(spec, corpus)
+    evaluator = longppl_evaluator(spec, corpus, model.tokenizer)
     rows: list[dict[str, Any]] = []
     for module, identity in source.measured(model, corpus, spec):
         point_rows = evaluate_model(

@@ -161,17 +161,15 @@ def min_ruler_length(task: str, params: RulerParams | None = None) -> int:
     """Fewest tokens an example of ``task`` fits in, for any random draw (byte tokens). Cached:
     every generated example and training row checks it, and the word lists' is a search."""
     params = params or RulerParams()
-    rng = random.Random(0)
-    layout = _layout(task, params, 0.0, rng)
-    fixed = _fixed_length(layout)
+    fixed = fixed_ruler_length(task, params)
+    layout = _layout(task, params, 0.0, random.Random(0))
     if layout.words is None:
-        return fixed + len(",".join(layout.expected))
-    answer = ruler_task(task).answer_length(params)
+        return fixed
     n = 1
     while True:  # the shortest list the generator accepts (its words do not depend on the draw)
         try:
             layout.words(n, random.Random(0))
-            return fixed + n + answer
+            return fixed + n
         except ValueError:
             n += 1
 

@@ -39,9 +39,10 @@ def evaluator_job(job: JobConfig, length: int, seed: int) -> JobConfig:
     return JobConfig.from_hydra(values)
 
 
-def longppl_evaluator(spec: Any, corpus: Corpus) -> Any:
+def longppl_evaluator(spec: Any, corpus: Corpus, tokenizer: Any = None) -> Any:
     """The evaluator model of ``eval.longppl`` (``bench.metrics.longppl.Evaluator``), from the
-    cache (the auto evaluator trained on a miss), or None when the metric does not run."""
+    cache (the auto evaluator trained on a miss), or None when the metric does not run.
+    ``tokenizer``: the judged model's (a pretrained job's; its evaluator must share it)."""
     from bench.cache import get_or_train, load_model, weights_key
     from bench.metrics.longppl import AUTO, Evaluator
 
@@ -50,7 +51,7 @@ def longppl_evaluator(spec: Any, corpus: Corpus) -> Any:
         return None
     longest = max(cfg.lengths)
     if spec.job.pretrained is not None:
-        return pretrained_evaluator(cfg.evaluator_pretrained, spec, longest)
+        return pretrained_evaluator(cfg.evaluator_pretrained, spec, longest, tokenizer)
     if cfg.evaluator != AUTO:
         module, meta = load_model(cfg.evaluator, spec.cache_root, device=spec.device)
         return Evaluator(module, meta["key"], int(meta["train_length"]))
@@ -65,17 +66,15 @@ def longppl_evaluator(spec: Any, corpus: Corpus) -> Any:
     return Evaluator(module, key, longest)
 
 
-def pretrained_evaluator(path: str, spec: Any, longest: int) -> Any:
-    """A transformers evaluator for a pretrained job: same vocabulary as the judged model's
-    tokenizer, and positions up to ``longest`` it can embed (a learned table's end refuses; a
+def pretrained_evaluator(path: str, spec: Any, longest: int, judged_tokenizer: Any) -> Any:
+    """A transformers evaluator for a pretrained job: same vocabulary as ``judged_tokenizer``
+    (the judged model's), and positions up to ``longest`` it can embed (a learned table's end refuses; a
     rotary or bias model scores any length, as the judged model does)."""
     from bench.metrics.longppl import Evaluator
     from bench.pretrained.adapter import PretrainedLM
     from bench.pretrained.config import PretrainedConfig, load_pretrained
 
-    judged = PretrainedConfig(path=spec.job.pretrained.path)
     hf, tokenizer = load_pretrained(PretrainedConfig(path=path), spec.device)
-    _, judged_tokenizer = load_pretrained(judged, "cpu")
     if tokenizer.get_vocab() != judged_tokenizer.get_vocab():
         raise ValueError(
             f"eval.longppl.evaluator_pretrained {path!r} has another tokenizer than the judged "

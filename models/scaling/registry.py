@@ -368,6 +368,22 @@ class PairPositions:
         return near | (k_pos < self.sinks)
 
 
+def _check_param_names(name: str, fn: ScalingFn, params: dict) -> None:
+    """One sentence for a parameter method ``name`` (function ``fn``) does not take, or a
+    required one missing."""
+    allowed, required = _method_params(fn)
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ValueError(
+            f"{name}: unknown parameter(s) {unknown}; allowed parameters: {sorted(allowed) or 'none'}."
+        )
+    missing = sorted(required - set(params))
+    if missing:
+        raise ValueError(
+            f"{name}: missing required parameter(s) {missing}; allowed parameters: {sorted(allowed)}."
+        )
+
+
 def pair_positions(name: str, *, train_length: int, **params: Any) -> PairPositions | None:
     """The :class:`PairPositions` of training-free method ``name`` with ``params`` (resolved,
     no "auto" left), checked (one sentence per bad value); None for a method that changes
@@ -375,17 +391,7 @@ def pair_positions(name: str, *, train_length: int, **params: Any) -> PairPositi
     method = scaling_method(name)
     if not method.pair_method:
         return None
-    allowed, required = _method_params(method.fn)
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise ValueError(
-            f"{name}: unknown parameter(s) {unknown}; allowed parameters: {sorted(allowed)}."
-        )
-    missing = sorted(required - set(params))
-    if missing:
-        raise ValueError(
-            f"{name}: missing required parameter(s) {missing}; allowed parameters: {sorted(allowed)}."
-        )
+    _check_param_names(name, method.fn, params)
     for key, value in params.items():
         if value == "auto":
             raise ValueError(f"{name}: {key} 'auto' needs a target length to resolve against.")
@@ -419,17 +425,7 @@ def rope_parameters(
             f"Unknown scaling method {name!r}; registered methods: {sorted(SCALING_METHODS)}."
         )
     fn = SCALING_METHODS[name].fn
-    allowed, required = _method_params(fn)
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise ValueError(
-            f"{name}: unknown parameter(s) {unknown}; allowed parameters: {sorted(allowed) or 'none'}."
-        )
-    missing = sorted(required - set(params))
-    if missing:
-        raise ValueError(
-            f"{name}: missing required parameter(s) {missing}; allowed parameters: {sorted(allowed)}."
-        )
+    _check_param_names(name, fn, params)
 
     head_dim = _positive_int("head_dim", head_dim)
     original_length = _positive_int("original_length", original_length)
