@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bench.checks import NotApplicable
+from bench.core.checks import NotApplicable
 from bench.schema import JobConfig  # registers the config schema; imports no torch (models.lazy)
 
 log = logging.getLogger("lenbench")
@@ -390,7 +390,7 @@ def _single_run_errors(cfg: DictConfig) -> list[str]:
 def data_problem(job: Any) -> str | None:
     """Why the job's corpus cannot be read or evaluated on (one sentence), else None. The corpus
     is cached in this process, so the jobs that follow reuse it."""
-    from bench.corpora import load_corpus
+    from bench.data.corpora import load_corpus
     from bench.job import empty_test_split
 
     try:
@@ -404,7 +404,7 @@ def one_line(exc: BaseException) -> str:
     """A Hydra/OmegaConf/ValueError error as one sentence."""
     from hydra.errors import MissingConfigException
 
-    from bench.checks import config_error
+    from bench.core.checks import config_error
 
     if isinstance(exc, MissingConfigException) and exc.options and exc.missing_cfg_file:
         group, _, option = str(exc.missing_cfg_file).rpartition("/")

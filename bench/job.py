@@ -1,7 +1,7 @@
 """One benchmark job: typed config -> checks -> corpus -> model -> evaluation -> parquet.
 
 :func:`run_job` is what every ``lenbench`` Hydra job runs, one pipeline over a model source
-(``bench.source``): it parses the composed config once (``JobConfig.from_hydra``), asks the source
+(``bench.eval.source``): it parses the composed config once (``JobConfig.from_hydra``), asks the source
 whether the scaling applies and checks everything cheap before anything expensive
 (:func:`prepare_job`), skips work already done (the result file is named by a hash of the job's
 identity, which holds the source's model id), gets the model from the source, evaluates it and
@@ -26,16 +26,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from bench.checks import NotApplicable, first_line
-from bench.corpora import Corpus
-from bench.extend import base_job
-from bench.metrics import ResolvedEval
-from bench.result_digest import digest_problem
-from bench.results import canonical_json, describe_row, non_finite_row, write_results
-from bench.runtime import busy_cores, resolve_device
+from bench.core.checks import NotApplicable, first_line
+from bench.core.result_digest import digest_problem
+from bench.core.results import canonical_json, describe_row, non_finite_row, write_results
+from bench.core.runtime import busy_cores, resolve_device
+from bench.core.shards import IDENTITY_COLUMN, merge_shards, remove_shards, shard_path
+from bench.data.corpora import Corpus
+from bench.eval.metrics import ResolvedEval
+from bench.eval.source import ModelSource, SourceModel
 from bench.schema import JobConfig
-from bench.shards import IDENTITY_COLUMN, merge_shards, remove_shards, shard_path
-from bench.source import ModelSource, SourceModel
+from bench.train.extend import base_job
 from bench.trained_source import TrainedSource, longppl_evaluator
 from models.lazy import torch
 from models.scaling_config import ScalingConfig
@@ -69,7 +69,7 @@ class JobSpec:
     scaling: ScalingConfig  # job.scaling as applied at every length: factor "auto" fixed per run
     device: str
     results_dir: Path  # <paths.results>/<experiment_name>
-    cache_root: Path | None  # None: bench.cache.default_cache_root()
+    cache_root: Path | None  # None: bench.train.cache.default_cache_root()
     source: ModelSource  # where the model comes from
 
 
@@ -109,7 +109,7 @@ def code_version() -> str:
 
 
 def _code_salt() -> str:
-    for module in ("models", "bench.cache"):
+    for module in ("models", "bench.train.cache"):
         try:
             salt = getattr(__import__(module, fromlist=["CODE_SALT"]), "CODE_SALT", None)
         except ImportError:  # pragma: no cover
@@ -398,7 +398,7 @@ def write_job_rows(
         }
         for row in rows
     ]
-    if spec.eval.shard is not None:  # what the merge gives the rows it computes (bench.shards)
+    if spec.eval.shard is not None:  # what the merge gives the rows it computes (bench.core.shards)
         own = canonical_json(identity)
         full = [{**row, IDENTITY_COLUMN: own} for row in full]
     bad = non_finite_row(full)
@@ -461,7 +461,7 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     for a model that already failed to train in this sweep (the job fails without training it
     again), ``record(key)`` notes that this job failed to obtain it, for the cells after it.
     """
-    from bench.corpora import load_corpus
+    from bench.data.corpora import load_corpus
 
     started = time.perf_counter()
     base = _labels(cfg)
@@ -499,7 +499,7 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     if earlier is not None:
         return _summary("failed", earlier, **base)
     configure_threads(job.threads)  # only jobs with work to do sample the machine's load
-    from bench.train import TrainingDiverged
+    from bench.train.trainer import TrainingDiverged
 
     try:
         model = source.model(corpus, spec)
@@ -534,8 +534,8 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
 
 
 def merge_job_shards(spec: JobSpec, run_id: str) -> list[dict[str, Any]] | None:
-    """The job's rows merged from its shards (``bench.shards``), or None when it has none."""
-    from bench.metrics import METRICS
+    """The job's rows merged from its shards (``bench.core.shards``), or None when it has none."""
+    from bench.eval.metrics import METRICS
 
     finishers = {
         name: (spec.eval.metrics[name], METRICS[name].finish) for name in spec.eval.metrics
@@ -547,7 +547,7 @@ def _model_keys(spec: JobSpec, corpus: Corpus, model_id: str) -> list[str]:
     """The checkpoint keys a job's model needs: its own and, for a fine-tune, its parent's."""
     if not (isinstance(spec.source, TrainedSource) and spec.job.extend.active):
         return [model_id]
-    from bench.cache import weights_key
+    from bench.train.cache import weights_key
 
     return [model_id, weights_key(base_job(spec.job), corpus)]
 
@@ -557,7 +557,7 @@ def measure(
 ) -> list[dict[str, Any]]:
     """The metrics' rows of every model the job measures (a fine-tune's recovery curve has
     several), on the test documents in the model's tokens."""
-    from bench.evaluate import evaluate_model
+    from bench.eval.evaluate import evaluate_model
 
     docs = source.test_docs(corpus, model)
     evaluator = longppl_evaluator(spec, corpus, model.tokenizer)

@@ -2,12 +2,12 @@
 
 Hydra checks types while it composes; ranges and rules spanning sections are checked in
 ``__post_init__`` (a one-sentence ValueError naming key, value and what is allowed; the
-validators are ``bench.checks``). A job parses its composed config once
+validators are ``bench.core.checks``). A job parses its composed config once
 (:meth:`JobConfig.from_hydra`) and hands the typed sections down. Field metadata declares what
 enters the checkpoint key (``weights``), which data kinds a field belongs to (``kinds``) and which
 position families use it (``families``). The groups defined beside what they configure are
-imported here: ``data`` (``bench.data_config``), ``train``/``extend`` (``bench.train_config``),
-``eval`` (``bench.metrics``) and ``pretrained`` (``bench.pretrained.config``). The launcher
+imported here: ``data`` (``bench.data.config``), ``train``/``extend`` (``bench.train.config``),
+``eval`` (``bench.eval.metrics``) and ``pretrained`` (``bench.pretrained.config``). The launcher
 plugins' configs get lenbench's values here too (``hydra/launcher``, end of this module).
 """
 
@@ -23,27 +23,22 @@ from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from bench.checks import (
-    boolean,
-    choice,
+from bench.core.checks import (
     config_error,
     integer,
-    number,
     parse_length,
     parse_section,
     weight_fields,
     weights_dict,
 )
-from bench.data_config import DataConfig
-from bench.metrics import EvalConfig, as_eval_config, eval_config_class
-from bench.passkey import PASSKEY_TEMPLATES, min_passkey_length
+from bench.core.sections import ModelSchema, PositionSchema, ScalingSchema
+from bench.data.config import DataConfig
+from bench.eval.metrics import EvalConfig, as_eval_config, eval_config_class
 from bench.pretrained.config import PretrainedConfig
-from bench.train_config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
+from bench.tasks.passkey import PASSKEY_TEMPLATES, min_passkey_length
+from bench.train.config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
 from models.discovery import load_extensions
-from models.model_config import ModelConfig, check_combination
-from models.positions import PositionConfig
-from models.scaling import SCALING_METHODS
-from models.scaling_config import ScalingConfig
+from models.model_config import check_combination
 
 __all__ = [
     "SCHEMA_NAME",
@@ -67,64 +62,6 @@ __all__ = [
 SCHEMA_NAME = "lenbench_schema"  # the first entry of conf/config.yaml's defaults list
 
 # --------------------------------------------------------------------------- groups
-
-
-@dataclass
-class ModelSchema(ModelConfig):
-    """The ``model`` group: :class:`models.transformer.ModelConfig` with its checks."""
-
-    def __post_init__(self) -> None:
-        for key in ("vocab_size", "n_layers", "d_model", "n_heads"):
-            setattr(self, key, integer(f"model.{key}", getattr(self, key), 1))
-        self.n_kv_heads = integer("model.n_kv_heads", self.n_kv_heads, 1, optional=True)
-        self.d_ff = integer("model.d_ff", self.d_ff, 1, optional=True)
-        self.dropout = number("model.dropout", self.dropout, 0.0, 1.0, interval="[)")
-        self.tie_embeddings = boolean("model.tie_embeddings", self.tie_embeddings)
-        self.qk_norm = boolean("model.qk_norm", self.qk_norm)
-        self.output_gate = boolean("model.output_gate", self.output_gate)
-        try:
-            self.validate()  # divisibility, mlp and norm; its messages start with the field name
-        except ValueError as exc:
-            raise ValueError(f"model.{exc}") from None
-
-
-#: The ``position`` group is :class:`models.positions.PositionConfig` itself: each family declares
-#: the fields it reads (``Family.fields``, the ``position_params`` column) and the fields carry
-#: their checkpoint-key metadata. Its checks need the model's head size, so :class:`JobConfig`
-#: runs them (``validate``).
-PositionSchema = PositionConfig
-
-
-@dataclass
-class ScalingSchema(ScalingConfig):
-    """The ``scaling`` group: :class:`models.scaling_config.ScalingConfig` with its checks.
-
-    ``target_length`` may be tokens or ``"<m>x"``; :class:`JobConfig` turns it into tokens.
-    """
-
-    params: dict[str, Any] = field(default_factory=dict)
-    # the length a static factor "auto" is set for; null = the run's longest eval length
-    target_length: Any = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError(f"scaling.name must be a non-empty label, got {self.name!r}.")
-        choice("scaling.method", self.method, tuple(SCALING_METHODS))
-        if not isinstance(self.params, Mapping):
-            raise ValueError(
-                f"scaling.params must be a mapping of parameters, got {self.params!r}."
-            )
-        self.params = dict(self.params)
-        self.logn = boolean("scaling.logn", self.logn)
-        self.oracle = boolean("scaling.oracle", self.oracle)
-        if self.target_length is not None:
-            parse_length(self.target_length, 1, "scaling.target_length")
-            if self.oracle:
-                raise ValueError(
-                    "scaling.oracle=true sets the factor for each eval length and "
-                    f"scaling.target_length={self.target_length} sets one for the run; set one "
-                    "of them (the other false or null)."
-                )
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""The trained model source (``bench.source.ModelSource``): lenbench models from the checkpoint
+"""The trained model source (``bench.eval.source.ModelSource``): lenbench models from the checkpoint
 cache, trained on a miss, fine-tuned with ``extend``; and the models a job obtains beside its
 own from the same cache (``eval.longppl``'s evaluator). ``spec`` is the job's
-``bench.job.JobSpec``, as in ``bench.source``."""
+``bench.job.JobSpec``, as in ``bench.eval.source``."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from bench.checks import NotApplicable, check_method
-from bench.corpora import Corpus, Document
-from bench.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
-from bench.metrics import ResolvedEval
-from bench.results import canonical_json
+from bench.core.checks import NotApplicable, check_method
+from bench.core.results import canonical_json
+from bench.data.corpora import Corpus, Document
+from bench.eval.metrics import ResolvedEval
+from bench.eval.source import SourceModel
 from bench.schema import JobConfig
-from bench.source import SourceModel
+from bench.train.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
 from models.lazy import torch
 from models.resolved_scaling import resolved_scaling
 from models.scaling import applicable_methods
@@ -40,11 +40,11 @@ def evaluator_job(job: JobConfig, length: int, seed: int) -> JobConfig:
 
 
 def longppl_evaluator(spec: Any, corpus: Corpus, tokenizer: Any = None) -> Any:
-    """The evaluator model of ``eval.longppl`` (``bench.metrics.longppl.Evaluator``), from the
+    """The evaluator model of ``eval.longppl`` (``bench.eval.metrics.longppl.Evaluator``), from the
     cache (the auto evaluator trained on a miss), or None when the metric does not run.
     ``tokenizer``: the judged model's (a pretrained job's; its evaluator must share it)."""
-    from bench.cache import get_or_train, load_model, weights_key
-    from bench.metrics.longppl import AUTO, Evaluator
+    from bench.eval.metrics.longppl import AUTO, Evaluator
+    from bench.train.cache import get_or_train, load_model, weights_key
 
     cfg = spec.eval.metrics.get("longppl")
     if cfg is None or not cfg.enabled or not cfg.lengths:
@@ -70,7 +70,7 @@ def pretrained_evaluator(path: str, spec: Any, longest: int, judged_tokenizer: A
     """A transformers evaluator for a pretrained job: same vocabulary as ``judged_tokenizer``
     (the judged model's), and positions up to ``longest`` it can embed (a learned table's end refuses; a
     rotary or bias model scores any length, as the judged model does)."""
-    from bench.metrics.longppl import Evaluator
+    from bench.eval.metrics.longppl import Evaluator
     from bench.pretrained.adapter import PretrainedLM
     from bench.pretrained.config import PretrainedConfig, load_pretrained
 
@@ -90,7 +90,7 @@ def pretrained_evaluator(path: str, spec: Any, longest: int, judged_tokenizer: A
 
 
 class TrainedSource:
-    """A lenbench model of the job's config (``bench.source.ModelSource``): from the checkpoint
+    """A lenbench model of the job's config (``bench.eval.source.ModelSource``): from the checkpoint
     cache, trained on a miss; with ``extend`` active, the fine-tune of that model (and the states
     of its recovery curve)."""
 
@@ -136,12 +136,12 @@ class TrainedSource:
         return resolved, scaling
 
     def model_id(self, corpus: Corpus) -> str:
-        from bench.cache import weights_key
+        from bench.train.cache import weights_key
 
         return weights_key(self.job, corpus)
 
     def model(self, corpus: Corpus, spec: Any) -> SourceModel:
-        from bench.cache import get_or_train
+        from bench.train.cache import get_or_train
 
         module, meta, trained = get_or_train(self.job, corpus, spec.cache_root, device=spec.device)
         # the end-of-sweep summary counts trainings that went on from a saved state
@@ -159,9 +159,9 @@ class TrainedSource:
         self, model: SourceModel, corpus: Corpus, spec: Any
     ) -> Iterator[tuple[torch.nn.Module, dict[str, Any] | None]]:
         """The fine-tune after k updates for each k of ``extend.curve``, one at a time (the states
-        the job's run stored, ``bench.cache.save_snapshot``, or trained like any checkpoint), with
+        the job's run stored, ``bench.train.cache.save_snapshot``, or trained like any checkpoint), with
         their own identity; then the job's model."""
-        from bench.cache import curve_job, get_or_train, model_config_id, weights_key
+        from bench.train.cache import curve_job, get_or_train, model_config_id, weights_key
 
         job = self.job
         for k in job.extend.curve if job.extend.active else ():
@@ -193,7 +193,7 @@ class TrainedSource:
         return [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
 
     def columns(self, model: SourceModel, corpus: Corpus) -> dict[str, Any]:
-        from bench.cache import curve_job, model_config_id, weights_key
+        from bench.train.cache import curve_job, model_config_id, weights_key
 
         job = self.job
         columns = {
@@ -206,7 +206,7 @@ class TrainedSource:
             columns["position_sampling"] = job.train.position_sampling
         if job.model.attention_sink != "none":
             columns["attention_sink"] = job.model.attention_sink
-        columns.update(job.model.switches())  # bench.series.SWITCH_COLUMNS: the variants on
+        columns.update(job.model.switches())  # bench.core.series.SWITCH_COLUMNS: the variants on
         columns.update(model.columns)
         if job.extend.active:
             columns.update(finetune_columns(job, weights_key(base_job(job), corpus)))

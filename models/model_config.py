@@ -56,7 +56,7 @@ class ModelConfig:
 
     def switches(self) -> dict[str, str]:
         """The model switches that are on, each as the variant its result column names
-        (``bench.series.SWITCH_COLUMNS``): qk_norm rms, output_gate sigmoid, attn_scale's value."""
+        (``bench.core.series.SWITCH_COLUMNS``): qk_norm rms, output_gate sigmoid, attn_scale's value."""
         on = {
             "qk_norm": "rms" if self.qk_norm else None,
             "output_gate": "sigmoid" if self.output_gate else None,

@@ -107,7 +107,7 @@ class PositionConfig:
     temperature_floor: int = field(default=0, metadata={"weights": "if_read"})  # 0: the chunk
     # Llama 4's weightless RMS norm of q and k on the RoPE layers, after the rotation (irope)
     qk_norm: bool = field(default=True, metadata={"weights": "if_read"})
-    # learned only; read only past the table's end, so not in the checkpoint key (bench.checks.WEIGHTS)
+    # learned only; read only past the table's end, so not in the checkpoint key (bench.core.checks.WEIGHTS)
     out_of_range: str = field(default="error", metadata={"weights": False})
 
     def validate(self, head_dim: int, d_model: int) -> None:
@@ -191,7 +191,7 @@ class Family:
     #: content, orders tokens); training on sampled position ids then trains the same model
     reads_position_ids: bool = True
     #: bump when a code change alters the weights this family trains to (its initialisation, how
-    #: its parameters learn): it enters the checkpoint key when > 0 (``bench.cache``), so that
+    #: its parameters learn): it enters the checkpoint key when > 0 (``bench.train.cache``), so that
     #: this family's cached checkpoints are retrained and every other family's are kept
     weights_revision: int = 0
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.corpora import Corpus, Document, load_corpus
+from bench.data.corpora import Corpus, Document, load_corpus
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
@@ -123,7 +123,7 @@ def hf_text_docs() -> list[Document]:
 @pytest.fixture
 def quiet_training(monkeypatch):
     """Training through the checkpoint cache as usual, without progress bars."""
-    import bench.cache as cache_module
+    import bench.train.cache as cache_module
 
     original = cache_module.get_or_train
     monkeypatch.setattr(

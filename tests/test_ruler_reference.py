@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 
 from bench import findings as F
+from bench.core.results import effective_length_score
 from bench.findings import NOT_MEASURED, wilson
 from bench.report.render import labelled_rows
 from bench.report.sections.ruler import ruler_rows, score_table
-from bench.results import effective_length_score
-from bench.ruler import default_ruler_tasks
+from bench.tasks.ruler import default_ruler_tasks
 
 from fixtures import ROOT
 from fixtures.markdown import agrees, markdown_table

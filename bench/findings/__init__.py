@@ -5,8 +5,7 @@ advance, :class:`Scope` (the series it is about) and a check ``(df) -> FindingRe
 status is ``holds`` / ``does not hold`` / ``not decided`` (an interval straddles the threshold)
 / ``not measured`` (its rows are absent: never ``holds``), with the numbers and CIs it used.
 
-The package: :mod:`~bench.findings.stats` (estimates, intervals, :func:`decide`; no rows),
-:mod:`~bench.findings.rows` (which rows a finding reads), :mod:`~bench.findings.estimates`
+Stage 5 of ``bench``. The package: :mod:`~bench.findings.rows` (which rows a finding reads), :mod:`~bench.findings.estimates`
 (perplexity ratios, NLL differences, accuracies from rows), :mod:`~bench.findings.shift` (the
 shift probe's checks, shared by F6 and Z1), :mod:`~bench.findings.registry`
 (the registry, scope, results, and the registry as Markdown: ``python -m bench.findings``
@@ -15,10 +14,36 @@ writes ``reports/FINDINGS.md``), and one module per study, found by a scan of th
 :mod:`~bench.findings.training_free` (T1-T3), :mod:`~bench.findings.train_for_length`
 (L1-L3), :mod:`~bench.findings.ruler` (R1, R2). A new study is one more module here.
 
-May import :mod:`bench.series`; imports nothing else of ``bench`` (the report imports it).
+The statistics (estimates, intervals, :func:`decide`) are :mod:`bench.core.stats`. May import
+``bench.core`` only (series, stats, results); the report imports it.
 Every public name of the modules below is importable from ``bench.findings``.
 """
 
+from bench.core.stats import (
+    ACC_CI,
+    BOOTSTRAP,
+    CURVE_CI,
+    DOC_CI,
+    LEVEL,
+    MAX_SEEDS_TO_DECIDE,
+    NO_CI,
+    RUN_CI,
+    SEED_ACC_CI,
+    SEED_CI,
+    SEED_DOC_CI,
+    UNDECIDED,
+    Check,
+    Estimate,
+    decide,
+    normal_half_width,
+    se_from_ci,
+    seed_doc_interval,
+    seeds_to_decide,
+    summarise,
+    t_half_width,
+    widened,
+    wilson,
+)
 from bench.findings.core import (
     ALIBI_MAX_RATIO,
     F4_METHODS,
@@ -96,31 +121,6 @@ from bench.findings.rows import (
     with_series,
 )
 from bench.findings.shift import SHIFT_ZERO_TOL, shift_invariant_checks, shift_sensitive_checks
-from bench.findings.stats import (
-    ACC_CI,
-    BOOTSTRAP,
-    CURVE_CI,
-    DOC_CI,
-    LEVEL,
-    MAX_SEEDS_TO_DECIDE,
-    NO_CI,
-    RUN_CI,
-    SEED_ACC_CI,
-    SEED_CI,
-    SEED_DOC_CI,
-    UNDECIDED,
-    Check,
-    Estimate,
-    decide,
-    normal_half_width,
-    se_from_ci,
-    seed_doc_interval,
-    seeds_to_decide,
-    summarise,
-    t_half_width,
-    widened,
-    wilson,
-)
 
 __all__ = [
     "ACC_CI", "ALIBI_MAX_RATIO", "BOOTSTRAP", "CONTIGUOUS", "CURVE_CI", "DOC_CI", "F4_METHODS",

@@ -3,7 +3,7 @@ absolute encodings degrade, ALiBi does not, NTK-aware and YaRN beat raw RoPE and
 recovers retrieval, RoPE retrieves at L, and the shift probe separates relative from absolute
 encodings. Thresholds are the named constants below, fixed in advance.
 
-A finding is evaluated per **series** (``bench.series``: the full model identity minus the seed,
+A finding is evaluated per **series** (``bench.core.series``: the full model identity minus the seed,
 under one scaling): seeds are the only replicate axis. Where several series match a finding,
 each is reported on its own line and each is checked; one that does not hold makes the finding
 not hold. Every decision is on an interval: a claim holds when its interval lies on the claimed
@@ -18,6 +18,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bench.core.series import SERIES_COLUMNS, columns_key, series_labels
+from bench.core.stats import (
+    CURVE_CI,
+    SEED_ACC_CI,
+    UNDECIDED,
+    Check,
+    Estimate,
+    decide,
+    wilson,
+)
 from bench.findings.estimates import (
     FAR,
     accuracy_estimate,
@@ -40,16 +50,6 @@ from bench.findings.rows import (
     window_nll,
 )
 from bench.findings.shift import SHIFT_ZERO_TOL, shift_invariant_checks, shift_sensitive_checks
-from bench.findings.stats import (
-    CURVE_CI,
-    SEED_ACC_CI,
-    UNDECIDED,
-    Check,
-    Estimate,
-    decide,
-    wilson,
-)
-from bench.series import SERIES_COLUMNS, columns_key, series_labels
 
 #: Where a report lists this module's findings: first.
 ORDER = 0

@@ -1,7 +1,7 @@
 """The estimates findings make from result rows: per-seed NLL differences and perplexity ratios
 with their intervals (seed t-interval, widened to a seed x document bootstrap), the ratio of two
 series' perplexity ratios, and a passkey accuracy with its Wilson interval. Built from
-:mod:`bench.findings.rows` (which rows) and :mod:`bench.findings.stats` (the intervals)."""
+:mod:`bench.findings.rows` (which rows) and :mod:`bench.core.stats` (the intervals)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.findings.rows import (
-    by_series,
-    doc_sums,
-    named,
-    per_seed,
-    trials,
-    window_nll,
-)
-from bench.findings.stats import (
+from bench.core.series import series_labels
+from bench.core.stats import (
     ACC_CI,
     Estimate,
     seed_doc_interval,
@@ -27,7 +20,14 @@ from bench.findings.stats import (
     widened,
     wilson,
 )
-from bench.series import series_labels
+from bench.findings.rows import (
+    by_series,
+    doc_sums,
+    named,
+    per_seed,
+    trials,
+    window_nll,
+)
 
 #: Eval length (multiple of the training length L) at which degradation is judged.
 FAR = 4

@@ -20,9 +20,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.core.stats import Estimate, decide
 from bench.findings.registry import NOT_MEASURED, FindingResult, Scope, register_finding, status
 from bench.findings.rows import col, window_nll, with_series
-from bench.findings.stats import Estimate, decide
 
 #: Where a report lists this module's findings: after the RULER study's.
 ORDER = 5

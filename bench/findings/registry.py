@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from bench.core.series import SWITCH_COLUMNS
+from bench.core.stats import UNDECIDED, Check, Estimate
 from bench.findings.rows import col, with_series
-from bench.findings.stats import UNDECIDED, Check, Estimate
-from bench.series import SWITCH_COLUMNS
 from models.discovery import import_package
 
 HOLDS, FAILS, NOT_MEASURED = "holds", "does not hold", "not measured"
@@ -92,7 +92,7 @@ class Scope:
     finetunes: tuple[str, ...] | None = None  # "none": the zero-shot models
     samplings: tuple[str, ...] = CONTIGUOUS
     sinks: tuple[str, ...] = NO_SINK
-    switches: tuple[str, ...] = ()  # model switches whose models it reads (bench.series)
+    switches: tuple[str, ...] = ()  # model switches whose models it reads (bench.core.series)
     arms: tuple[str, ...] | None = None
     also_samplings: tuple[str, ...] = ()
     also_sinks: tuple[str, ...] = ()

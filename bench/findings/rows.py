@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.findings.stats import DocSums, se_from_ci
-from bench.series import SERIES_COLUMNS, model_series_key, series_key, series_labels
+from bench.core.series import SERIES_COLUMNS, model_series_key, series_key, series_labels
+from bench.core.stats import DocSums, se_from_ci
 
 
 def col(df: pd.DataFrame, name: str) -> pd.Series:
@@ -20,7 +20,7 @@ def col(df: pd.DataFrame, name: str) -> pd.Series:
 
 
 def with_series(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with ``_series`` / ``_model`` keys (``bench.series``), computed once."""
+    """``df`` with ``_series`` / ``_model`` keys (``bench.core.series``), computed once."""
     if "_series" in df.columns:
         return df
     return df.assign(_series=series_key(df), _model=model_series_key(df))

@@ -26,6 +26,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.core.results import effective_length_score
+from bench.core.series import series_labels
+from bench.core.stats import ACC_CI, UNDECIDED, Check, Estimate, decide, t_half_width, wilson
 from bench.findings.core import ALIBI_MAX_RATIO, NEAR_ZERO_ACC
 from bench.findings.registry import (
     NOT_MEASURED,
@@ -35,9 +38,6 @@ from bench.findings.registry import (
     status,
 )
 from bench.findings.rows import col, trials, window_nll, with_series
-from bench.findings.stats import ACC_CI, UNDECIDED, Check, Estimate, decide, t_half_width, wilson
-from bench.results import effective_length_score
-from bench.series import series_labels
 
 #: R1: the tasks compared with niah_single.
 R1_HARDER = ("niah_multikey", "niah_multivalue")

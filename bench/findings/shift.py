@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bench.core.series import series_labels
+from bench.core.stats import Estimate, decide, summarise
 from bench.findings.rows import by_series, named, per_seed, shift_rows
-from bench.findings.stats import Estimate, decide, summarise
-from bench.series import series_labels
 
 #: F6, Z1: |shift ΔNLL| (nats) at every delta > 0 that counts as "≈ 0" for relative encodings.
 SHIFT_ZERO_TOL = 0.01

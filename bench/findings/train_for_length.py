@@ -27,11 +27,11 @@ import math
 
 import pandas as pd
 
+from bench.core.stats import Check, decide
 from bench.findings.core import ALIBI_MAX_RATIO
 from bench.findings.estimates import FAR, difference_estimate, ratio_of_ratios
 from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
 from bench.findings.rows import col, select
-from bench.findings.stats import Check, decide
 
 #: L1: the families whose extrapolation randomized positions should improve (Ruoss et al.).
 L1_FAMILIES = ("learned", "sinusoidal", "rope")

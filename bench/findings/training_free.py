@@ -26,6 +26,7 @@ import math
 
 import pandas as pd
 
+from bench.core.stats import Estimate, decide
 from bench.findings.core import (
     ALIBI_MAX_RATIO,
     NEAR_ZERO_ACC,
@@ -35,7 +36,6 @@ from bench.findings.core import (
 from bench.findings.estimates import FAR, accuracy_estimate, ppl_ratios
 from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
 from bench.findings.rows import at, col, named, passkey_labels, passkey_series, select
-from bench.findings.stats import Estimate, decide
 
 #: T1: perplexity at 4L at most this multiple of perplexity at L (upper end of the interval).
 #: Our margin, fixed before the run: looser than F2's 2% for ALiBi, since the grouped or clipped

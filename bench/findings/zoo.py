@@ -19,12 +19,12 @@ import math
 
 import pandas as pd
 
+from bench.core.series import series_labels
+from bench.core.stats import decide
 from bench.findings.estimates import FAR, log_ratio_per_seed, ratio_of_ratios
 from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
 from bench.findings.rows import by_series, named, select, window_nll
 from bench.findings.shift import SHIFT_ZERO_TOL, shift_invariant_checks, shift_sensitive_checks
-from bench.findings.stats import decide
-from bench.series import series_labels
 
 #: Z1: families whose logits do not depend on absolute position ids.
 RELATIVE_FAMILIES = ("t5", "kerple_log", "kerple_power", "sandwich", "xpos", "p_rope", "cope")

@@ -2,7 +2,8 @@
 
 Importing the package registers the lm-eval model ``lenbench`` (:mod:`.model`); :mod:`.tasks`
 holds the task YAMLs and their local data builders, :mod:`.run` runs tasks and turns lm-eval's
-results into lenbench rows, :mod:`.cli` is ``lenbench-harness``.
+results into lenbench rows, :mod:`.cli` is ``lenbench-harness``. Stage 8 of ``bench``: may
+import every stage before it (tasks for the data, eval's documents, train's checkpoint cache).
 """
 
 from bench.harness.args import parse_scaling, scaling_presets

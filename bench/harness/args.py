@@ -164,8 +164,8 @@ def scaling_presets(config_dir: str | os.PathLike | None = None) -> dict[str, di
     (``bench.schema.ScalingSchema``), so a type error or an unknown key is the same one sentence.
     """
     import conf
-    from bench.checks import parse_section
-    from bench.schema import ScalingSchema
+    from bench.core.checks import parse_section
+    from bench.core.sections import ScalingSchema
 
     folders = [Path(conf.__file__).parent / "scaling"]
     if config_dir is not None:

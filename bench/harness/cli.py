@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import bench.harness.model  # noqa: F401  (registers the lenbench model with lm-eval)
+from bench.core.progress import adopt_bars
 from bench.harness.tasks import TASKS_DIR, split_tasks, task_names
-from bench.progress import adopt_bars
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ def _with_training_template(argv: list[str]) -> list[str]:
     metadata names one or the checkpoint cannot be read here (the model then reports it)."""
     import json
 
-    from bench.cache import DONE_FILE, checkpoint_ref_dir
     from bench.harness.tasks import training_template
+    from bench.train.cache import DONE_FILE, checkpoint_ref_dir
 
     if _option_value(argv, "--model") != "lenbench":
         return argv
@@ -236,7 +236,7 @@ def check_arguments(argv: Sequence[str]) -> None:
 
 
 def _check_checkpoint(ref: str, cache_root: str | None) -> None:
-    from bench.cache import DONE_FILE, MODEL_FILE, CheckpointError, checkpoint_ref_dir
+    from bench.train.cache import DONE_FILE, MODEL_FILE, CheckpointError, checkpoint_ref_dir
 
     try:
         directory = checkpoint_ref_dir(ref, cache_root)

@@ -22,10 +22,10 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
+from bench.core.progress import progress_bar
+from bench.core.runtime import autocast, resolve_device
+from bench.data.tokenizer import ByteTokenizer
 from bench.harness.args import batch_rows, optional_length, parse_scaling, positive_int
-from bench.progress import progress_bar
-from bench.runtime import autocast, resolve_device
-from bench.tokenizer import ByteTokenizer
 from models.transformer import ScalingConfig
 
 MODEL_NAME = "lenbench"
@@ -43,7 +43,7 @@ def _load_model(ref: Any, cache_root: Any, device: torch.device) -> tuple[nn.Mod
         raise ValueError(
             "model argument pretrained is missing; give a checkpoint cache key or path."
         )
-    from bench.cache import load_model
+    from bench.train.cache import load_model
 
     return load_model(str(ref), cache_root=cache_root, device=str(device))
 

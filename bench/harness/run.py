@@ -114,7 +114,7 @@ def harness_rows(results: Mapping) -> list[dict]:
     filter other than ``none`` is appended: ``.../<metric>/<filter>``), ``value``, ``n`` (documents
     evaluated; for a group the sum over its tasks), ``eval_length`` (the task's length for lenbench
     tasks, else None), and ``ci_lo``/``ci_hi`` (value -+ 1.96 stderr) when lm-eval computed a stderr.
-    The job runner adds the identity columns, as for ``bench.evaluate`` rows.
+    The job runner adds the identity columns, as for ``bench.eval.evaluate`` rows.
     """
     per_task = results.get("results") or {}
     n_samples = results.get("n-samples") or {}

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from bench.harness.args import positive_int
-from bench.passkey import (
+from bench.tasks.passkey import (
     DEFAULT_TEMPLATE,
     answer_matches,
     parse_passkey,
     passkey_grid,
     passkey_template,
 )
-from bench.ruler import (
+from bench.tasks.ruler import (
     RULER_TASKS,
     default_ruler_tasks,
     exact_match,
@@ -138,7 +138,7 @@ def ruler_docs(
     **_: Any,
 ) -> list[dict]:
     """One document per example of the native ``ruler`` metric's grid for ``task`` at ``length``
-    (``bench.ruler.ruler_grid``, standard filler): ``prompt``, ``answer`` (comma-separated),
+    (``bench.tasks.ruler.ruler_grid``, standard filler): ``prompt``, ``answer`` (comma-separated),
     ``expected`` (the strings RULER's score looks for), ``task``, ``depth`` (-1 where the task has
     none), ``trial``, ``eval_length`` (prompt + answer, in bytes)."""
     length = positive_int(length, "ruler length")
@@ -263,12 +263,12 @@ def perplexity_docs(
     ``data`` is a lenbench data config (default ``{"name": "pycorpus"}``, the held-out stdlib
     files). A document is used if it has ``span`` bytes that cut into valid UTF-8 text at every
     multiple of the shortest task length (so at every task's window boundaries); they are picked
-    evenly over the corpus order (``bench.metrics.context.select_documents``), whatever
+    evenly over the corpus order (``bench.eval.metrics.context.select_documents``), whatever
     ``length`` is. ``length`` must divide ``span``. Fields: ``id`` (document#window), ``text``,
     ``eval_length``.
     """
-    from bench.corpora import load_corpus
-    from bench.metrics.context import select_documents
+    from bench.data.corpora import load_corpus
+    from bench.eval.metrics.context import select_documents
 
     length = positive_int(length, "perplexity length")
     span = positive_int(span, "perplexity span")

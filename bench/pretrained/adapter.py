@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from bench.checks import NotApplicable, check_method
+from bench.core.checks import NotApplicable, check_method
+from bench.core.runtime import forward_takes
 from bench.pretrained.config import position_family, rope_geometry
-from bench.runtime import forward_takes
 from models.attention import (
     ATTENTION_TILE_ELEMENTS,
     PAIR_TEMPORARIES,

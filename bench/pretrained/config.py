@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.checks import boolean, choice, first_line, integer
+from bench.core.checks import boolean, choice, first_line, integer
 
 __all__ = [
     "DTYPES",

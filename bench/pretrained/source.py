@@ -1,8 +1,8 @@
-"""A pretrained transformers model as the model source of a lenbench job (``bench.source``).
+"""A pretrained transformers model as the model source of a lenbench job (``bench.eval.source``).
 
 The job's eval config runs on the model at lengths relative to its training length, the scaling is
 applied through its own rope parameters (``bench.pretrained.adapter``), the corpus is read in the
-model's tokens (``bench.pretrained.documents``), and the rows carry the usual identity columns
+model's tokens (``bench.data.pretrained_documents``), and the rows carry the usual identity columns
 (``model_id`` from ``bench.pretrained.config``, ``position`` = the detected family,
 ``position_params`` naming the model) so that reports and the dedup rule work unchanged. Until the
 pipeline asks for the model only its config is read.
@@ -15,8 +15,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bench.corpora import Corpus, Document
-from bench.metrics import ResolvedEval
+from bench.core.results import canonical_json
+from bench.data.corpora import Corpus, Document
+from bench.data.pretrained_documents import retokenize
+from bench.eval.metrics import ResolvedEval
+from bench.eval.source import SourceModel
 from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling, check_scaling_params
 from bench.pretrained.config import (
     PretrainedConfig,
@@ -28,9 +31,6 @@ from bench.pretrained.config import (
     rope_geometry,
     train_length_of,
 )
-from bench.pretrained.documents import retokenize
-from bench.results import canonical_json
-from bench.source import SourceModel
 from models.lazy import nn
 from models.scaling_config import ScalingConfig, run_scaling
 
@@ -40,7 +40,7 @@ log = logging.getLogger("lenbench")
 
 
 class PretrainedSource:
-    """The ``pretrained`` section's model (``bench.source.ModelSource``)."""
+    """The ``pretrained`` section's model (``bench.eval.source.ModelSource``)."""
 
     obtains = "loading the model"
     caches = False

@@ -1,7 +1,8 @@
 """``lenbench-report``: summary tables, plots and ``report.md`` from stored result tables.
 
-Reads result parquet files (see :mod:`bench.results`), never a model: regenerating a report needs
-no torch and no recomputation.
+Reads result parquet files (see :mod:`bench.core.results`), never a model: regenerating a report needs
+no torch and no recomputation. Stage 6 of ``bench``: may import ``core``, ``tasks`` (task facts
+for captions) and ``findings``.
 
 Output layout (``out_dir``)::
 

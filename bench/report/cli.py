@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.core.results import load_results
 from bench.findings import NOT_MEASURED, any_failed, check_findings, findings_table
 from bench.report.markdown import markdown_table
 from bench.report.render import render
-from bench.results import load_results
 from models.discovery import load_extensions
 
 #: ``--check``'s exit status when no finding could be measured (1 = a finding does not hold).

@@ -1,7 +1,7 @@
 """Result rows -> report tables: series labels and order, token-weighted aggregation, pivots.
 
 A *series* is one line in a plot: one model identity minus the seed under one scaling
-(``bench.series``, the definition the Findings use too). Every summary table groups the
+(``bench.core.series``, the definition the Findings use too). Every summary table groups the
 (deduplicated, ``row_id``-numbered) result rows by series plus its own axes and keeps the ids of
 the rows it was computed from.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from bench.series import series_key, series_labels
+from bench.core.series import series_key, series_labels
 from models.scaling_config import ORACLE_SUFFIX
 
 # Display order only (the report reads rows and never imports torch, so it cannot ask the
@@ -108,10 +108,10 @@ def scaling_rank(scaling: str) -> int:
     return rank(str(scaling).removesuffix(ORACLE_SUFFIX), SCALING_ORDER)
 
 
-#: Scaling-label parts that tell a model fine-tuned at length ("pi ft@4x", bench.extend) from
+#: Scaling-label parts that tell a model fine-tuned at length ("pi ft@4x", bench.train.extend) from
 #: eval-time scaling of a model that was not ("linear (zero-shot)").
 FINETUNE_MARK = " ft@"
-#: the position label's mark of a model trained with a model switch on (bench.series.SWITCH_COLUMNS)
+#: the position label's mark of a model trained with a model switch on (bench.core.series.SWITCH_COLUMNS)
 #: a model switch's mark in series labels, by column and the variant it holds
 SWITCH_LABELS = {
     "qk_norm": {"rms": " +QK-norm"},
@@ -184,7 +184,7 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     arm = _arm_labels(df)
     if arm.nunique() > 1:  # different arms train different models: never pool them
         series = series + " [arm " + arm.replace("", "–") + "]"
-    # one line per series (bench.series, shared with the Findings): labels that still stand for
+    # one line per series (bench.core.series, shared with the Findings): labels that still stand for
     # several series (another model configuration, corpus, ...) name what differs
     key = series_key(df)
     for label in series[key.groupby(series).transform("nunique") > 1].unique():

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.core.results import DOC_COLUMNS, load_results
 from bench.report.figures import Style
 from bench.report.frame import add_labels
 from bench.report.markdown import ReportDir
@@ -23,7 +24,6 @@ from bench.report.sections.other import other_section
 from bench.report.sections.passkey import passkey_section
 from bench.report.sections.probes import probe_section
 from bench.report.sections.ruler import ruler_section
-from bench.results import DOC_COLUMNS, load_results
 
 
 def render(df: pd.DataFrame, results_paths: Sequence[str | Path], out_dir: str | Path) -> Path:

@@ -19,9 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench.cache as cache
-import bench.results
-from bench.cache import (
+import bench.core.results
+import bench.train.cache as cache
+from bench.data.corpora import Corpus, load_corpus
+from bench.schema import JobConfig, PositionSchema, ScalingSchema
+from bench.tasks.passkey import PASSKEY_TEMPLATES
+from bench.train.cache import (
     CODE_SALT,
     CheckpointError,
     file_sha256,
@@ -32,11 +35,8 @@ from bench.cache import (
     weights_config,
     weights_key,
 )
-from bench.corpora import Corpus, load_corpus
-from bench.passkey import PASSKEY_TEMPLATES
-from bench.resume import ResumeFile
-from bench.schema import JobConfig, PositionSchema, ScalingSchema
-from bench.train import TrainStats, make_model
+from bench.train.resume import ResumeFile
+from bench.train.trainer import TrainStats, make_model
 
 from fixtures import ROOT
 from fixtures.jobs import (
@@ -146,7 +146,7 @@ def test_irope_keys_carry_qk_norm() -> None:
 
 
 def test_checkpoint_keys_and_result_params_share_one_canonical_json() -> None:
-    assert cache.canonical_json is bench.results.canonical_json
+    assert cache.canonical_json is bench.core.results.canonical_json
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ def test_key_changes_with_the_passkey_template_text(monkeypatch: pytest.MonkeyPa
 def test_key_changes_with_the_ruler_task_text(monkeypatch: pytest.MonkeyPatch) -> None:
     """Editing a RULER-style task's text retrains the models trained on the tasks, and only
     those (the compact text of issue #50 item 4 must not reuse the old text's weights)."""
-    from bench.ruler import ruler_task
+    from bench.tasks.ruler import ruler_task
 
     raw = raw_cfg(length=256)
     raw["train"].update(passkey_fraction=0.5, ruler_tasks=["niah_single", "vt"])
@@ -406,10 +406,10 @@ WORKER = textwrap.dedent(
     import os, sys, time, hashlib
     import torch
     torch.set_num_threads(1)
-    from bench.cache import get_or_train
-    from bench.corpora import load_corpus
+    from bench.train.cache import get_or_train
+    from bench.data.corpora import load_corpus
     from bench.schema import JobConfig
-    from bench.train import make_model
+    from bench.train.trainer import make_model
 
     cache_root, corpus_dir, markers, seed, mode = sys.argv[1:6]
     seed = int(seed)

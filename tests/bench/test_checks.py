@@ -14,12 +14,12 @@ import logging
 import pytest
 import torch
 
-from bench.checks import NotApplicable
+from bench.core.checks import NotApplicable
+from bench.eval.metrics.ruler import RulerConfig
 from bench.job import validate_job
-from bench.metrics.ruler import RulerConfig
-from bench.ruler import RULER_TASKS
 from bench.schema import JobConfig
-from bench.train import divergence_advice
+from bench.tasks.ruler import RULER_TASKS
+from bench.train.trainer import divergence_advice
 from models.positions import PositionConfig, families
 from models.scaling import pair_positions
 from models.transformer import DecoderLM, ModelConfig

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bench.evaluate
+import bench.eval.evaluate
 import models.scoring
-from bench.evaluate import evaluate_model
-from bench.metrics import EvalContext
-from bench.pretrained.documents import retokenize
+from bench.data.pretrained_documents import retokenize
+from bench.eval.evaluate import evaluate_model
+from bench.eval.metrics import EvalContext
 from models.scoring import chunk_positions, chunked_token_nll
 
 from fixtures.hf import load_adapter, save_model, small_eval
@@ -134,7 +134,7 @@ def _rows_both_ways(model, docs, monkeypatch, vocab, **eval_kwargs):
     chunked_calls = list(spy.positions)
     with monkeypatch.context() as patch:
         full_logits = functools.partial(EvalContext, chunked_scoring=False)
-        patch.setattr(bench.evaluate, "EvalContext", full_logits)
+        patch.setattr(bench.eval.evaluate, "EvalContext", full_logits)
         full = evaluate_model(model, cfg, docs, train_length=TRAIN, progress=False, **eval_kwargs)
     full_calls = spy.close()[len(chunked_calls) :]
     assert max(chunked_calls) < TRAIN  # no window's logits at once (passkey: its answer span)

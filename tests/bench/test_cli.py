@@ -17,7 +17,7 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import bench.cache as cache_module
+import bench.train.cache as cache_module
 from bench.cli import ERROR_PREFIX, main, sweep_errors, with_default_experiment
 from bench.job import NotApplicable, validate_job
 from bench.schema import JobConfig, ScalingSchema
@@ -269,7 +269,7 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, req
 def test_quickstart_rope_learns_passkey_at_its_training_length_settings():
     """The quickstart's retrieval arm must train rope with a passkey mix on windows long enough
     for the template."""
-    from bench.passkey import min_passkey_length
+    from bench.tasks.passkey import min_passkey_length
 
     cfg = compose_cfg(["+experiment=quickstart", "arm=retrieval"])
     assert cfg.train.passkey_fraction > 0
@@ -876,7 +876,7 @@ def test_a_recovery_curve_writes_rows_of_each_point(in_tmp, monkeypatch, capsys)
     parent with PI (its zero-shot rows equal a zero-shot linear run of the parent)."""
     import pandas as pd
 
-    from bench.series import series_key
+    from bench.core.series import series_key
 
     original = cache_module.get_or_train
     monkeypatch.setattr(

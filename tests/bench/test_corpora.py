@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.batches import TrainingStream, concat_documents, validation_batches
-from bench.corpora import (
+from bench.data.corpora import (
     SPLITS,
     Corpus,
     assign_split,
@@ -20,10 +19,11 @@ from bench.corpora import (
     load_corpus,
     stdlib_root,
 )
-from bench.passkey import TASK_DESCRIPTION, min_passkey_length
+from bench.data.tokenizer import ByteTokenizer
 from bench.schema import DataConfig
-from bench.task_text import STANDARD_FILLER
-from bench.tokenizer import ByteTokenizer
+from bench.tasks.passkey import TASK_DESCRIPTION, min_passkey_length
+from bench.tasks.text import STANDARD_FILLER
+from bench.train.batches import TrainingStream, concat_documents, validation_batches
 
 TOK = ByteTokenizer()
 TRAIN_LENGTH = 256
@@ -113,7 +113,7 @@ def test_fingerprint_depends_on_ids_sizes_and_split_protocol_only(monkeypatch) -
     assert corpus_fingerprint([("a2.txt", 3), ("b/c.txt", 10)]) != base
     assert len(base) == 16
     # A new way of making splits makes every old checkpoint and result row stale.
-    monkeypatch.setattr("bench.corpora.SPLIT_PROTOCOL", "another-protocol")
+    monkeypatch.setattr("bench.data.corpora.SPLIT_PROTOCOL", "another-protocol")
     assert corpus_fingerprint([("a.txt", 3), ("b/c.txt", 10)]) != base
 
 
@@ -506,14 +506,14 @@ def test_validation_batches_fixed(pycorpus: Corpus) -> None:
 
 def _train_share(hashes: dict[str, np.ndarray], assignment: dict[str, str]) -> dict[str, float]:
     """Each test document's share of its (all, unsampled) 32-byte shingles found in train."""
-    from bench.splits import train_overlap
+    from bench.data.splits import train_overlap
 
     train = np.sort(np.concatenate([hashes[i] for i, s in assignment.items() if s == "train"]))
     return {i: train_overlap(hashes[i], train) for i, s in assignment.items() if s == "test"}
 
 
 def test_no_test_document_shares_more_than_a_fifth_of_its_shingles_with_train(pycorpus) -> None:
-    from bench.splits import shingle_hashes
+    from bench.data.splits import shingle_hashes
 
     hashes = {d.id: shingle_hashes(d.tokens) for d in pycorpus.documents}
     shares = _train_share(hashes, dict(pycorpus.assignment))
@@ -527,7 +527,7 @@ def test_no_test_document_shares_more_than_a_fifth_of_its_shingles_with_train(py
 
 
 def test_shingle_hashes_see_shared_text_and_only_it() -> None:
-    from bench.splits import shingle_hashes, train_overlap
+    from bench.data.splits import shingle_hashes, train_overlap
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, 4000)

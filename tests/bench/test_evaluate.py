@@ -18,12 +18,16 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import bench.schema  # noqa: F401  (stores the typed schema that conf/config.yaml composes)
-from bench.corpora import Document
-from bench.evaluate import evaluate_model, parse_length
-from bench.metrics import METRICS, EvalConfig, EvalContext, as_eval_config
-from bench.metrics.nll import nll_rows, nll_windows
-from bench.metrics.passkey import greedy_passkey_verdicts, passkey_context_row, passkey_verdicts
-from bench.passkey import QUESTION, passkey_grid
+from bench.data.corpora import Document
+from bench.eval.evaluate import evaluate_model, parse_length
+from bench.eval.metrics import METRICS, EvalConfig, EvalContext, as_eval_config
+from bench.eval.metrics.nll import nll_rows, nll_windows
+from bench.eval.metrics.passkey import (
+    greedy_passkey_verdicts,
+    passkey_context_row,
+    passkey_verdicts,
+)
+from bench.tasks.passkey import QUESTION, passkey_grid
 from models.transformer import ScalingConfig
 
 from fixtures import ROOT
@@ -150,8 +154,8 @@ def test_eval_presets_hold_only_their_changes():
 def test_every_eval_key_is_documented_where_its_default_is_written():
     """Each field of the eval config has a comment (inline or the line above) in the dataclass
     that declares it (or a base class of it), and each section class a docstring."""
-    from bench.metrics.config import HarnessConfig
-    from bench.metrics.registry import EvalKeys
+    from bench.eval.metrics.config import HarnessConfig
+    from bench.eval.metrics.registry import EvalKeys
 
     classes = [EvalKeys, HarnessConfig, *(metric.config for metric in METRICS.values())]
     for cls in classes:
@@ -316,7 +320,7 @@ def test_short_docs_are_skipped_and_counted(caplog, tiny_model, random_docs):
     rows = nll_rows(ctx_of(model), docs, 64, TRAIN, max_docs=10, bootstrap=0)
     assert rows[-1]["axis_value"] == 2 and rows[-1]["n"] == 2 * 64
     assert "ci_lo" not in rows[-1]  # bootstrap 0: no CI
-    with caplog.at_level(logging.WARNING, logger="bench.metrics.nll"):
+    with caplog.at_level(logging.WARNING, logger="bench.eval.metrics.nll"):
         empty = nll_rows(ctx_of(model), docs, 256, TRAIN, max_docs=10)
     assert len(empty) == 1 and empty[0]["n"] == 0 and empty[0]["axis_value"] == 0
     assert math.isnan(empty[0]["value"])
@@ -678,7 +682,7 @@ def test_quick_config_runs_every_metric_and_restores_the_model(tiny_model, rando
 def test_learned_table_lengths_beyond_the_table_are_skipped(caplog, tiny_model, random_docs):
     model = tiny_model("learned")
     cfg = only(nll={"bootstrap": 0}) | {"lengths": ["1x", "2x"]}
-    with caplog.at_level(logging.WARNING, logger="bench.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="bench.eval.evaluate"):
         rows = evaluate_model(
             model, cfg, random_docs([100] * 2), train_length=TRAIN, scaling=None, progress=False
         )

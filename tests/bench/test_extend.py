@@ -15,13 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.batches import validation_batches
-from bench.cache import get_or_train, weights_config, weights_key
-from bench.corpora import Corpus, load_corpus
-from bench.extend import base_job, finetune_columns, finetune_scaling
-from bench.resume import ResumeFile
+from bench.data.corpora import Corpus, load_corpus
 from bench.schema import ExtendConfig, JobConfig, ScalingSchema
-from bench.train import train_model
+from bench.train.batches import validation_batches
+from bench.train.cache import get_or_train, weights_config, weights_key
+from bench.train.extend import base_job, finetune_columns, finetune_scaling
+from bench.train.resume import ResumeFile
+from bench.train.trainer import train_model
 from models.scaling import default_inv_freq, rope_parameters
 from models.transformer import ScalingConfig
 
@@ -309,7 +309,12 @@ def test_finetune_of_a_family_the_method_does_not_fit_is_refused() -> None:
 
 
 def test_finetune_columns_are_typed_optional_and_part_of_the_cell() -> None:
-    from bench.results import FINETUNE_COLUMNS, REQUIRED_COLUMNS, dedup_results, normalize_results
+    from bench.core.results import (
+        FINETUNE_COLUMNS,
+        REQUIRED_COLUMNS,
+        dedup_results,
+        normalize_results,
+    )
 
     base = {c: "x" for c in REQUIRED_COLUMNS}
     base.update(train_length=32, eval_length=128, n=10, seed=0, value=2.0)
@@ -398,9 +403,9 @@ def test_sweep_killed_during_a_finetune_retrains_only_it_from_its_last_state(
     import pandas as pd
     from hydra.core.global_hydra import GlobalHydra
 
-    import bench.cache as cache_module
+    import bench.train.cache as cache_module
     from bench.cli import STATUS_FILE, main
-    from bench.results import load_results
+    from bench.core.results import load_results
 
     calls: list[tuple[str, int]] = []
     kill = {"armed": True, "in_finetune": False}
@@ -493,8 +498,8 @@ def test_train_model_needs_the_parent_of_a_finetune(corpus: Corpus, corpus_dir: 
 def test_harness_evaluates_a_finetuned_checkpoint_with_its_trained_scaling(
     corpus: Corpus, corpus_dir: Path, tmp_path: Path
 ) -> None:
-    from bench.cache import weights_key
     from bench.harness import LenbenchLM
+    from bench.train.cache import weights_key
 
     job = make_cfg(corpus_dir, extend=pi(steps=2, warmup_steps=1), steps=2)
     get_or_train(job, corpus, tmp_path, progress=False)
@@ -521,7 +526,7 @@ def test_a_curve_point_is_the_finetune_of_that_many_updates(
     keys of the 2- and 4-update fine-tunes; a separate 4-update run in another cache gives
     bit-identical weights (the learning rate does not depend on steps), and reading the curve
     trains nothing more."""
-    from bench.cache import curve_job
+    from bench.train.cache import curve_job
 
     job = curve_cfg(corpus_dir)
     counter = Counter()
@@ -539,8 +544,8 @@ def test_a_curve_point_is_the_finetune_of_that_many_updates(
 def test_a_curve_needs_a_learning_rate_that_does_not_depend_on_steps() -> None:
     """With a decay to 0.1 lr, update 3 of a 6-update run has another lr than update 3 of a
     4-update run (so a saved state would not be the 4-update fine-tune): refused."""
-    from bench.extend import finetune_recipe
-    from bench.optim import lr_at
+    from bench.train.extend import finetune_recipe
+    from bench.train.optim import lr_at
 
     def lr(steps: int, ratio: float) -> float:
         job = make_cfg(extend=pi(steps=steps, warmup_steps=2, min_lr_ratio=ratio))

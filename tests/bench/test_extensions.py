@@ -30,8 +30,8 @@ def renamed_linear(geometry, *, factor: float):
 METRIC = """
 from dataclasses import dataclass
 
-from bench.metrics import MetricConfig, register_metric
-from bench.metrics.context import make_row
+from bench.eval.metrics import MetricConfig, register_metric
+from bench.eval.metrics.context import make_row
 
 
 @dataclass
@@ -97,7 +97,7 @@ def test_a_bad_extension_is_one_sentence():
 
 
 def test_extensions_register_before_the_config_is_checked(tmp_path, monkeypatch):
-    from bench.metrics import METRICS
+    from bench.eval.metrics import METRICS
     from models.scaling import SCALING_METHODS
 
     conf = write_package(tmp_path, "ext_inproc", "ext_linear", "ext_docs")

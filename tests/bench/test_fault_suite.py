@@ -27,12 +27,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import bench.cache as cache_module
-from bench.cache import CheckpointCorrupt, get_or_train, load_model, weights_key
+import bench.train.cache as cache_module
 from bench.cli import STATUS_FILE, main
-from bench.results import load_results
-from bench.resume import ResumeFile
-from bench.train import train_model
+from bench.core.results import load_results
+from bench.train.cache import CheckpointCorrupt, get_or_train, load_model, weights_key
+from bench.train.resume import ResumeFile
+from bench.train.trainer import train_model
 
 from fixtures import ROOT
 from fixtures.jobs import CountingTrainer, Killed, make_cfg, same_weights
@@ -232,7 +232,7 @@ class _FullFile:
 
 
 def fill_disk_on(patch: pytest.MonkeyPatch, name: str, nth: int = 1, room: int = 64) -> dict:
-    """The ``nth`` temp file written for a cache file called ``name`` (``bench.resume.
+    """The ``nth`` temp file written for a cache file called ``name`` (``bench.train.resume.
     atomic_write``: model.pt, DONE, resume.pt) runs out of space after ``room`` bytes; the
     returned dict records the temp files that were written."""
     real = os.fdopen
@@ -335,7 +335,7 @@ KILLED_JOB = textwrap.dedent(
         time.sleep(300)
 
     if phase in ("train", "finetune"):
-        from bench.resume import ResumeFile
+        from bench.train.resume import ResumeFile
 
         original_save = ResumeFile.save
 
@@ -348,7 +348,7 @@ KILLED_JOB = textwrap.dedent(
     elif phase == "evaluate":
         import dataclasses
 
-        from bench.metrics.registry import METRICS
+        from bench.eval.metrics.registry import METRICS
 
         original_nll = METRICS["nll"].fn
         calls = []

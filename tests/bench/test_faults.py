@@ -13,10 +13,15 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.cache import CheckpointCorrupt, get_or_train
 from bench.cli import main
-from bench.results import load_results
-from bench.train import MIN_STEPS_FOR_PROGRESS, TrainingDiverged, check_progress, train_model
+from bench.core.results import load_results
+from bench.train.cache import CheckpointCorrupt, get_or_train
+from bench.train.trainer import (
+    MIN_STEPS_FOR_PROGRESS,
+    TrainingDiverged,
+    check_progress,
+    train_model,
+)
 
 from fixtures.jobs import CountingTrainer, make_cfg, same_weights
 
@@ -43,7 +48,7 @@ def test_a_bit_flipped_checkpoint_is_retrained_with_a_warning(tmp_path, corpus, 
     assert not trained and trainer.calls == 1 and same_weights(first, again)
     model_file = Path(meta["path"]) / "model.pt"
     _flip(model_file)
-    with caplog.at_level(logging.WARNING, logger="bench.cache"):
+    with caplog.at_level(logging.WARNING, logger="bench.train.cache"):
         retrained, _, trained = get_or_train(cfg, corpus, tmp_path, train_fn=trainer)
     assert trained and trainer.calls == 2 and same_weights(first, retrained)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -125,7 +130,7 @@ def test_a_job_whose_training_ends_at_a_uniform_guess_is_recorded_as_failed(
     """The audit's case (a run that ends predicting every byte uniformly, loss = ln 259): the
     model's output layer is zeroed and lr is 0, so it stays uniform for 100 updates. The job
     fails with the reason and writes no rows; the same job at its normal lr is kept (control)."""
-    import bench.train as train_module
+    import bench.train.trainer as train_module
 
     original = train_module.make_model
 
@@ -155,7 +160,7 @@ def test_checkpoints_and_results_follow_the_umask(tmp_path, corpus, corpus_dir, 
     """Before: 0o600 whatever the umask (mkstemp), so a shared cache was private to its writer."""
     import os
 
-    from bench.results import write_results
+    from bench.core.results import write_results
 
     from fixtures.rows import row
 

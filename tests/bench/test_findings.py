@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.core.results import canonical_json, normalize_results, write_results
 from bench.findings import (
     ALIBI_MAX_RATIO,
     FAILS,
@@ -37,7 +38,6 @@ from bench.findings import (
 from bench.findings.zoo import BIAS_FAMILIES, RELATIVE_FAMILIES
 from bench.report import generate_report, main
 from bench.report.cli import NOTHING_CHECKED
-from bench.results import canonical_json, normalize_results, write_results
 
 L = 64
 SEEDS = (0, 1, 2)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from bench.core.results import normalize_results
 from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings, wilson
 from bench.findings.ruler import (
     degradation_difference,
@@ -18,7 +19,6 @@ from bench.findings.ruler import (
     r1_multi_needle_harder,
     r2_effective_below_flat,
 )
-from bench.results import normalize_results
 
 from fixtures.rows import row
 

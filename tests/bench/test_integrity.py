@@ -16,14 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import bench.evaluate
-from bench.cache import get_or_train, weights_config, weights_key
+import bench.eval.evaluate
 from bench.cli import main
+from bench.core.result_digest import DIGEST_KEY, recorded_sha256, rows_sha256
+from bench.core.results import load_results, non_finite_row, normalize_results, write_results
 from bench.report.cli import main as report_main
-from bench.result_digest import DIGEST_KEY, recorded_sha256, rows_sha256
-from bench.results import load_results, non_finite_row, normalize_results, write_results
-from bench.resume import ResumeFile
-from bench.train import TrainingDiverged
+from bench.train.cache import get_or_train, weights_config, weights_key
+from bench.train.resume import ResumeFile
+from bench.train.trainer import TrainingDiverged
 
 from fixtures.jobs import Killed, make_cfg, same_weights
 from fixtures.rows import row
@@ -148,7 +148,7 @@ def test_a_non_finite_metric_value_fails_its_job_and_writes_no_row(tmp_path, mon
     "cannot convert float NaN to integer" and the run exited 0. Now the job fails with one
     sentence naming the metric, length and series and writes nothing; a stored NaN row stops
     the report with a non-zero exit."""
-    original = bench.evaluate.evaluate_model
+    original = bench.eval.evaluate.evaluate_model
 
     def nan_at_the_longest_length(*args, **kwargs):
         rows = original(*args, **kwargs)
@@ -160,7 +160,7 @@ def test_a_non_finite_metric_value_fails_its_job_and_writes_no_row(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     args = [*SMOKE, f"paths.cache={tmp_path / 'cache'}"]
     with monkeypatch.context() as patch:
-        patch.setattr(bench.evaluate, "evaluate_model", nan_at_the_longest_length)
+        patch.setattr(bench.eval.evaluate, "evaluate_model", nan_at_the_longest_length)
         assert main(args) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "the evaluation gave nan for metric nll at eval length" in err
@@ -278,7 +278,8 @@ def test_a_job_that_fails_right_after_resuming_drops_the_state(tmp_path, corpus,
     fresh = replace(cfg, seed=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            "bench.train.lm_loss", lambda logits, targets, mask=None: logits.sum() * math.nan
+            "bench.train.trainer.lm_loss",
+            lambda logits, targets, mask=None: logits.sum() * math.nan,
         )
         with pytest.raises(TrainingDiverged) as info:
             get_or_train(fresh, corpus, tmp_path / "c", progress=False)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.leaderboard import (
+from bench.findings.leaderboard import (
     BELOW_L,
     effective_length,
     overall_ranks,

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from bench.passkey import (
+from bench.data.tokenizer import ByteTokenizer
+from bench.tasks.passkey import (
     KEY_MAX,
     KEY_MIN,
     PasskeyExample,
@@ -17,11 +18,10 @@ from bench.passkey import (
     passkey_grid,
     standard_filler_text,
 )
-from bench.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 
-# The template spelled out independently of bench.passkey (Landmark attention's run_test.py).
+# The template spelled out independently of bench.tasks.passkey (Landmark attention's run_test.py).
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
     "them. I will quiz you about the important information there."
@@ -195,7 +195,7 @@ def test_grid_rejects_bad_input() -> None:
 
 
 def test_short_template_leaves_most_of_the_window_to_the_filler() -> None:
-    from bench.passkey import PASSKEY_TEMPLATES
+    from bench.tasks.passkey import PASSKEY_TEMPLATES
 
     for length in (256, 512):
         share = 1 - min_passkey_length(template="short") / length
@@ -207,7 +207,7 @@ def test_short_template_leaves_most_of_the_window_to_the_filler() -> None:
 
 @pytest.mark.parametrize("template", ["short", "landmark"])
 def test_templates_keep_the_landmark_structure(template: str) -> None:
-    from bench.passkey import passkey_template
+    from bench.tasks.passkey import passkey_template
 
     t = passkey_template(template)
     ex = make_passkey_example(300, 0.5, 4321, template=template)
@@ -230,7 +230,7 @@ def test_unknown_template_is_one_clear_error() -> None:
 
 
 def test_answer_verdict_requires_the_key_to_end() -> None:
-    from bench.passkey import answer_matches, is_digit_token
+    from bench.tasks.passkey import answer_matches, is_digit_token
 
     assert answer_matches(" 1234", " 1234")
     assert answer_matches(" 1234.", " 1234")

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from bench.batches import TrainingStream, pose_positions, randomized_positions
-from bench.cache import weights_key
-from bench.corpora import Document
+from bench.data.corpora import Document
 from bench.schema import JobConfig
-from bench.train import train_model
-from bench.train_config import TrainConfig
+from bench.train.batches import TrainingStream, pose_positions, randomized_positions
+from bench.train.cache import weights_key
+from bench.train.config import TrainConfig
+from bench.train.trainer import train_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -132,7 +132,7 @@ def test_a_learned_table_gets_the_rows_the_sampling_reaches(tmp_path):
 def test_training_reads_the_sampled_positions(sampling, tmp_path):
     """A learned table trained with sampled positions updates rows beyond the window; trained on
     contiguous windows it never touches them (the negative control)."""
-    from bench.corpora import load_corpus
+    from bench.data.corpora import load_corpus
 
     root = tmp_path / "docs"
     root.mkdir()

@@ -11,8 +11,8 @@ import re
 import pytest
 from tqdm.std import tqdm as std_tqdm
 
-import bench.progress as progress_mod
-from bench.progress import PlainProgress, adopt_bars, progress_bar
+import bench.core.progress as progress_mod
+from bench.core.progress import PlainProgress, adopt_bars, progress_bar
 
 from fixtures import ROOT
 
@@ -123,12 +123,12 @@ def test_training_in_a_log_writes_plain_lines(tmp_path, every_update, monkeypatc
     file, as in ``lenbench ... 2> run.log``."""
     import torch
 
-    from bench.corpora import load_corpus
+    from bench.data.corpora import load_corpus
     from bench.schema import DataConfig, JobConfig
-    from bench.train import train_model
+    from bench.train.trainer import train_model
 
     for i in range(12):
-        text = (ROOT / "bench" / "progress.py").read_text(encoding="utf-8")[i * 300 : i * 300 + 900]
+        text = (ROOT / "bench" / "core" / "progress.py").read_text(encoding="utf-8")[i * 300 : i * 300 + 900]
         (tmp_path / f"doc{i:02d}.txt").write_text(text, encoding="utf-8")
     corpus = load_corpus(DataConfig(name="text", paths=[str(tmp_path)]))
     job = JobConfig.from_hydra(
@@ -176,7 +176,7 @@ def test_lm_evals_bars_are_adopted_in_a_log(monkeypatch):
     assert task_module.tqdm is progress_bar
 
 
-#: a module that draws its own tqdm bar instead of bench.progress.progress_bar
+#: a module that draws its own tqdm bar instead of bench.core.progress.progress_bar
 DIRECT_TQDM = re.compile(r"^\s*(from tqdm(\.\w+)? import|import tqdm)", re.M)
 
 
@@ -186,7 +186,9 @@ def test_every_bar_of_lenbench_goes_through_progress_bar():
         for path in sorted((ROOT / "bench").rglob("*.py"))
         if path.name != "progress.py" and DIRECT_TQDM.search(path.read_text(encoding="utf-8"))
     ]
-    assert not offenders, f"{offenders} draw tqdm bars directly; use bench.progress.progress_bar"
+    assert not offenders, (
+        f"{offenders} draw tqdm bars directly; use bench.core.progress.progress_bar"
+    )
     # control: the pattern catches the import every module used before
     assert DIRECT_TQDM.search("import torch\nfrom tqdm.auto import tqdm\n")
     assert DIRECT_TQDM.search("    from tqdm import tqdm\n")

@@ -1,4 +1,4 @@
-"""``python -m bench.rederive``: a run's effective_length rows re-derived from its own task rows
+"""``python -m bench.eval.rederive``: a run's effective_length rows re-derived from its own task rows
 under the current rule; every other row unchanged."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pandas as pd
 
-from bench.metrics.ruler import RulerConfig, effective_length_rows
-from bench.rederive import main, rederived_effective_lengths
-from bench.results import normalize_results, write_results
+from bench.core.results import normalize_results, write_results
+from bench.eval.metrics.ruler import RulerConfig, effective_length_rows
+from bench.eval.rederive import main, rederived_effective_lengths
 
 from fixtures.rows import row
 
@@ -68,7 +68,7 @@ def test_loading_keeps_each_scores_effective_length(tmp_path):
     """One cell per score: load_results' newest-row-wins dedup kept one of the exact and match
     effective_length rows of a run (same metric, axis and threshold), so R2 saw one seed of
     three. Negative control: a rerun's row of the same score still replaces the older one."""
-    from bench.results import load_results
+    from bench.core.results import load_results
 
     rows = rederived_effective_lengths(normalize_results(run_rows("a", (0.9, 0.5, 0.1),
                                                                   (0.9, 0.9, 0.1))))  # fmt: skip

@@ -1,4 +1,4 @@
-"""Tests for bench/results.py: schema validation, canonical JSON, atomic writes, newest-wins dedup."""
+"""Tests for bench/core/results.py: schema validation, canonical JSON, atomic writes, newest-wins dedup."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from bench import results as R
-from bench.results import (
+from bench.core import results as R
+from bench.core.results import (
     CELL_COLUMNS,
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from bench.cache import weights_key
-from bench.ruler import default_ruler_tasks
 from bench.schema import JobConfig
-from bench.train_config import TrainConfig
+from bench.tasks.ruler import default_ruler_tasks
+from bench.train.cache import weights_key
+from bench.train.config import TrainConfig
 
 RULER_TASKS = default_ruler_tasks()  # RULER's suite: the tasks these rows have
 
@@ -51,7 +51,7 @@ def test_ruler_arm_trains_on_the_task_mixture():
     # the task mixture is in the checkpoint key; a model trained without it keeps its old key
     retrieval = study_job("arm=retrieval", "seed=4")
     assert weights_key(job, corpus=None) != weights_key(retrieval, corpus=None)
-    from bench.checks import weights_dict
+    from bench.core.checks import weights_dict
 
     assert "ruler_tasks" not in weights_dict(TrainConfig())
     assert weights_dict(TrainConfig(ruler_tasks=["vt"]))["ruler_tasks"] == ["vt"]
@@ -60,8 +60,8 @@ def test_ruler_arm_trains_on_the_task_mixture():
 def test_ruler_stages_from_the_command_line_key_the_model_not_its_fine_tunes():
     """The arm's curriculum, and another typed as a user would: each is in the base model's key,
     and a fine-tune (which trains far fewer updates) reads the mixture, not the stages."""
-    from bench.checks import weights_dict
-    from bench.extend import finetune_recipe
+    from bench.core.checks import weights_dict
+    from bench.train.extend import finetune_recipe
 
     arm = study_job("arm=ruler", "seed=4")
     assert arm.train.ruler_stages == [

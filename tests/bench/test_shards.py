@@ -10,10 +10,10 @@ import shutil
 import pandas as pd
 import pytest
 
-import bench.metrics.nll as nll_module
+import bench.eval.metrics.nll as nll_module
 from bench.cli import main
-from bench.results import load_results
-from bench.shards import SHARD_DIR, Shard, parse_shard
+from bench.core.results import load_results
+from bench.core.shards import SHARD_DIR, Shard, parse_shard
 
 from fixtures.jobs import Killed
 

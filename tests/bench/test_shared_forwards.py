@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.evaluate import evaluate_model
-from bench.metrics import METRICS, EvalContext
-from bench.metrics.context import first_windows
+from bench.eval.evaluate import evaluate_model
+from bench.eval.metrics import METRICS, EvalContext
+from bench.eval.metrics.context import first_windows
 from models.transformer import DecoderLM, ScalingConfig
 
 TRAIN = 32

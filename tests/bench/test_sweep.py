@@ -14,15 +14,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import bench.cache as cache_module
 import bench.job as job_module
+import bench.train.cache as cache_module
 from bench.cli import STATUS_FILE, main
-from bench.results import REQUIRED_COLUMNS, load_results
-from bench.train import TrainingDiverged, train_model
+from bench.core.results import REQUIRED_COLUMNS, load_results
+from bench.train.trainer import TrainingDiverged, train_model
 
 
 class TrainCounter:
-    """Wraps bench.cache.get_or_train so that every real training is counted (and can fail)."""
+    """Wraps bench.train.cache.get_or_train so that every real training is counted (and can fail)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_for: str | None = None):
         self.calls: list[str] = []
@@ -270,7 +270,7 @@ def test_run_job_validates_before_touching_the_cache(monkeypatch, tmp_path):
         raise AssertionError("must not be reached")
 
     monkeypatch.setattr(cache_module, "get_or_train", boom)
-    monkeypatch.setattr("bench.corpora.load_corpus", boom)
+    monkeypatch.setattr("bench.data.corpora.load_corpus", boom)
     with initialize_config_module("conf", version_base="1.3"):
         cfg = compose(
             "config",

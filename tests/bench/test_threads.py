@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import bench.job as job_module
-from bench.runtime import busy_cores
+from bench.core.runtime import busy_cores
 
 
 @pytest.fixture

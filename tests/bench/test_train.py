@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench.runtime as runtime_mod
-import bench.train as train_mod
-from bench.corpora import Corpus, load_corpus
-from bench.optim import lr_at, param_groups
+import bench.core.runtime as runtime_mod
+import bench.train.trainer as train_mod
+from bench.data.corpora import Corpus, load_corpus
 from bench.schema import (
     DataConfig,
     JobConfig,
@@ -21,7 +20,8 @@ from bench.schema import (
     TrainConfig,
     weights_dict,
 )
-from bench.train import TrainingDiverged, make_model, train_model
+from bench.train.optim import lr_at, param_groups
+from bench.train.trainer import TrainingDiverged, make_model, train_model
 
 from fixtures import ROOT
 
@@ -380,8 +380,8 @@ DDP_JOB = """
 import hashlib, json, os, sys
 import torch
 torch.set_num_threads(1)
-from bench.cache import get_or_train
-from bench.corpora import load_corpus
+from bench.train.cache import get_or_train
+from bench.data.corpora import load_corpus
 from bench.schema import JobConfig
 job = JobConfig.from_hydra(json.loads(sys.argv[1]))
 corpus = load_corpus(job.data)
@@ -405,7 +405,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(
     import subprocess
     import sys
 
-    from bench.cache import weights_key
+    from bench.train.cache import weights_key
 
     raw = tiny_dict(steps=6, log_every=3, eval_every=3, eval_batches=2)
     raw["data"] = {"name": "text", "paths": [str(corpus_root)]}

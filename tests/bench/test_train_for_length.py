@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-from bench.cache import weights_key
 from bench.job import NotApplicable, validate_job
 from bench.schema import JobConfig, ModelSchema, weights_dict
+from bench.train.cache import weights_key
 
 
 def study_job(*overrides: str) -> JobConfig:

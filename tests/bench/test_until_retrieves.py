@@ -1,5 +1,5 @@
 """``train.until_retrieves``: training that ends ``decay_steps`` updates after the first retrieval
-check at L that reaches the threshold (bench.train). The checks' verdicts are scripted here (a
+check at L that reaches the threshold (bench.train.trainer). The checks' verdicts are scripted here (a
 tiny model forms no circuit in a test's budget); what is tested is what the trainer does with
 them: where the run ends, its schedule, the stored checks, resuming, the examples it scores, the
 row column and the config's sentences."""
@@ -11,14 +11,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import bench.train as train_mod
-from bench.cache import get_or_train, weights_key
-from bench.corpora import Corpus, load_corpus
-from bench.optim import lr_at
-from bench.passkey import passkey_grid
-from bench.resume import ResumeFile
+import bench.train.trainer as train_mod
+from bench.data.corpora import Corpus, load_corpus
 from bench.schema import DataConfig, JobConfig
-from bench.train import CHECK_DEPTHS, CHECK_TRIALS, retrieval_check_examples, train_model
+from bench.tasks.passkey import passkey_grid
+from bench.train.cache import get_or_train, weights_key
+from bench.train.optim import lr_at
+from bench.train.resume import ResumeFile
+from bench.train.trainer import CHECK_DEPTHS, CHECK_TRIALS, retrieval_check_examples, train_model
 
 from fixtures.jobs import Killed, same_weights
 
@@ -174,7 +174,7 @@ def test_the_check_is_in_the_weights_key_only_when_set() -> None:
 
 
 def test_finetunes_run_their_updates() -> None:
-    from bench.extend import finetune_recipe
+    from bench.train.extend import finetune_recipe
 
     cfg = JobConfig.from_hydra({**raw(), "extend": {"method": "linear", "length": 160, "steps": 4}})
     assert cfg.train.until_retrieves == 0.9 and finetune_recipe(cfg).until_retrieves is None

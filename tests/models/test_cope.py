@@ -166,7 +166,7 @@ def test_position_interpolation_divides_the_counted_positions():
 
 
 def test_cope_fields_methods_and_bad_values():
-    from bench.checks import weights_dict
+    from bench.core.checks import weights_dict
 
     assert PositionConfig(kind="cope").params() == {"cope_npos_max": 64}
     assert "cope_npos_max" in weights_dict(PositionConfig(kind="cope"))

@@ -62,7 +62,7 @@ def test_irope_refuses_it_and_bad_values_are_one_sentence():
 
 
 def test_the_switch_is_in_the_key_and_the_label():
-    from bench.checks import weights_dict
+    from bench.core.checks import weights_dict
 
     on = weights_dict(ModelConfig(attn_scale="llama4", attn_floor=8))
     assert on["attn_scale"] == "llama4" and on["attn_floor"] == 8

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.checks import weights_dict
+from bench.core.checks import weights_dict
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.checks import weights_dict
+from bench.core.checks import weights_dict
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
@@ -93,8 +93,8 @@ def test_qk_norm_rows_are_their_own_series_and_out_of_every_finding_s_default_sc
     are read."""
     import pandas as pd
 
+    from bench.core.series import series_key
     from bench.findings.registry import Scope
-    from bench.series import series_key
 
     base = {"experiment": "e", "position": "rope", "scaling": "none", "metric": "ppl"}
     rows = pd.DataFrame([{**base, "qk_norm": None}, {**base, "qk_norm": "rms"}])
@@ -105,8 +105,8 @@ def test_qk_norm_rows_are_their_own_series_and_out_of_every_finding_s_default_sc
 
 
 def test_each_switch_names_its_variant_and_only_when_on():
-    """ModelConfig.switches() gives the result columns of bench.series.SWITCH_COLUMNS."""
-    from bench.series import SWITCH_COLUMNS
+    """ModelConfig.switches() gives the result columns of bench.core.series.SWITCH_COLUMNS."""
+    from bench.core.series import SWITCH_COLUMNS
 
     assert ModelConfig().switches() == {}
     on = ModelConfig(qk_norm=True, output_gate=True, attn_scale="ssmax").switches()

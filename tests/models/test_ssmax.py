@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from bench.checks import weights_dict
+from bench.core.checks import weights_dict
 from bench.schema import JobConfig
 from models.model_config import SSMAX_INIT
 from models.positions import PositionConfig, families

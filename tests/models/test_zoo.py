@@ -449,7 +449,7 @@ def test_a_raw_threshold_fire_checkpoint_loads_as_its_multiplier():
 
 
 def test_position_params_scalings_and_checkpoint_key_fields():
-    from bench.checks import weights_dict
+    from bench.core.checks import weights_dict
 
     assert PositionConfig(kind="t5").params() == {"num_buckets": 32, "max_distance": 128}
     assert PositionConfig(kind="sandwich").params() == {}
@@ -493,8 +493,8 @@ def test_bad_zoo_fields_are_one_sentence():
 def test_every_metric_lands_rows_for_every_zoo_family(kind, random_docs):
     """All registered metrics (passkey and every probe included) run on each family at 1x and 2x
     its training length, raw and with position interpolation, and give finite values."""
-    from bench.evaluate import evaluate_model
-    from bench.metrics import METRICS, as_eval_config
+    from bench.eval.evaluate import evaluate_model
+    from bench.eval.metrics import METRICS, as_eval_config
 
     model = zoo_model(kind, train_length=64, randomize=False)
     cfg = as_eval_config(

@@ -1,7 +1,7 @@
 """Do two ways of running an experiment give the same result rows?
 
 Runs ``lenbench`` twice, each in a fresh results/cache/reports directory, and compares the rows
-cell by cell (bench.results.CELL_COLUMNS minus the ids that name code or run): the largest
+cell by cell (bench.core.results.CELL_COLUMNS minus the ids that name code or run): the largest
 absolute and relative difference of ``value`` (and of the CIs), per metric. Side A is this
 checkout with ``--a`` overrides, or the code of git ref ``--ref`` (a temporary worktree) with
 the same overrides; side B is this checkout with ``--b`` overrides. Exit status 1 if a value
@@ -50,7 +50,7 @@ def run_side(code_dir: Path, work: Path, overrides: list[str], threads: int) -> 
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, atol: float, rtol: float) -> int:
-    from bench.results import CELL_COLUMNS
+    from bench.core.results import CELL_COLUMNS
 
     keys = [c for c in CELL_COLUMNS if c not in IGNORED and c in a.columns and c in b.columns]
     merged = a.merge(b, on=keys, how="outer", suffixes=("_a", "_b"), indicator=True)

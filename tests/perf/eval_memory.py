@@ -94,10 +94,10 @@ def worker(name: str, length: int, scoring: str, threads: int) -> dict:
     import torch
     from training_free_cost import _reset_peak, _status_mib  # VmHWM reset and read (Linux)
 
-    import bench.evaluate
-    from bench.corpora import Document
-    from bench.evaluate import evaluate_model
-    from bench.metrics import METRICS, EvalContext
+    import bench.eval.evaluate
+    from bench.data.corpora import Document
+    from bench.eval.evaluate import evaluate_model
+    from bench.eval.metrics import METRICS, EvalContext
 
     if threads:
         torch.set_num_threads(threads)
@@ -109,7 +109,7 @@ def worker(name: str, length: int, scoring: str, threads: int) -> dict:
     cfg.update(lengths=[length], batch_size=1, precision="fp32")
     cfg["nll"] = {"enabled": True, "max_docs": 2, "bootstrap": 0}
     if scoring == "full":  # the reference path, which evaluate_model does not expose
-        bench.evaluate.EvalContext = functools.partial(EvalContext, chunked_scoring=False)
+        bench.eval.evaluate.EvalContext = functools.partial(EvalContext, chunked_scoring=False)
     with torch.no_grad():
         model(torch.zeros(1, 8, dtype=torch.long))  # warm-up: lazy allocations, kernels
     before = _status_mib("VmRSS")
@@ -173,7 +173,7 @@ def main() -> None:
         print(json.dumps(worker(name, int(length), scoring, int(threads))))
         return
     args = parser.parse_args()
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     names = [m for m in args.models.split(",") if m]
     unknown = sorted(set(names) - set(MODELS))

@@ -97,7 +97,7 @@ def _reset_peak_rss() -> bool:
 
 class _MetricMeter:
     """Seconds and peak memory of each metric call (and its prepare hook), wrapped around
-    ``bench.metrics.METRICS`` in the worker process."""
+    ``bench.eval.metrics.METRICS`` in the worker process."""
 
     def __init__(self, device: str) -> None:
         import torch
@@ -151,7 +151,7 @@ class _MetricMeter:
         """Measure every registered metric (its function and its prepare hook, if any)."""
         import dataclasses
 
-        from bench.metrics import METRICS as registry
+        from bench.eval.metrics import METRICS as registry
 
         for name, metric in list(registry.items()):
             changes = {"fn": self.wrap(name, metric.fn)}
@@ -162,7 +162,7 @@ class _MetricMeter:
 
 def _in_order(per_metric: dict) -> dict:
     """``per_metric`` in run order (a prepare hook may have made a later metric come first)."""
-    from bench.metrics import METRICS as registry
+    from bench.eval.metrics import METRICS as registry
 
     return {name: per_metric[name] for name in registry if name in per_metric}
 
@@ -179,8 +179,8 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
     import numpy as np
     import torch
 
-    from bench.corpora import Document
-    from bench.evaluate import evaluate_model
+    from bench.data.corpora import Document
+    from bench.eval.evaluate import evaluate_model
     from models.positions import PositionConfig
     from models.transformer import DecoderLM, ModelConfig
 
@@ -259,7 +259,7 @@ def worker(length: int, metric: str, device: str, threads: int) -> dict:
 
 def print_table(results: list[dict], info: dict, load: dict) -> None:
     """Seconds and peak memory per length and metric; the slowest metric per length."""
-    from bench.runtime import machine_line
+    from bench.core.runtime import machine_line
 
     print(f"\nmachine: {machine_line(info)}")
     print(f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}")
@@ -354,7 +354,7 @@ def main() -> None:
     load["after"] = _loadavg()
     from flops import gemm_peak_gflops
 
-    from bench.runtime import machine_summary
+    from bench.core.runtime import machine_summary
 
     peak = gemm_peak_gflops(("cuda:" if args.device.startswith("cuda") else "") + "fp32")
     for result in results:

@@ -71,7 +71,7 @@ def main() -> None:
                     "exit": sorted(set(codes)),
                 }
             )
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     machine = machine_summary()
     print(f"machine: {machine_line(machine)}")

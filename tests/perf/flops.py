@@ -99,7 +99,7 @@ def share_of_peak(gflops: float, dtype: str, threads: int | None = None) -> floa
 
 
 def main() -> None:
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)

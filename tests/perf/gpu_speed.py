@@ -188,7 +188,7 @@ def main() -> None:
         sys.exit("gpu_speed.py needs a CUDA GPU; none is visible (torch.cuda.is_available()).")
     from flops import gemm_peak_gflops
 
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     machine = machine_line(machine_summary())
     if args.device.startswith("cuda"):

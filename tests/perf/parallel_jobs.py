@@ -82,7 +82,7 @@ def main() -> None:
     rows = {n for _, n in measured.values()}
     if len(rows) != 1:
         sys.exit(f"the two sweeps wrote different numbers of rows: {measured}")
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     machine = machine_summary()
     (basic, _), (parallel, _) = measured.values()

@@ -58,7 +58,7 @@ def main() -> None:
                 seconds = run_once(lenbench, extra, Path(tmp) / f"{round_}-{i}")
                 times[label].append(seconds)
                 print(f"round {round_ + 1}: {label}: {seconds:.1f} s", flush=True)
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     machine = machine_summary()
     print(f"machine: {machine_line(machine)}")

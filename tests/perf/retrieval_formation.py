@@ -4,7 +4,7 @@ The retrieval arm (``conf/arm/retrieval.yaml``) must learn to retrieve the passk
 length L on every seed: F4 reads only seeds whose model retrieves, and F5 checks it. Retrieval
 is an induction circuit that forms abruptly, at a seed-dependent update. This script trains the
 arm's model exactly as ``lenbench +experiment=findings arm=retrieval`` does (the same composed
-config, the same :class:`bench.train.Trainer`), but with ``train.steps`` given here, and after
+config, the same :class:`bench.train.trainer.Trainer`), but with ``train.steps`` given here, and after
 every ``--every`` updates scores passkey at L on the examples the evaluation uses (the job's
 passkey grid: the same seed, depths, trials and template), teacher-forced exact match, with a
 Wilson interval. The weights are not changed by the checks, so the trajectory is the run's.
@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_module
 
-from bench.corpora import load_corpus
+from bench.data.corpora import load_corpus
+from bench.eval.metrics.passkey import passkey_verdicts
 from bench.findings import wilson
 from bench.job import configure_threads
-from bench.metrics.passkey import passkey_verdicts
-from bench.passkey import passkey_grid
 from bench.schema import JobConfig
-from bench.train import Trainer
+from bench.tasks.passkey import passkey_grid
+from bench.train.trainer import Trainer
 
 RESULTS = Path("results") / "perf"
 

@@ -5,7 +5,7 @@ length L (issue #28: every task clearly above chance on every documented seed). 
 circuit forms abruptly, at an update that depends on the seed and on which other tasks share
 the rows (``reports/ruler/README.md``). This script trains the arm's model exactly as
 ``lenbench +experiment=ruler arm=ruler`` does (the same composed config, the same
-:class:`bench.train.Trainer`; extra Hydra overrides such as ``train.ruler_stages`` after ``--``),
+:class:`bench.train.trainer.Trainer`; extra Hydra overrides such as ``train.ruler_stages`` after ``--``),
 with ``train.steps`` given here, and after every ``--every`` updates scores every task of
 ``eval.ruler.tasks`` at L on the examples the evaluation uses (the job's ruler grid: the same
 seed, depths, trials, task sizes and filler), the teacher-forced exact verdict, plus passkey at
@@ -39,13 +39,13 @@ from retrieval_formation import (
     train_checked,
 )
 
-from bench.corpora import load_corpus
+from bench.data.corpora import load_corpus
+from bench.eval.metrics.passkey import corpus_filler_source, passkey_verdicts
+from bench.eval.metrics.ruler import _ALNUM_IDS
 from bench.findings import wilson
-from bench.metrics.passkey import corpus_filler_source, passkey_verdicts
-from bench.metrics.ruler import _ALNUM_IDS
-from bench.passkey import passkey_grid
-from bench.ruler import params_from, ruler_grid
 from bench.schema import JobConfig
+from bench.tasks.passkey import passkey_grid
+from bench.tasks.ruler import params_from, ruler_grid
 
 
 def check_examples(job: JobConfig, corpus) -> dict[str, list]:

@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "thread_speed.json")
     args = parser.parse_args()
     sys.path.insert(0, str(Path.cwd()))
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     results = []
     for load in (False, True):

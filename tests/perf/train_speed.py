@@ -197,10 +197,10 @@ def build(args: argparse.Namespace, name: str, device: torch.device) -> torch.nn
 
 
 def compiled_if_asked(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """The module a step calls: the model itself, or torch.compile(model) as bench.train does."""
+    """The module a step calls: the model itself, or torch.compile(model) as bench.train.trainer does."""
     if not name.endswith("+compile"):
         return model
-    from bench.train import compiled
+    from bench.train.trainer import compiled
 
     return compiled(model)
 
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import transformers
 
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     generator = torch.Generator().manual_seed(1234)
     batches = [

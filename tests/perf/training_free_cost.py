@@ -149,7 +149,7 @@ def main() -> None:
     raw = {r["length"]: r for r in results if r["method"] == "none"}
     from flops import gemm_peak_gflops
 
-    from bench.runtime import machine_line, machine_summary
+    from bench.core.runtime import machine_line, machine_summary
 
     peak = gemm_peak_gflops("fp32", args.threads or None)
     print(f"machine: {machine_line(machine_summary())}; model rope 4x128, L={TRAIN_LENGTH}")

@@ -1,13 +1,13 @@
 """The catch-all table for metrics that no dedicated section shows (any name outside
-:data:`bench.results.ROW_METRICS`), so a new metric appears in the report before it has a figure."""
+:data:`bench.core.results.ROW_METRICS`), so a new metric appears in the report before it has a figure."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from bench.core.results import ROW_METRICS
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, write_table
-from bench.results import ROW_METRICS
 
 
 def other_section(rep: ReportDir, df: pd.DataFrame) -> str:

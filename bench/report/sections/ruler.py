@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from bench.core.results import effective_length_score
 from bench.report.figures import save_figure
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, figure_md, note, write_table
-from bench.results import effective_length_score
-from bench.ruler import RULER_TASKS
+from bench.tasks.ruler import RULER_TASKS
 
 #: panels of the per-model figure at most (the table has every series)
 MAX_PANELS = 12

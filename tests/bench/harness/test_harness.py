@@ -22,6 +22,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.data.tokenizer import ByteTokenizer
+from bench.eval.metrics.passkey import passkey_verdicts
 from bench.harness import (
     TASKS_DIR,
     LenbenchLM,
@@ -36,9 +38,7 @@ from bench.harness import (
 from bench.harness.args import DEFAULT_MAX_BATCH_SIZE, MODEL_ARGS
 from bench.harness.cli import _with_include_path
 from bench.harness.tasks import training_template
-from bench.metrics.passkey import passkey_verdicts
-from bench.passkey import passkey_grid
-from bench.tokenizer import ByteTokenizer
+from bench.tasks.passkey import passkey_grid
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, LMOutput, ModelConfig, ScalingConfig
 
@@ -274,7 +274,9 @@ def test_model_arguments_validate_early_and_unavailable_device_is_an_error():
         LenbenchLM(pretrained=model, precision="fp8")
     with pytest.raises(ValueError, match="device 'gpu' is unknown"):
         LenbenchLM(pretrained=model, device="gpu")
-    if not torch.cuda.is_available():  # bench.runtime.resolve_device: no silent fallback to cpu
+    if (
+        not torch.cuda.is_available()
+    ):  # bench.core.runtime.resolve_device: no silent fallback to cpu
         with pytest.raises(ValueError, match="device 'cuda:0' is not available"):
             LenbenchLM(pretrained=model, device="cuda:0")
     # every LenbenchLM argument is named in the error for an unknown (non-scaling) model argument
@@ -521,9 +523,9 @@ def test_harness_passkey_uses_the_checkpoints_training_template(tmp_path):
     """A checkpoint trained with the short template: run_harness and lenbench-harness give its
     passkey tasks short-template prompts (the native metric's), unless the metadata names one;
     the harness verdicts equal the native ones on the same examples."""
-    from bench.cache import key_of, save_checkpoint
     from bench.harness.cli import _with_training_template
     from bench.schema import PositionSchema, weights_dict
+    from bench.train.cache import key_of, save_checkpoint
 
     model = tiny_model(seed=3)
     position = dataclasses.asdict(model.position_cfg)
@@ -701,11 +703,11 @@ def test_include_path_is_added_only_when_missing():
 
 
 def save_tiny_checkpoint(model: DecoderLM, cache_root: Path) -> str:
-    """Store ``model`` in a checkpoint cache through bench.cache; return its key."""
+    """Store ``model`` in a checkpoint cache through bench.train.cache; return its key."""
     from dataclasses import asdict
 
-    from bench.cache import key_of, save_checkpoint
     from bench.schema import PositionSchema, weights_dict
+    from bench.train.cache import key_of, save_checkpoint
 
     position = asdict(model.position_cfg)
     config = {
@@ -1054,7 +1056,7 @@ def test_harness_cli_streaming_sink_tokens_error_names_it(tmp_path, capsys):
 
 def test_ruler_docs_match_the_native_grid():
     from bench.harness import ruler_docs
-    from bench.ruler import RULER_TASKS, ruler_grid
+    from bench.tasks.ruler import RULER_TASKS, ruler_grid
 
     for task in RULER_TASKS:
         docs = ruler_docs(task=task, length=300, depths=2, trials=2, seed=4, version=1.0)
@@ -1068,7 +1070,7 @@ def test_ruler_docs_match_the_native_grid():
 
 def test_ruler_task_files_are_the_generated_ones():
     from bench.harness.tasks import TASK_LENGTHS, ruler_task_files
-    from bench.ruler import RULER_TASKS
+    from bench.tasks.ruler import RULER_TASKS
 
     files = ruler_task_files()
     for name, text in files.items():
@@ -1083,9 +1085,9 @@ def test_ruler_task_files_are_the_generated_ones():
 def test_harness_ruler_scores_equal_native():
     """The oracle (right on some examples, wrong on others) through lm-eval: acc and match per
     example equal the native teacher-forced verdicts and greedy match scores."""
-    from bench.metrics.context import EvalContext
-    from bench.metrics.ruler import generated_scores, teacher_forced_verdicts
-    from bench.ruler import ruler_grid
+    from bench.eval.metrics.context import EvalContext
+    from bench.eval.metrics.ruler import generated_scores, teacher_forced_verdicts
+    from bench.tasks.ruler import ruler_grid
 
     from fixtures.ruler import RulerOracle
 
@@ -1110,11 +1112,11 @@ def test_harness_ruler_scores_equal_native():
 def test_harness_ruler_on_a_checkpoint_equals_native(tmp_path):
     """A saved lenbench checkpoint (a real network, through the cache) scored by lm-eval and by
     the native greedy path: the same acc and match per example."""
-    from bench.cache import key_of, save_checkpoint
-    from bench.metrics.context import EvalContext
-    from bench.metrics.ruler import generated_scores
-    from bench.ruler import ruler_grid
+    from bench.eval.metrics.context import EvalContext
+    from bench.eval.metrics.ruler import generated_scores
     from bench.schema import PositionSchema, weights_dict
+    from bench.tasks.ruler import ruler_grid
+    from bench.train.cache import key_of, save_checkpoint
 
     model = tiny_model(seed=5, train_length=256)
     config = {

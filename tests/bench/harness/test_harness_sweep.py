@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.cli import main
-from bench.results import load_results
+from bench.core.results import load_results
 
 
 def test_harness_tasks_in_a_sweep_job_land_in_the_results(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.metrics.longppl import LongPPLConfig, key_token_mask, longppl_value
+from bench.eval.metrics.longppl import LongPPLConfig, key_token_mask, longppl_value
 
 from fixtures.hf import _llama, _training_text, train_bpe_tokenizer
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bench.checks import integer
-from bench.evaluate import evaluate_model
-from bench.metrics import (
+from bench.core.checks import integer
+from bench.eval.evaluate import evaluate_model
+from bench.eval.metrics import (
     METRICS,
     EvalConfigBase,
     MetricConfig,
@@ -19,7 +19,7 @@ from bench.metrics import (
     register_metric,
     select_documents,
 )
-from bench.metrics.context import first_windows, make_row
+from bench.eval.metrics.context import first_windows, make_row
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from bench.metrics.context import EvalContext
-from bench.metrics.passkey import generated_answer_matches, passkey_rows
-from bench.passkey import answer_matches, passkey_grid
+from bench.eval.metrics.context import EvalContext
+from bench.eval.metrics.passkey import generated_answer_matches, passkey_rows
+from bench.tasks.passkey import answer_matches, passkey_grid
 
 from fixtures.hf import train_bpe_tokenizer, train_sentencepiece_tokenizer
 
@@ -111,9 +111,9 @@ class RecordingLM(nn.Module):
 def test_every_nll_window_starts_with_the_bos_the_tokenizer_adds() -> None:
     """The audit's case: only a document's first window started with BOS, so short lengths (more
     windows) carried more BOS-less starts. Now every window starts with it, unscored."""
-    from bench.corpora import Document
-    from bench.metrics.nll import nll_rows
-    from bench.pretrained.documents import window_bos
+    from bench.data.corpora import Document
+    from bench.data.pretrained_documents import window_bos
+    from bench.eval.metrics.nll import nll_rows
 
     tok = train_sentencepiece_tokenizer()
     bos = window_bos(tok)

@@ -7,21 +7,26 @@ import numpy as np
 import pytest
 import torch
 
-from bench.metrics.context import (
+from bench.eval.metrics.context import (
     EvalContext,
     bootstrap_ratio_ci,
     bucket_edges,
     bucket_index,
     select_documents,
 )
-from bench.metrics.probes import (
+from bench.eval.metrics.probes import (
     attn_entropy_rows,
     context_nll_rows,
     order_dnll_rows,
     shift_dnll_rows,
     shuffle_far_context,
 )
-from bench.metrics.probes_position import position_probe_rows, r2_score, ridge_fit, ridge_predict
+from bench.eval.metrics.probes_position import (
+    position_probe_rows,
+    r2_score,
+    ridge_fit,
+    ridge_predict,
+)
 from models.transformer import ModelConfig
 
 TINY = ModelConfig(n_layers=2, d_model=32, n_heads=4)
@@ -139,7 +144,7 @@ def test_shift_dnll_is_flat_for_relative_encodings(kind, tiny_model, random_docs
 
 def test_shift_dnll_skips_deltas_outside_a_learned_table(caplog, tiny_model, random_docs):
     model = tiny_model("learned", max_positions=3 * TRAIN)
-    with caplog.at_level(logging.WARNING, logger="bench.metrics.probes"):
+    with caplog.at_level(logging.WARNING, logger="bench.eval.metrics.probes"):
         rows = shift_dnll_rows(
             ctx_of(model), random_docs([40] * 2), TRAIN, [TRAIN, 2 * TRAIN + 1], max_docs=2
         )
@@ -262,7 +267,7 @@ def test_position_probe_has_no_beyond_row_at_the_training_length(tiny_model, ran
 def periodic_docs(n_docs: int, period: int, length: int) -> list:
     """Random documents that repeat every ``period`` tokens: the tokens ending at eval length L
     and at L + k * period are the same, so context_nll reads identical inputs at both."""
-    from bench.corpora import Document
+    from bench.data.corpora import Document
 
     rng = np.random.default_rng(7)
     return [
@@ -272,8 +277,8 @@ def periodic_docs(n_docs: int, period: int, length: int) -> list:
 
 
 def context_curves(model, docs, scaling):
-    from bench.evaluate import evaluate_model
-    from bench.metrics import METRICS
+    from bench.eval.evaluate import evaluate_model
+    from bench.eval.metrics import METRICS
 
     cfg = {name: {"enabled": False} for name in METRICS}
     cfg["context_nll"] = {"max_docs": 2, "block": 16, "contexts": [0, 16, 48], "bootstrap": 0}

@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-from bench.evaluate import evaluate_model
-from bench.metrics.context import EvalContext
-from bench.metrics.ruler import (
+from bench.eval.evaluate import evaluate_model
+from bench.eval.metrics.context import EvalContext
+from bench.eval.metrics.ruler import (
     RulerConfig,
     effective_length,
     effective_length_rows,
     generated_scores,
     teacher_forced_verdicts,
 )
-from bench.ruler import (
+from bench.tasks.ruler import (
     RULER_TASKS,
     RulerParams,
     default_ruler_tasks,
@@ -39,7 +39,7 @@ from bench.ruler import (
     ruler_grid,
     ruler_task,
 )
-from bench.ruler_tasks.words import zipf_counts
+from bench.tasks.ruler_tasks.words import zipf_counts
 from models.positions import PositionConfig
 from models.transformer import DecoderLM, ModelConfig
 
@@ -347,8 +347,8 @@ def test_trained_model_teacher_forced_and_greedy_agree():
 
 
 def _stream(**kw):
-    from bench.batches import TrainingStream
-    from bench.corpora import Document
+    from bench.data.corpora import Document
+    from bench.train.batches import TrainingStream
 
     tokens = np.frombuffer(CORPUS * 4, dtype=np.uint8).astype(np.int16)
     docs = [Document(id="d", tokens=tokens)]
@@ -412,7 +412,7 @@ def test_ruler_stages_draw_each_stage_then_the_mixture():
 
 
 def test_ruler_stages_bad_values_are_named():
-    from bench.train_config import TrainConfig
+    from bench.train.config import TrainConfig
 
     base = dict(steps=100, passkey_fraction=0.9, ruler_tasks=["vt"])
     ok = TrainConfig(**base, ruler_stages=[{"steps": 40, "tasks": ["niah_single"]}])
@@ -456,7 +456,7 @@ def test_training_rows_too_long_for_the_window_are_refused():
     with pytest.raises(ValueError, match="seq_len 100 is too short for ruler task 'vt'"):
         _stream(seq_len=100, ruler_tasks=["niah_single", "vt"])
     with pytest.raises(ValueError, match="train.ruler_tasks"):
-        from bench.train_config import TrainConfig
+        from bench.train.config import TrainConfig
 
         TrainConfig(ruler_tasks=["needle"])
 
@@ -465,7 +465,7 @@ def test_examples_fitted_to_a_subword_tokenizer():
     """With a BPE tokenizer every example has the eval length in its tokens (or the largest count
     below where a merge skips it), holds the byte example's text, and the answer's ids are the
     answer's text; too short a length is refused with the tokenizer's minimum."""
-    from bench.ruler import fit_ruler_example, ruler_examples
+    from bench.tasks.ruler import fit_ruler_example, ruler_examples
 
     from fixtures.hf import train_bpe_tokenizer
 
@@ -510,8 +510,8 @@ def test_a_new_task_is_one_declaration():
     """Issue #52 item 5: one registered layout is a task the generator, the metric's and the
     training's configs and the checkpoint key know (controls: a second registration under the
     name, a parameter RulerParams lacks, and an unknown name are refused)."""
-    from bench.ruler import RULER_TASK_REGISTRY, Layout, register_ruler_task, ruler_text
-    from bench.train_config import TrainConfig
+    from bench.tasks.ruler import RULER_TASK_REGISTRY, Layout, register_ruler_task, ruler_text
+    from bench.train.config import TrainConfig
 
     text = {"head_echo": "Echo the value.", "echo_needle": "{value}!", "echo_ask": "echo:"}
 

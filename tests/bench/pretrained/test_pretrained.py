@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.evaluate import evaluate_model
+from bench.data.pretrained_documents import retokenize
+from bench.eval.evaluate import evaluate_model
+from bench.eval.metrics import METRICS
 from bench.job import NotApplicable
-from bench.metrics import METRICS
-from bench.passkey import fit_passkey_example
 from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling
 from bench.pretrained.config import (
     PretrainedConfig,
@@ -29,7 +29,7 @@ from bench.pretrained.config import (
     position_family,
     train_length_of,
 )
-from bench.pretrained.documents import retokenize
+from bench.tasks.passkey import fit_passkey_example
 from models.scaling_config import ScalingConfig
 
 from fixtures.hf import byte_tokenizer, load_adapter, one_sentence, save_model, small_eval
@@ -405,8 +405,8 @@ class _Oracle(torch.nn.Module):
 
 @pytest.mark.parametrize(("extra", "accuracy"), [(". Done", 1.0), ("7", 0.0)])
 def test_passkey_verdict_compares_text(hf_bpe, extra, accuracy):
-    from bench.metrics import EvalContext
-    from bench.metrics.passkey import passkey_rows
+    from bench.eval.metrics import EvalContext
+    from bench.eval.metrics.passkey import passkey_rows
 
     ctx = EvalContext(_Oracle(hf_bpe, extra), progress=False, tokenizer=hf_bpe)
     rows = passkey_rows(ctx, 150, depths=[0.0, 1.0], trials=2, seed=0, template="short")

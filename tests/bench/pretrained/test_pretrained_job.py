@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.corpora import stdlib_root
+from bench.data.corpora import stdlib_root
 from bench.pretrained.config import PretrainedConfig, model_id
 
 from fixtures import ROOT
@@ -135,7 +135,7 @@ def test_longppl_on_a_pretrained_model_with_a_pretrained_evaluator(hf_model_dirs
     longppl = {"enabled": True, "alpha": 0.0, "beta": -100.0, "max_docs": 2}
     from dataclasses import replace
 
-    from bench.metrics import as_eval_config
+    from bench.eval.metrics import as_eval_config
 
     base = _job(hf_model_dirs["llama"], tmp_path)
     evaluator = str(hf_model_dirs["neox"])

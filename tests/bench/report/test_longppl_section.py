@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.core.results import write_results
 from bench.report import generate_report
-from bench.results import write_results
 
 from fixtures.rows import row
 

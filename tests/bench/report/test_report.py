@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from bench import report as report_mod
+from bench.core.results import canonical_json, load_results, normalize_results, write_results
 from bench.report import generate_report, latest_experiment_dir, main
-from bench.results import canonical_json, load_results, normalize_results, write_results
 
 from fixtures import ROOT
 
@@ -88,7 +88,7 @@ def synthetic_rows(
                 for ev in lengths:
                     d = _degrade(pos, scal, ev)
                     if (pos, scal, seed, ev) == EMPTY_CELL:
-                        # as bench.evaluate writes it when no test document is long enough
+                        # as bench.eval.evaluate writes it when no test document is long enough
                         rows.append(
                             {**base, "eval_length": ev, "metric": "nll", "value": float("nan"),
                              "n": 0, "axis": "docs", "axis_value": 0}
@@ -594,7 +594,7 @@ def test_markdown_table_helper() -> None:
 def test_report_does_not_import_torch() -> None:
     import subprocess
 
-    code = "import sys, bench.report, bench.results; sys.exit('torch' in sys.modules)"
+    code = "import sys, bench.report, bench.core.results; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
@@ -637,9 +637,9 @@ def test_perplexity_section_states_the_documents_per_run(tmp_path: Path) -> None
 
 
 def _labelled(rows: list[dict]) -> tuple[pd.DataFrame, object]:
+    from bench.core.results import normalize_results
     from bench.report.figures import Style
     from bench.report.render import labelled_rows
-    from bench.results import normalize_results
 
     df = labelled_rows(normalize_results(rows))
     return df, Style(df)

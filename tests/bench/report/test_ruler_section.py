@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.core.results import write_results
 from bench.report import generate_report
-from bench.results import write_results
-from bench.ruler import default_ruler_tasks
+from bench.tasks.ruler import default_ruler_tasks
 
 from fixtures.rows import row
 

@@ -1,0 +1,204 @@
+"""``longppl``: perplexity on the tokens that need long context (LongPPL, Fang et al., ICLR 2025).
+
+Per test window of ``length`` tokens, a fixed **evaluator** model scores every token twice: with
+the whole window before it (full) and with a short context (the window cut to start ``K`` tokens
+before a block of ``W`` targets, so each target sees between K and K + W - 1 tokens: the
+reference's ``trunc_len`` and ``sliding_window``). A token is **key** when its full-context
+log-probability exceeds the short one by more than ``alpha`` (LSD) and is above ``beta`` (LCL):
+``nll_short - nll_full > alpha`` and ``nll_full < -beta``, as the reference's ``find_key_token``
+(tested against the ``longppl`` package). The judged model's LongPPL at that length is
+``exp(mean NLL over the key tokens)`` of every selected document, pooled (tokens, not documents,
+weigh alike, as perplexity does).
+
+The key tokens are chosen once per document, length and evaluator, so every series of a study is
+scored on the same tokens: the evaluator is one model for all of them (``evaluator: auto``: the
+job's recipe with RoPE, no scaling and no fine-tune, seed ``evaluator_seed``, trained at the
+longest LongPPL length, from the checkpoint cache; or the key of a checkpoint in the cache), and
+never a series it judges; for a pretrained model, ``evaluator_pretrained`` names a transformers
+model with the same tokenizer, whose maximum length must cover the LongPPL lengths. Defaults: alpha 2, beta -2 (the paper's), K the training length (the
+paper: 4K of 32K), W = K / 4 (the paper: 1024 of 4096). Rows: ``value`` the LongPPL, ``n`` the
+key tokens, ``task_params`` the evaluator's checkpoint key, alpha, beta, K, W and the targets
+judged; a length with no key token writes no row (a warning says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from bench.core.checks import integer, number, parse_length
+from bench.core.results import canonical_json
+from bench.data.corpora import Document
+from bench.eval.metrics.context import EvalContext, first_windows, make_row, select_documents
+from bench.eval.metrics.registry import MetricConfig, register_metric
+from models.lazy import torch
+
+__all__ = ["Evaluator", "LongPPLConfig", "key_token_mask", "longppl_value"]
+
+logger = logging.getLogger(__name__)
+AUTO = "auto"
+_KEY = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass
+class LongPPLConfig(MetricConfig):
+    """``eval.longppl``: LongPPL at each of its lengths (off by default:
+    ``eval.longppl.enabled=true``); lengths default to the eval lengths above ``short_context``."""
+
+    enabled: bool = False
+    max_docs: int = 4  # test documents per length (their first `length` tokens)
+    alpha: float = 2.0  # LSD threshold: nll_short - nll_full > alpha (nats)
+    beta: float = -2.0  # LCL threshold: full-context log-probability > beta
+    short_context: Any = "1x"  # K: tokens the short read keeps (tokens or "<m>x" of L)
+    window: Any = None  # W: targets sharing one short read; null = K // 4
+    evaluator: str = AUTO  # auto (the recipe at the longest length, RoPE) or a checkpoint key
+    evaluator_seed: int = 0  # the auto evaluator's seed (one evaluator for every seed's series)
+    # a pretrained model's evaluator: a transformers model (directory or hub id) with the same
+    # tokenizer; required for a pretrained job, refused for a lenbench one (byte tokens)
+    evaluator_pretrained: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.max_docs = integer(self.key("max_docs"), self.max_docs, 1)
+        self.alpha = number(self.key("alpha"), self.alpha, 0.0)  # nats the long context gains
+        self.beta = number(self.key("beta"), self.beta, -math.inf, 0.0)  # a log-probability
+        self.evaluator_seed = integer(self.key("evaluator_seed"), self.evaluator_seed, 0)
+        if not isinstance(self.evaluator, str) or not (
+            self.evaluator == AUTO or _KEY.fullmatch(self.evaluator)
+        ):
+            raise ValueError(
+                f"{self.key('evaluator')} {self.evaluator!r} is invalid; allowed: auto or the "
+                "16-hex-character key of a checkpoint in paths.cache."
+            )
+
+    def resolve(self, train_length: int, eval_lengths: Sequence[int]) -> LongPPLConfig:
+        short = integer(
+            self.key("short_context"),
+            parse_length(self.short_context, train_length, self.key("short_context")),
+            1,
+        )
+        window = max(1, short // 4) if self.window is None else self.window
+        window = integer(self.key("window"), window, 1)
+        above = [x for x in eval_lengths if x > short]
+        out = super().resolve(train_length, eval_lengths if self.lengths is not None else above)
+        at_or_below = [x for x in out.lengths if x <= short]
+        if self.enabled and at_or_below:
+            raise ValueError(
+                f"{self.key('lengths')} has {at_or_below[0]} at or below "
+                f"{self.key('short_context')} {short} (K, the short read's context): no token "
+                f"there has more context than K; allowed: lengths above {short}."
+            )
+        return replace(out, short_context=short, window=window)
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """The model that chooses the key tokens: ``identity`` (its checkpoint key) names it in rows;
+    ``train_length`` is the longest window it scores."""
+
+    model: Any
+    identity: str
+    train_length: int
+
+
+def key_token_mask(
+    score: Callable[[torch.Tensor], torch.Tensor],
+    windows: torch.Tensor,  # [N, T] token ids
+    short: int,
+    window: int,
+    alpha: float,
+    beta: float,
+) -> torch.Tensor:
+    """Which targets of ``windows`` are key tokens ([N, T - 1] bool; column j is token j + 1).
+
+    ``score(ids [N, n])`` returns the evaluator's NLL of tokens 1..n-1 ([N, n - 1]). The full
+    read scores the whole window; short reads start every ``window`` tokens and hold ``short``
+    tokens of context before their ``window`` targets (the last block is cut at the window's
+    end), as the reference's ``find_key_token``.
+    """
+    full = score(windows)  # [N, T - 1]
+    mask = torch.zeros_like(full, dtype=torch.bool)
+    total = windows.shape[1]
+    for start in range(0, total - short, window):
+        width = min(window, total - start - short)
+        nll_short = score(windows[:, start : start + short + width])[:, short - 1 :]  # [N, width]
+        cols = slice(start + short - 1, start + short + width - 1)
+        nll_full = full[:, cols]
+        mask[:, cols] = (nll_short - nll_full > alpha) & (nll_full < -beta)
+    return mask
+
+
+def longppl_value(nll: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+    """(exp of the mean NLL over the key tokens, their count); (nan, 0) without key tokens."""
+    count = int(mask.sum())
+    if count == 0:
+        return math.nan, 0
+    return math.exp(float(nll[mask].double().mean())), count
+
+
+_MASKS: dict[tuple, torch.Tensor] = {}  # key tokens per evaluator, windows and rule
+
+
+def _batched(ctx: EvalContext, length: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    rows = max(1, ctx.rows_per_batch(length))
+
+    def score(ids: torch.Tensor) -> torch.Tensor:
+        return torch.cat([ctx.token_nll(ids[i : i + rows]) for i in range(0, len(ids), rows)])
+
+    return score
+
+
+def _key_tokens(ctx: EvalContext, windows: torch.Tensor, cfg: LongPPLConfig) -> torch.Tensor:
+    evaluator: Evaluator = ctx.evaluator
+    digest = hashlib.sha256(windows.numpy().tobytes()).hexdigest()
+    memo = (evaluator.identity, digest, cfg.short_context, cfg.window, cfg.alpha, cfg.beta)
+    if memo not in _MASKS:
+        ev_ctx = replace(ctx, model=evaluator.model, evaluator=None)
+        evaluator.model.eval()
+        _MASKS[memo] = key_token_mask(
+            _batched(ev_ctx, windows.shape[1]),
+            windows,
+            cfg.short_context,
+            cfg.window,
+            cfg.alpha,
+            cfg.beta,
+        )
+    return _MASKS[memo]
+
+
+@register_metric("longppl", config=LongPPLConfig)
+def longppl_metric(
+    ctx: EvalContext, cfg: LongPPLConfig, docs: Sequence[Document], length: int
+) -> list[dict]:
+    if ctx.evaluator is None:
+        raise ValueError("eval.longppl needs an evaluator model (the job builds it).")
+    if length > ctx.evaluator.train_length:
+        raise ValueError(
+            f"eval.longppl.evaluator {ctx.evaluator.identity} was trained at "
+            f"{ctx.evaluator.train_length} tokens and cannot score length {length}; allowed: "
+            "an evaluator trained at the longest LongPPL length or longer (evaluator: auto)."
+        )
+    selected, _ = select_documents(docs, length, cfg.max_docs)
+    if not selected:
+        return []
+    windows = first_windows(selected, length)  # [D, length]
+    mask = _key_tokens(ctx, windows, cfg)
+    nll = _batched(ctx, length)(windows)  # [D, length - 1], the judged model
+    value, count = longppl_value(nll, mask)
+    if count == 0:
+        logger.warning("eval longppl: no key token at length %d; no row written.", length)
+        return []
+    params = {
+        "evaluator": ctx.evaluator.identity,
+        "alpha": cfg.alpha,
+        "beta": cfg.beta,
+        "short_context": cfg.short_context,
+        "window": cfg.window,
+        "targets": int(mask.numel()),
+    }
+    return [make_row("longppl", value, count, length, task_params=canonical_json(params))]

@@ -1,0 +1,203 @@
+"""The metric registry: a metric is one registered function plus the dataclass of its YAML section.
+
+Shaped like ``models.scaling``: ``@register_metric("name", config=NameConfig)`` adds
+``fn(ctx, cfg, docs, length) -> rows`` to :data:`METRICS`, and ``NameConfig`` (a
+:class:`MetricConfig`) declares the keys of the ``eval.name`` section with their defaults and
+checks, so the eval config gains the section without further edits. Metrics run at each eval
+length in registration order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, ClassVar
+
+from bench.core.checks import boolean, check_grid, choice, integer, number, resolve_grid
+from bench.core.runtime import PRECISIONS
+from bench.core.shards import parse_shard
+from bench.data.corpora import Document
+from bench.eval.metrics.context import EvalContext
+
+__all__ = [
+    "DEFAULT_LENGTHS",
+    "METRICS",
+    "BootstrapConfig",
+    "EvalKeys",
+    "Metric",
+    "MetricConfig",
+    "MetricFn",
+    "grid_field",
+    "register_metric",
+    "top_level_keys",
+]
+
+logger = logging.getLogger(__name__)
+
+_GRID = {"grid": True}
+DEFAULT_LENGTHS = ("1x", "2x", "4x", "8x", "16x")
+
+
+@dataclass
+class EvalKeys:
+    """The eval config's top-level keys, which are not metric sections: no metric may take their
+    names (nor ``harness``). :class:`bench.eval.metrics.config.EvalConfigBase` adds the sections.
+
+    These defaults are the standard protocol (``conf/eval/standard.yaml`` holds only changes to
+    them; ``lenbench --cfg job`` prints the composed values). Lengths and grids take token counts
+    (256) or multiples of the training length ("4x", "0.25x").
+    """
+
+    # eval lengths (window sizes); a static scaling factor "auto" is set for the longest; null = these
+    lengths: Any = field(default_factory=lambda: list(DEFAULT_LENGTHS))
+    # fp32 | bf16 (autocast; angles and softmax statistics stay fp32)
+    precision: str = "fp32"
+    batch_size: int = 8  # windows per forward pass ...
+    max_batch_tokens: int | None = 32768  # ... capped at this many tokens per pass (null = no cap)
+    # "i/N": evaluate only shard i of N of the eval lengths, then merge (bench.core.shards); null = all
+    shard: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.lengths == "auto":
+            raise ValueError("eval.lengths must be a length or a list of lengths, got 'auto'.")
+        check_grid(self.lengths, "eval.lengths")
+        self.precision = choice("eval.precision", self.precision, PRECISIONS)
+        self.batch_size = integer("eval.batch_size", self.batch_size, 1)
+        self.max_batch_tokens = integer(
+            "eval.max_batch_tokens", self.max_batch_tokens, 1, optional=True
+        )
+        parse_shard(self.shard)
+
+
+def top_level_keys() -> tuple[str, ...]:
+    """The eval keys that are not metric sections (no metric may take these names)."""
+    return (*(f.name for f in fields(EvalKeys)), "harness")
+
+
+def grid_field(default: Any) -> Any:
+    """A section field holding 'auto'/null or lengths (tokens or "<m>x"), resolved to tokens."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=_GRID)
+    return field(default=default, metadata=_GRID)
+
+
+@dataclass
+class MetricConfig:
+    """The keys every metric section has; a metric's config dataclass adds its own after them.
+
+    A section's defaults are the standard protocol (``conf/eval/*.yaml`` hold only changes).
+    Subclasses check their fields in ``__post_init__`` (calling this one first) with the helpers
+    of ``bench.core.checks``, naming keys with :meth:`key`.
+    """
+
+    enabled: bool = True  # run this metric at all
+    lengths: Any = None  # the eval lengths it runs at (tokens or "<m>x"); null = every eval length
+
+    section: ClassVar[str] = ""  # the YAML section name, set by register_metric
+
+    @property
+    def reads_documents(self) -> bool:
+        """Whether the metric reads test documents (they must be long enough for its lengths)."""
+        return True
+
+    def __post_init__(self) -> None:
+        self.enabled = boolean(self.key("enabled"), self.enabled)
+        check_grid(self.lengths, self.key("lengths"))
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        """The full config key of field ``name``, e.g. ``eval.nll.max_docs``."""
+        return f"eval.{cls.section or cls.__name__}.{name}"
+
+    def resolve(self, train_length: int, eval_lengths: Sequence[int]) -> MetricConfig:
+        """A copy for one job: ``lengths`` = the eval lengths it runs at, grid fields in tokens."""
+        wanted = resolve_grid(self.lengths, train_length, self.key("lengths"))
+        lengths = list(eval_lengths) if wanted is None else [x for x in eval_lengths if x in wanted]
+        if self.enabled and wanted is not None and not lengths:
+            logger.warning(
+                "eval metric %s is enabled but none of its lengths %s is an eval length %s; it will not run.",
+                self.section,
+                wanted,
+                list(eval_lengths),
+            )
+        grids = {
+            f.name: resolve_grid(getattr(self, f.name), train_length, self.key(f.name))
+            for f in fields(self)
+            if f.metadata.get("grid")
+        }
+        return replace(self, lengths=lengths, **grids)
+
+
+@dataclass
+class BootstrapConfig(MetricConfig):
+    """A metric over a sample of test documents with a bootstrap CI over documents."""
+
+    # test documents taken from the run's set (long enough for its longest length), spread evenly
+    max_docs: int = 16
+    bootstrap: int = 1000  # bootstrap resamples over documents for ci_lo/ci_hi (0 = no CI)
+    ci: float = 0.95  # CI level
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.max_docs = integer(self.key("max_docs"), self.max_docs, 1)
+        self.bootstrap = integer(self.key("bootstrap"), self.bootstrap, 0)
+        self.ci = number(self.key("ci"), self.ci, 0.0, 1.0, interval="()")
+
+
+MetricFn = Callable[[EvalContext, Any, Sequence[Document], int], list[dict]]
+"""``fn(ctx, cfg, docs, length) -> rows``: cfg is the metric's resolved section."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    fn: MetricFn
+    config: type[MetricConfig]
+    # rows computed once per run from this metric's rows at every length (e.g. passkey_context)
+    finish: Callable[[Any, list[dict]], list[dict]] | None = None
+    # ``prepare(ctx, cfg, docs, length)``: called at each eval length before any metric runs there,
+    # to announce what it will read from forward passes that other metrics make anyway
+    # (``EvalContext.want_hidden``); results must not depend on whether it was called
+    prepare: Callable[[EvalContext, Any, Sequence[Document], int], None] | None = None
+
+
+METRICS: dict[str, Metric] = {}
+"""Registered metrics by section name, in the order they run at each eval length."""
+
+
+def register_metric(
+    name: str,
+    *,
+    config: type[MetricConfig],
+    finish: Callable[[Any, list[dict]], list[dict]] | None = None,
+    prepare: Callable[[EvalContext, Any, Sequence[Document], int], None] | None = None,
+) -> Callable[[MetricFn], MetricFn]:
+    """Register ``fn(ctx, cfg, docs, length) -> rows`` as metric ``name`` with section ``config``.
+
+    ``finish(cfg, rows)``, if given, receives the metric's rows from every length after the last
+    one and returns extra rows. ``prepare(ctx, cfg, docs, length)``, if given, runs at each of the
+    metric's eval lengths before the first metric there (see :class:`Metric`).
+    """
+
+    def decorator(fn: MetricFn) -> MetricFn:
+        if name in METRICS:
+            raise ValueError(f"metric {name!r} is already registered.")
+        if not name.isidentifier() or name in top_level_keys():
+            raise ValueError(
+                f"metric name {name!r} is invalid; allowed: a Python identifier other than "
+                f"{', '.join(top_level_keys())}."
+            )
+        if not (is_dataclass(config) and issubclass(config, MetricConfig)):
+            raise ValueError(
+                f"metric {name!r}: config must be a dataclass subclassing MetricConfig, got {config!r}."
+            )
+        if config.section and config.section != name:
+            raise ValueError(
+                f"metric {name!r}: config {config.__name__} already belongs to metric {config.section!r}."
+            )
+        config.section = name
+        METRICS[name] = Metric(name, fn, config, finish, prepare)
+        return fn
+
+    return decorator

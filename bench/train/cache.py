@@ -1,0 +1,682 @@
+"""Content-addressed checkpoint cache: train a configuration once, reuse it everywhere.
+
+A checkpoint's key is ``sha256(canonical JSON of weights_config(job, corpus))[:16]``: only what
+changes the weights (model, position, data and train fields not marked ``weights: False`` in
+``bench.schema``, seed, corpus fingerprint, ``CODE_SALT``, and the position family's
+``weights_revision`` when it is > 0). Eval-time settings never enter it.
+A fine-tune's (``extend`` active, ``bench.train.extend``) is the hash of its parent's key and config and
+its own ``extend`` fields; its checkpoint also stores the scaling it was trained with.
+
+Layout under the cache root (default: env ``LENBENCH_CACHE`` or ``~/.cache/lenbench/checkpoints``)::
+
+    <root>/<key>/model.pt    torch.save({"key", "model_cfg", "position_cfg", "train_length",
+                                         "weights_config", "state_dict", "train_stats",
+                                         ["scaling" of a fine-tune]})
+    <root>/<key>/DONE        {"key": ..., "weights_config": ...} (JSON), written last
+    <root>/<key>/resume.pt   resumable state of an unfinished training (bench.train.resume)
+    <root>/<key>.lock        filelock: held while a process trains or writes this key
+
+Protocol (``get_or_train``): if DONE exists, load. Otherwise (a fine-tune: get its parent first,
+under the parent's lock) take the lock, look again, delete leftovers of interrupted writers, train,
+write model.pt and then DONE, each through a temporary file + ``os.replace``, then delete the
+resumable state. A killed process leaves either no DONE or a complete checkpoint; the OS releases
+its lock, and the next run resumes from the last resumable state the training wrote (every
+``train.save_every`` updates / ``save_every_minutes``), or starts over without one. A DONE
+checkpoint is final: a state is never read then. Loading verifies that the stored weights config
+hashes to the key and matches DONE, the stored model and the request (``CheckpointError``
+otherwise). Under ``accelerate launch`` rank 0 takes the lock and decides train-or-load for every
+rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from bench.core.checks import weights_dict
+from bench.core.results import canonical_json
+from bench.core.runtime import use_cpu_backend
+from bench.core.sections import ModelSchema, PositionSchema
+from bench.data.corpora import Corpus
+from bench.tasks.passkey import passkey_template
+from bench.tasks.ruler import ruler_text
+from bench.train.extend import base_job, extend_weights
+from bench.train.resume import RESUME_FILE, TMP_PREFIX, ResumeFile, atomic_write
+from bench.train.trainer import TrainStats, train_model
+from models.positions import PositionConfig
+from models.transformer import DecoderLM, ModelConfig, ScalingConfig
+
+if TYPE_CHECKING:  # the job schema sits above the stages (bench.schema)
+    from bench.schema import JobConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CODE_SALT",
+    "CheckpointError",
+    "checkpoint_dir",
+    "default_cache_root",
+    "get_or_train",
+    "key_of",
+    "load_model",
+    "save_checkpoint",
+    "weights_config",
+    "weights_key",
+]
+
+# Bump whenever a code change alters the weights a given config trains to (model init, training
+# loop, data pipeline): every key changes, so stale checkpoints are never reused.
+CODE_SALT = "lenbench-weights-1"
+MODEL_FILE = "model.pt"
+DONE_FILE = "DONE"
+KEY_CHARS = 16
+ENV_CACHE = "LENBENCH_CACHE"
+_KEY_PATTERN = re.compile(rf"[0-9a-f]{{{KEY_CHARS}}}")
+
+
+class CheckpointError(ValueError):
+    """A stored checkpoint is missing, incomplete or does not match its key or the request."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A stored checkpoint file's bytes differ from the SHA-256 recorded when it was written."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _normalized(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as its canonical JSON reads back (``256.0`` -> ``256``, floats to 12 digits)."""
+    return json.loads(canonical_json(config))
+
+
+def key_of(config: Mapping[str, Any]) -> str:
+    """The 16-hex-char key of an already normalized weights config."""
+    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:KEY_CHARS]
+
+
+def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[str, Any]:
+    """What determines the trained weights, normalized: model, position, data, train, seed, salt.
+
+    ``corpus`` (a Corpus or its fingerprint) adds ``corpus_fingerprint``, so a changed corpus
+    (edited text files, another Python's stdlib) never reuses weights trained on the old one.
+    ``get_or_train`` always passes it: the key of a job is ``weights_key(job, corpus)``.
+    A fine-tune's is ``{code_salt, parent_key, parent: <its parent's>, extend}``.
+    """
+    if job.extend.active:
+        parent = weights_config(base_job(job), corpus)
+        extend = {
+            "code_salt": CODE_SALT,
+            "parent_key": key_of(parent),
+            "parent": parent,
+            "extend": extend_weights(job),
+        }
+        return _normalized(extend)
+    out: dict[str, Any] = {
+        "code_salt": CODE_SALT,
+        "model": weights_dict(job.model),
+        "position": weights_dict(job.position),
+        "data": weights_dict(job.data),
+        "train": weights_dict(job.train),
+        "seed": job.seed,
+    }
+    revision = job.position.family.weights_revision
+    if revision:  # a family's own code change (models.positions.Family.weights_revision)
+        out["position_revision"] = revision
+    if job.train.passkey_fraction > 0:
+        # the template's text, not only its name: editing a template retrains its models
+        out["passkey_text"] = asdict(passkey_template(job.train.passkey_template))
+    trained = [t for t in job.train.trained_ruler_tasks() if t != "passkey"]
+    if trained:  # likewise the RULER-style tasks' text
+        out["ruler_text"] = ruler_text(trained)
+    if corpus is not None:
+        out["corpus_fingerprint"] = corpus if isinstance(corpus, str) else corpus.fingerprint
+    return _normalized(out)
+
+
+def weights_key(job: JobConfig, corpus: Corpus | str | None = None) -> str:
+    """sha256 hex[:16] of ``weights_config(job, corpus)``."""
+    return key_of(weights_config(job, corpus))
+
+
+def model_config_id(job: JobConfig, corpus: Corpus | str | None = None) -> str:
+    """The weights key with the seed left out: equal for every seed of one model configuration
+    (the ``model_config_id`` column that ``bench.core.series`` counts in a series)."""
+    return weights_key(replace(job, seed=0), corpus)
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def default_cache_root() -> Path:
+    """``$LENBENCH_CACHE`` or ``~/.cache/lenbench/checkpoints``."""
+    env = os.environ.get(ENV_CACHE)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lenbench" / "checkpoints"
+
+
+def _root(cache_root: str | Path | None) -> Path:
+    return Path(cache_root).expanduser() if cache_root is not None else default_cache_root()
+
+
+def checkpoint_dir(key: str, cache_root: str | Path | None = None) -> Path:
+    if not _KEY_PATTERN.fullmatch(key):
+        raise ValueError(
+            f"checkpoint key {key!r} is invalid; a key is {KEY_CHARS} lowercase hex characters."
+        )
+    return _root(cache_root) / key
+
+
+def _clean_leftovers(directory: Path) -> None:
+    """Remove temp files of interrupted writers and a DONE-less model.pt (caller holds the lock)."""
+    if not directory.is_dir():
+        return
+    for leftover in directory.glob(f"{TMP_PREFIX}*"):
+        leftover.unlink(missing_ok=True)
+    if not (directory / DONE_FILE).exists():
+        (directory / MODEL_FILE).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def _model_part(config: Mapping[str, Any]) -> tuple[Any, Any, int]:
+    while "parent" in config:  # a fine-tune has its base model's architecture
+        config = config["parent"]
+    return config["model"], config["position"], config["train"]["length"]
+
+
+def _scaling_part(scaling: ScalingConfig) -> dict[str, Any]:
+    return scaling.identity
+
+
+def _check_model_matches(
+    model_cfg: Mapping[str, Any],
+    position_cfg: Mapping[str, Any],
+    train_length: int,
+    config: Mapping[str, Any],
+    where: str,
+) -> None:
+    want_model, want_position, want_length = _model_part(config)
+    # both sides as they enter the key (a field added later is absent from older configs)
+    model_cfg = weights_dict(ModelSchema(**model_cfg))
+    want_model = weights_dict(ModelSchema(**want_model))
+    position = weights_dict(PositionSchema(**position_cfg))
+    if (
+        canonical_json(model_cfg) != canonical_json(want_model)
+        or canonical_json(position) != canonical_json(want_position)
+        or int(train_length) != int(want_length)
+    ):
+        raise CheckpointError(
+            f"{where}: the model's configuration (model {canonical_json(model_cfg)}, position "
+            f"{canonical_json(position)}, train_length {train_length}) does not match its weights "
+            f"config (model {canonical_json(want_model)}, position {canonical_json(want_position)}, "
+            f"train.length {want_length})."
+        )
+
+
+def save_checkpoint(
+    model: DecoderLM,
+    key: str,
+    weights_config: Mapping[str, Any],
+    cache_root: str | Path | None = None,
+    train_stats: TrainStats | Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``<root>/<key>/model.pt`` then ``DONE``, each atomically; return the checkpoint dir.
+
+    ``key`` must be ``key_of(weights_config)`` and the model must have the weights config's
+    architecture; both are checked so a bad checkpoint is refused at write time, not at load.
+    Callers that may race should hold the key's lock (``get_or_train`` does).
+    """
+    config = _normalized(weights_config)
+    if key_of(config) != key:
+        raise CheckpointError(
+            f"key {key!r} is not the key of the given weights config ({key_of(config)!r})."
+        )
+    _check_model_matches(
+        asdict(model.model_cfg),
+        asdict(model.position_cfg),
+        model.train_length,
+        config,
+        f"checkpoint {key}",
+    )
+    if "extend" in config and canonical_json(_scaling_part(model.scaling)) != canonical_json(
+        config["extend"]["scaling"]
+    ):
+        raise CheckpointError(
+            f"checkpoint {key}: the model's scaling {canonical_json(_scaling_part(model.scaling))} "
+            f"is not the one it was fine-tuned with ({canonical_json(config['extend']['scaling'])})."
+        )
+    directory = checkpoint_dir(key, cache_root)
+    directory.mkdir(parents=True, exist_ok=True)
+    state_dict = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    payload = {
+        "key": key,
+        "model_cfg": asdict(model.model_cfg),
+        "position_cfg": asdict(model.position_cfg),
+        "train_length": int(model.train_length),
+        "weights_config": config,
+        "state_dict": state_dict,
+        "train_stats": _json_safe(train_stats),
+    }
+    if "extend" in config:  # a fine-tuned model is evaluated with the scaling it trained with
+        payload["scaling"] = asdict(model.scaling)
+    (directory / DONE_FILE).unlink(missing_ok=True)  # a rewrite is incomplete until DONE is back
+    atomic_write(directory / MODEL_FILE, lambda handle: torch.save(payload, handle))
+    # the file's digest, verified on every load: a flipped bit is never silently a model
+    record = {"key": key, "weights_config": config, "sha256": file_sha256(directory / MODEL_FILE)}
+    done = json.dumps(record, indent=1, sort_keys=True)
+    atomic_write(directory / DONE_FILE, lambda handle: handle.write(done.encode("utf-8")))
+    return directory
+
+
+def _json_safe(stats: TrainStats | Mapping[str, Any] | None) -> dict[str, Any]:
+    """train_stats as JSON would return them (int dict keys become strings), for both code paths."""
+    if isinstance(stats, TrainStats):
+        stats = stats.as_dict()
+    return json.loads(json.dumps(dict(stats or {}), default=str))
+
+
+def checkpoint_ref_dir(ref: str | Path, cache_root: str | Path | None) -> Path:
+    """Checkpoint directory of a key, a checkpoint directory or a model.pt path."""
+    path = Path(ref).expanduser()
+    if isinstance(ref, str) and _KEY_PATTERN.fullmatch(ref) and not path.exists():
+        path = checkpoint_dir(ref, cache_root)
+    if path.is_file():
+        return path.parent
+    if path.is_dir():
+        return path
+    raise CheckpointError(
+        f"checkpoint {str(ref)!r} was not found; give a {KEY_CHARS}-hex-character key (looked up "
+        f"under {_root(cache_root)}), a checkpoint directory or a path to its {MODEL_FILE}."
+    )
+
+
+def _read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(DONE record, model.pt payload) of a finished checkpoint whose file still has the SHA-256
+    recorded in DONE; CheckpointError when it is incomplete or unreadable."""
+    model_path, done_path = directory / MODEL_FILE, directory / DONE_FILE
+    if (
+        not done_path.exists()
+        and not model_path.exists()
+        and not (directory / RESUME_FILE).exists()
+    ):
+        raise CheckpointError(
+            f"{directory} is not a lenbench checkpoint (it has no {MODEL_FILE}); give a checkpoint "
+            f"directory, its {MODEL_FILE} or a {KEY_CHARS}-hex-character cache key."
+        )
+    if not done_path.exists() or not model_path.exists():
+        raise CheckpointError(
+            f"checkpoint {directory} is incomplete (no {DONE_FILE} marker or no {MODEL_FILE}): its "
+            "training was interrupted; rerun the job to train it again."
+        )
+    try:
+        done = json.loads(done_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:  # DONE is written atomically
+        raise CheckpointCorrupt(
+            f"checkpoint marker {done_path} is not the JSON written when it was completed (its "
+            f"bytes changed on disk: {type(err).__name__}); it is retrained, or delete its "
+            "directory."
+        ) from err
+    except Exception as err:
+        raise CheckpointError(
+            f"checkpoint {directory} cannot be read ({err}); delete it to retrain."
+        ) from err
+    if not isinstance(done, dict):
+        raise CheckpointCorrupt(
+            f"checkpoint marker {done_path} is not the JSON record written when it was completed "
+            "(its bytes changed on disk); it is retrained, or delete its directory."
+        )
+    recorded = done.get("sha256")
+    if recorded is not None and file_sha256(model_path) != recorded:
+        raise CheckpointCorrupt(
+            f"checkpoint file {model_path} does not match the SHA-256 recorded when it was "
+            "written (its bytes changed on disk); it is retrained, or delete its directory."
+        )
+    try:
+        payload = torch.load(model_path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a corrupt file must name its path
+        raise CheckpointError(
+            f"checkpoint {directory} cannot be read ({err}); delete it to retrain."
+        ) from err
+    return done, payload
+
+
+def _verified_config(
+    directory: Path,
+    done: dict[str, Any],
+    payload: dict[str, Any],
+    expected_config: Mapping[str, Any] | None,
+) -> tuple[str, dict[str, Any]]:
+    """(key, weights config) of a read checkpoint after checking that the config hashes to the
+    key, agrees with DONE, the request and the stored model; CheckpointError otherwise."""
+    model_path = directory / MODEL_FILE
+    stored = payload.get("weights_config")
+    key = payload.get("key")
+    if not isinstance(stored, dict) or not isinstance(key, str):
+        raise CheckpointError(
+            f"checkpoint {model_path} has no weights_config/key; delete {directory} to retrain."
+        )
+    if key_of(stored) != key or (_KEY_PATTERN.fullmatch(directory.name) and directory.name != key):
+        raise CheckpointError(
+            f"checkpoint {model_path} is inconsistent: its stored weights config hashes to "
+            f"{key_of(stored)} but it is stored as {key!r} in {directory.name!r} (edited or "
+            f"corrupted); delete {directory} to retrain."
+        )
+    if done.get("key") != key or canonical_json(done.get("weights_config")) != canonical_json(
+        stored
+    ):
+        raise CheckpointError(
+            f"checkpoint {directory} is inconsistent: {DONE_FILE} and {MODEL_FILE} disagree about "
+            f"the weights config (edited or corrupted); delete {directory} to retrain."
+        )
+    if expected_config is not None and canonical_json(expected_config) != canonical_json(stored):
+        raise CheckpointError(
+            f"checkpoint {model_path} does not hold the requested weights config: stored "
+            f"{canonical_json(stored)}, requested {canonical_json(expected_config)}."
+        )
+    _check_model_matches(
+        payload["model_cfg"],
+        payload["position_cfg"],
+        payload["train_length"],
+        stored,
+        f"checkpoint {model_path}",
+    )
+    return key, stored
+
+
+def load_model(
+    ref: str | Path,
+    cache_root: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    expected_config: Mapping[str, Any] | None = None,
+) -> tuple[DecoderLM, dict[str, Any]]:
+    """Load a finished checkpoint -> (model in eval mode on ``device``, meta).
+
+    ``ref`` is a key (under ``cache_root``, default ``$LENBENCH_CACHE`` or
+    ``~/.cache/lenbench/checkpoints``), a checkpoint directory or its model.pt. meta holds
+    ``key``, ``weights_config``, ``train_length``, ``train_stats``, ``model_cfg``,
+    ``position_cfg``, ``scaling`` (a fine-tune's, set on the model; else None) and ``path``.
+    Raises CheckpointError (a ValueError) if the checkpoint is incomplete (no DONE), was edited
+    (its weights config does not hash to its key), or does not equal ``expected_config`` when
+    given.
+    """
+    directory = checkpoint_ref_dir(ref, cache_root)
+    done, payload = _read_checkpoint(directory)
+    key, stored = _verified_config(directory, done, payload, expected_config)
+    model = DecoderLM(
+        ModelConfig(**payload["model_cfg"]),
+        PositionConfig(**payload["position_cfg"]),
+        int(payload["train_length"]),
+    )
+    model.load_state_dict(payload["state_dict"])
+    if payload.get("scaling") is not None:
+        model.set_scaling(ScalingConfig(**payload["scaling"]))
+    model.to(device).eval()
+    meta = {
+        "key": key,
+        "weights_config": stored,
+        "train_length": int(payload["train_length"]),
+        "train_stats": payload.get("train_stats", {}),
+        "model_cfg": payload["model_cfg"],
+        "position_cfg": payload["position_cfg"],
+        "scaling": payload.get("scaling"),
+        "path": str(directory),
+    }
+    return model, meta
+
+
+# --------------------------------------------------------------------------- get or train
+
+
+def _distributed(accelerator: Any) -> Any:
+    """accelerate's PartialState when several processes run this job, else None."""
+    if accelerator is not None:
+        return accelerator.state if accelerator.num_processes > 1 else None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or (
+        torch.distributed.is_available() and torch.distributed.is_initialized()
+    ):
+        from accelerate import PartialState
+
+        state = PartialState(cpu=use_cpu_backend())
+        return state if state.num_processes > 1 else None
+    return None
+
+
+def _finish(model: DecoderLM, job: JobConfig, device: Any) -> DecoderLM:
+    # Eval-time position settings of the request (out_of_range) apply to the returned model.
+    model.position_cfg = job.position
+    return model.to(device).eval()
+
+
+def curve_job(job: JobConfig, steps: int) -> JobConfig:
+    """The fine-tune of ``job`` stopped after ``steps`` updates (a point of its recovery curve)."""
+    return replace(job, extend=job.extend.with_steps(steps))
+
+
+def save_snapshot(
+    job: JobConfig,
+    corpus: Corpus,
+    cache_root: str | Path | None,
+    steps: int,
+    model: DecoderLM,
+    stats: Mapping[str, Any],
+) -> Path | None:
+    """Store ``model`` (a fine-tune of ``job`` after ``steps`` updates) as the checkpoint of
+    :func:`curve_job` ``(job, steps)``; nothing if it exists or another process holds its lock."""
+    from filelock import FileLock, Timeout
+
+    point = curve_job(job, steps)
+    config = weights_config(point, corpus)
+    key = key_of(config)
+    root = _root(cache_root)
+    directory = root / key
+    if (directory / DONE_FILE).exists():
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(root / f"{key}.lock"), timeout=0):
+            if (directory / DONE_FILE).exists():
+                return None
+            _clean_leftovers(directory)
+            return save_checkpoint(model, key, config, root, _json_safe(stats))
+    except Timeout:
+        return None  # being trained by another process: its own run writes it
+
+
+#: What get_or_train returns: (model in eval mode, meta, whether this call trained it).
+_Result = tuple[DecoderLM, dict[str, Any], bool]
+
+
+class _CacheEntry:
+    """The cache slot of one job for :func:`get_or_train`: its key, directory and resumable
+    state, and the two ways to fill a request from it (load, or train and write)."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        corpus: Corpus,
+        cache_root: str | Path | None,
+        *,
+        train_fn: Callable[..., tuple[DecoderLM, TrainStats | Mapping[str, Any]]],
+        progress: bool,
+        accelerator: Any,
+        device: str | torch.device,
+        lock_timeout: float,
+        retrain_corrupt: bool,
+    ):
+        self.job, self.corpus, self.train_fn, self.progress = job, corpus, train_fn, progress
+        self.accelerator, self.device = accelerator, device
+        self.lock_timeout, self.retrain_corrupt = lock_timeout, retrain_corrupt
+        self.config = weights_config(job, corpus)
+        self.key = key_of(self.config)
+        self.root = _root(cache_root)
+        self.directory = self.root / self.key
+        self.resume = ResumeFile(self.directory / RESUME_FILE, self.key, self.config)
+        # train_fn's keyword arguments; parent() adds a fine-tune's init
+        self.kwargs: dict[str, Any] = {"progress": progress, "resume": self.resume}
+        if accelerator is not None:
+            self.kwargs["accelerator"] = accelerator
+        if job.extend.active and any(job.extend.curve):
+            self.kwargs["snapshot"] = lambda steps, model, stats: save_snapshot(
+                job, corpus, self.root, steps, model, stats
+            )
+
+    def done(self) -> bool:
+        return (self.directory / DONE_FILE).exists()
+
+    def lock(self) -> Any:
+        from filelock import FileLock
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / f"{self.key}.lock"), timeout=self.lock_timeout)
+
+    def parent(self) -> None:
+        """A fine-tune's parent model as ``init`` (every rank calls this: it may train)."""
+        if self.job.extend.active:
+            self.kwargs["init"], _, _ = get_or_train(
+                base_job(self.job),
+                self.corpus,
+                self.root,
+                train_fn=self.train_fn,
+                progress=self.progress,
+                accelerator=self.accelerator,
+                device=self.device,
+                lock_timeout=self.lock_timeout,
+            )
+
+    def load(self) -> _Result:
+        model, meta = load_model(self.directory, device=self.device, expected_config=self.config)
+        return _finish(model, self.job, self.device), meta, False
+
+    def load_or_forget(self) -> _Result | None:
+        """The stored model, or None (its DONE removed, so it trains again) when its file does
+        not match its recorded SHA-256 and ``retrain_corrupt`` allows retraining."""
+        try:
+            return self.load()
+        except CheckpointCorrupt as err:
+            if not self.retrain_corrupt:
+                raise
+            logger.warning("%s", err)
+            (self.directory / DONE_FILE).unlink(missing_ok=True)
+            return None
+
+    def train_and_save(self, write: bool) -> _Result:
+        """Train; with ``write``, store the checkpoint and drop the now obsolete resumable state."""
+        model, stats = self.train_fn(self.job, self.corpus, **self.kwargs)
+        stats = _json_safe(stats)
+        if write:
+            save_checkpoint(model, self.key, self.config, self.root, stats)
+            self.resume.clear()  # the checkpoint is final; the partial run is obsolete
+        # meta describes the model as trained, before _finish sets the request's position_cfg
+        meta = {
+            "key": self.key,
+            "weights_config": self.config,
+            "train_length": int(model.train_length),
+            "train_stats": stats,
+            "model_cfg": asdict(model.model_cfg),
+            "position_cfg": asdict(model.position_cfg),
+            "scaling": asdict(model.scaling) if self.job.extend.active else None,
+            "path": str(self.directory),
+        }
+        return _finish(model, self.job, self.device), meta, True
+
+    def get_alone(self) -> _Result:
+        """One process: load a finished checkpoint, else train it under the key's lock."""
+        if self.done():
+            loaded = self.load_or_forget()
+            if loaded is not None:
+                return loaded
+        self.parent()
+        with self.lock():
+            if self.done():
+                loaded = self.load_or_forget()  # another process trained it while we waited
+                if loaded is not None:
+                    return loaded
+            _clean_leftovers(self.directory)
+            return self.train_and_save(write=True)
+
+    def get_ranked(self, state: Any) -> _Result:
+        """Several ranks: rank 0 holds the lock and decides train-or-load for all of them."""
+        from accelerate.utils import broadcast_object_list
+
+        lock = None
+        decision = ["load"]
+        try:
+            if state.is_main_process:
+                lock = self.lock()
+                lock.acquire()
+                if not self.done():
+                    _clean_leftovers(self.directory)
+                    decision = ["train"]
+            broadcast_object_list(decision, from_process=0)
+            if decision[0] == "load":
+                if lock is not None:
+                    lock.release()
+                    lock = None
+                return self.load()
+            self.parent()
+            result = self.train_and_save(write=state.is_main_process)
+            state.wait_for_everyone()  # nobody returns before the checkpoint is complete
+            return result
+        finally:
+            if lock is not None:
+                lock.release()
+
+
+def get_or_train(
+    job: JobConfig,
+    corpus: Corpus,
+    cache_root: str | Path | None = None,
+    train_fn: Callable[..., tuple[DecoderLM, TrainStats | Mapping[str, Any]]] = train_model,
+    progress: bool = True,
+    *,
+    accelerator: Any = None,
+    device: str | torch.device = "cpu",
+    lock_timeout: float = -1,
+    retrain_corrupt: bool = True,
+) -> tuple[DecoderLM, dict[str, Any], bool]:
+    """The trained model for ``job`` on ``corpus``: loaded from the cache, or trained and stored.
+
+    Returns (model in eval mode on ``device``, meta, trained) where meta is ``load_model``'s
+    (``key``, ``weights_config``, ``train_length``, ``train_stats``, ``path``, ...) and trained
+    says whether this call trained. ``train_fn(job, corpus, progress=..., resume=<ResumeFile>,
+    [accelerator=...], [snapshot=...], [init=<parent model>])`` returns (model, TrainStats or a
+    stats mapping) and is called at most once per finished key across concurrent processes;
+    others wait on the lock (``lock_timeout`` seconds, -1 = forever) and then load. A checkpoint
+    whose file no longer matches the SHA-256 recorded when it was written, or whose DONE marker
+    is no longer JSON (a flipped bit, a truncation), is retrained with a warning naming the file
+    (or, with ``retrain_corrupt=False``, raises ``CheckpointCorrupt``).
+    For a fine-tune (``job.extend`` active) the parent comes from this function first (loaded, or
+    trained under its own lock) and is passed as ``init``; a finished fine-tune needs no parent.
+    Single process: :meth:`_CacheEntry.get_alone`; several: :meth:`_CacheEntry.get_ranked`.
+    """
+    entry = _CacheEntry(
+        job,
+        corpus,
+        cache_root,
+        train_fn=train_fn,
+        progress=progress,
+        accelerator=accelerator,
+        device=device,
+        lock_timeout=lock_timeout,
+        retrain_corrupt=retrain_corrupt,
+    )
+    state = _distributed(accelerator)
+    return entry.get_alone() if state is None else entry.get_ranked(state)
