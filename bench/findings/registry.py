@@ -298,7 +298,7 @@ def findings_markdown() -> str:
         "# Findings",
         "",
         "Generated from the findings' registry (`bench/findings/`) by `python -m bench.findings`;",
-        "do not edit by hand (tests/bench/test_findings_page.py checks it is current). What each",
+        "do not edit by hand (tests/bench/findings/test_findings_page.py checks it is current). What each",
         "status means and how a report checks a finding: README.md, section Findings.",
         "",
     ]

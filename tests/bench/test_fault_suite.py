@@ -147,7 +147,7 @@ def test_a_damaged_checkpoint_file_is_retrained_with_one_warning(
 def test_a_done_marker_edited_into_other_valid_json_is_still_refused(tmp_path, corpus, corpus_dir):
     """Control for the test above: a DONE that is valid JSON but disagrees with model.pt is an
     edit, not disk damage: refused in one sentence ("... is inconsistent ..."), never retrained
-    behind the user's back (tests/bench/test_cache.py::test_edited_done_marker_is_refused)."""
+    behind the user's back (tests/bench/train/test_cache.py::test_edited_done_marker_is_refused)."""
     trainer = CountingTrainer()
     cfg = make_cfg(corpus_dir)
     _, meta, _ = get_or_train(cfg, corpus, tmp_path, train_fn=trainer)

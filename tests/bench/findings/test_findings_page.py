@@ -9,7 +9,7 @@ from pathlib import Path
 from bench.findings import FINDINGS_PAGE, findings, findings_markdown
 from bench.findings.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_committed_findings_page_is_the_registry() -> None:

@@ -20,7 +20,7 @@ from bench.eval.metrics.longppl import LongPPLConfig, key_token_mask, longppl_va
 
 from fixtures.hf import _llama, _training_text, train_bpe_tokenizer
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def hf_scorer(model):

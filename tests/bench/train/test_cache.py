@@ -91,7 +91,7 @@ def test_key_ignores_eval_time_settings() -> None:
     )
     assert weights_key(eval_time) == key
     # the learned table's out_of_range policy is read at evaluation only (another family's
-    # field is refused before it could reach a key: tests/bench/test_checks.py)
+    # field is refused before it could reach a key: tests/bench/core/test_checks.py)
     learned = replace(job, position=replace(job.position, kind="learned"))
     clamp = replace(learned, position=replace(learned.position, out_of_range="clamp"))
     assert weights_key(clamp) == weights_key(learned)

@@ -121,7 +121,7 @@ KEYS = [
     "R2",
     "P1",
 ]
-#: the findings this module's world of rows is about (P1's rows: tests/bench/test_findings_longppl.py)
+#: the findings this module's world of rows is about (P1's rows: tests/bench/findings/test_findings_longppl.py)
 WORLD_KEYS = [k for k in KEYS if k != "P1"]
 
 
