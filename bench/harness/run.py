@@ -96,6 +96,8 @@ def run_harness(
 
 
 _LENGTH_SUFFIX = re.compile(r"^lenbench_\w+?_(\d+)$")
+#: A per-length metric of a task that spans lengths (``acc_1024``; ``n_1024`` counts its documents).
+_PER_LENGTH = re.compile(r"^(\w+?)_(\d+)$")
 
 
 def _task_length(task: str, config: Mapping | None) -> int | None:
@@ -131,22 +133,37 @@ def harness_rows(results: Mapping) -> list[dict]:
             return int(sum(c for c in counts if c is not None))
         return None
 
+    def count_at(task: str, length: int) -> int | None:
+        """Documents of ``task`` (summed over a group's tasks) scored at ``length``; None where
+        the task does not count per length (then ``acc_<L>`` is not a per-length metric)."""
+        value = (per_task.get(task) or {}).get(f"n_{length},none")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+        counts = [count_at(t, length) for t in group_subtasks.get(task) or ()]
+        counts = [c for c in counts if c is not None]
+        return int(sum(counts)) if counts else None
+
     rows = []
     for task, metrics in per_task.items():
         length = _task_length(task, configs.get(task))
         n = count(task)
         for key, value in metrics.items():
-            if "," not in key or "_stderr," in key:
+            if "," not in key or "_stderr," in key or key.startswith("n_"):
                 continue
             if isinstance(value, bool) or not isinstance(
                 value, (int, float, np.floating, np.integer)
             ):
                 continue
             metric, _, filter_name = key.partition(",")
-            name = f"harness/{task}/{metric}" + (
+            row_length, row_n, base = length, n, metric
+            per_length = _PER_LENGTH.match(metric)
+            if per_length and count_at(task, int(per_length.group(2))) is not None:
+                base, row_length = per_length.group(1), int(per_length.group(2))
+                row_n = count_at(task, row_length)
+            name = f"harness/{task}/{base}" + (
                 f"/{filter_name}" if filter_name not in ("", "none") else ""
             )
-            row = {"metric": name, "value": float(value), "n": n, "eval_length": length}
+            row = {"metric": name, "value": float(value), "n": row_n, "eval_length": row_length}
             stderr = metrics.get(f"{metric}_stderr,{filter_name}")
             if (
                 isinstance(stderr, (int, float))

@@ -2,7 +2,9 @@
 
 Passkey prompts, RULER-style examples and held-out corpus documents are generated locally (no hub
 download) from each task's ``metadata``; the YAMLs reach these builders through
-``tasks/utils.py``. The ``lenbench_ruler_<task>_<L>`` YAMLs are written by
+``tasks/utils.py``. Each RULER-style task is one lm-eval task, ``lenbench_ruler_<task>``, whose
+documents span its ``lengths`` and which reports ``acc``/``match`` overall and per length
+(``acc_<L>``, ``match_<L>``), as lm-eval's own RULER does; its YAMLs are written by
 :func:`write_ruler_task_files` (a test checks the committed files equal its output).
 """
 
@@ -128,41 +130,64 @@ def _is_count(depths: Any) -> bool:
     return isinstance(depths, (int, np.integer)) and not isinstance(depths, bool) and depths >= 1
 
 
+#: Lengths a RULER-style task may be asked for: its YAML declares a per-length metric for each
+#: (lm-eval aggregates only declared metrics); powers of two from 64 to 128K bytes.
+RULER_METRIC_LENGTHS = tuple(2**k for k in range(6, 18))
+
+
+def _ruler_lengths(lengths: Any) -> list[int]:
+    values = [lengths] if isinstance(lengths, (int, np.integer)) else lengths
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise ValueError(f"ruler lengths must be a non-empty list of lengths, got {lengths!r}.")
+    out = [positive_int(v, "ruler length") for v in values]
+    bad = [v for v in out if v not in RULER_METRIC_LENGTHS]
+    if bad:
+        raise ValueError(
+            f"ruler length {bad[0]} has no per-length metric in the task's YAML; allowed: "
+            + ", ".join(str(x) for x in RULER_METRIC_LENGTHS)
+            + "."
+        )
+    return out
+
+
 def ruler_docs(
     task: str,
-    length: int,
+    lengths: Any = None,
     depths: Any = 3,
     trials: int = 4,
     seed: int = 0,
     params: Mapping | None = None,
     **_: Any,
 ) -> list[dict]:
-    """One document per example of the native ``ruler`` metric's grid for ``task`` at ``length``
-    (``bench.tasks.ruler.ruler_grid``, standard filler): ``prompt``, ``answer`` (comma-separated),
-    ``expected`` (the strings RULER's score looks for), ``task``, ``depth`` (-1 where the task has
-    none), ``trial``, ``eval_length`` (prompt + answer, in bytes)."""
-    length = positive_int(length, "ruler length")
-    examples = ruler_grid(
-        [task],
-        [length],
-        # a count: the native metric's depths; a list (or a bad value) as passkey reads it
-        ruler_depths(depths) if _is_count(depths) else _depth_list(depths),
-        positive_int(trials, "ruler trials"),
-        int(seed),
-        params_from(params),
-    )
-    return [
-        {
-            "prompt": bytes(e.prompt_ids).decode("utf-8"),
-            "answer": e.answer_text,
-            "expected": list(e.expected),
-            "task": task,
-            "depth": -1.0 if e.depth is None else float(e.depth),
-            "trial": int(e.trial),
-            "eval_length": length,
-        }
-        for e in examples
-    ]
+    """One document per example of the native ``ruler`` metric's grid for ``task`` at each of
+    ``lengths`` (``bench.tasks.ruler.ruler_grid``, standard filler), shortest length first:
+    ``prompt``, ``answer`` (comma-separated), ``expected`` (the strings RULER's score looks for),
+    ``task``, ``depth`` (-1 where the task has none), ``trial``, ``eval_length`` (prompt + answer,
+    in bytes). ``lengths`` defaults to :data:`TASK_LENGTHS`."""
+    docs = []
+    for length in _ruler_lengths(TASK_LENGTHS if lengths is None else lengths):
+        examples = ruler_grid(
+            [task],
+            [length],
+            # a count: the native metric's depths; a list (or a bad value) as passkey reads it
+            ruler_depths(depths) if _is_count(depths) else _depth_list(depths),
+            positive_int(trials, "ruler trials"),
+            int(seed),
+            params_from(params),
+        )
+        docs += [
+            {
+                "prompt": bytes(e.prompt_ids).decode("utf-8"),
+                "answer": e.answer_text,
+                "expected": list(e.expected),
+                "task": task,
+                "depth": -1.0 if e.depth is None else float(e.depth),
+                "trial": int(e.trial),
+                "eval_length": length,
+            }
+            for e in examples
+        ]
+    return docs
 
 
 def ruler_dataset(**metadata: Any) -> dict:
@@ -176,39 +201,80 @@ def ruler_process_results(doc: Mapping, results: Sequence[str]) -> dict[str, flo
     """Scores of one generation: ``acc`` (the native exact verdict: the whole answer, then no
     letter or digit) and ``match`` (RULER's fraction of expected strings present)."""
     generation = results[0]
+    acc = float(exact_match(generation, doc["answer"]))
+    match = match_score(generation, doc["expected"])
+    length = int(doc["eval_length"])
     return {
-        "acc": float(exact_match(generation, doc["answer"])),
-        "match": match_score(generation, doc["expected"]),
+        "acc": acc,
+        "match": match,
+        f"acc_{length}": acc,
+        f"match_{length}": match,
+        f"n_{length}": 1,  # summed: the documents scored at this length
     }
 
 
-#: Lengths of the ``lenbench_passkey_<L>``, ``lenbench_ruler_<task>_<L>`` and
-#: ``lenbench_ppl_<L>`` tasks.
+def count(items: Sequence[Any]) -> int:
+    """lm-eval aggregation of the ``n_<L>`` metrics: how many documents were scored."""
+    return len(items)
+
+
+#: Lengths of the ``lenbench_passkey_<L>`` and ``lenbench_ppl_<L>`` tasks, and the default
+#: ``lengths`` of each ``lenbench_ruler_<task>``.
 TASK_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+RULER_METRICS = ("acc", "match")
+
+
+def _metric_names() -> list[str]:
+    return [*RULER_METRICS, *(f"{m}_{x}" for x in RULER_METRIC_LENGTHS for m in RULER_METRICS)]
+
+
+def _shared_ruler_yaml() -> str:
+    lines = [
+        "# written by bench.harness.tasks.write_ruler_task_files; do not edit",
+        "# Shared settings of the lenbench_ruler_<task> tasks (no `task:` key, so lm-eval does not",
+        "# index this file). Data: bench.tasks.ruler.ruler_grid at each of the task's lengths, built",
+        "# locally (no download), the native `ruler` metric's examples. acc and match overall, and",
+        "# acc_<L> / match_<L> for each length L a task may be asked for (RULER_METRIC_LENGTHS).",
+        "output_type: generate_until",
+        "custom_dataset: !function utils.ruler_dataset",
+        "test_split: test",
+        "doc_to_text: prompt",
+        "doc_to_target: answer",
+        "process_results: !function utils.ruler_process_results",
+        "generation_kwargs:",
+        '  until: ["\\n"]',
+        "  max_gen_toks: 48",
+        "  do_sample: false",
+        "num_fewshot: 0",
+        "metric_list:",
+    ]
+    for name in _metric_names():
+        lines += [f"  - metric: {name}", "    aggregation: mean", "    higher_is_better: true"]
+    for x in RULER_METRIC_LENGTHS:
+        lines += [f"  - metric: n_{x}", "    aggregation: !function utils.count"]
+        lines += ["    higher_is_better: true"]
+    return "\n".join(lines) + "\n"
 
 
 def ruler_task_files() -> dict[str, str]:
-    """File name -> YAML text of every ``lenbench_ruler_<task>_<L>`` task and of the groups
-    ``lenbench_ruler_<task>``, ``lenbench_ruler`` (RULER's suite) and ``lenbench_reasoning``."""
-    files = {}
+    """File name -> YAML text of the shared settings, of every ``lenbench_ruler_<task>`` task and
+    of the groups ``lenbench_ruler`` (RULER's suite) and ``lenbench_reasoning``."""
+    files = {"_lenbench_ruler.yaml": _shared_ruler_yaml()}
+    lengths = ", ".join(str(x) for x in TASK_LENGTHS)
     for task in RULER_TASKS:
-        names = []
-        for length in TASK_LENGTHS:
-            name = f"lenbench_ruler_{task}_{length}"
-            names.append(name)
-            files[f"{name}.yaml"] = (
-                "# written by bench.harness.tasks.write_ruler_task_files; do not edit\n"
-                "include: _lenbench_ruler.yaml\n"
-                f"task: {name}\n"
-                "metadata:\n"
-                "  version: 1.0\n"
-                f"  task: {task}\n"
-                f"  length: {length}      # prompt + answer, in bytes (= lenbench tokens)\n"
-                "  depths: 3         # a count (evenly spaced in [0, 1]) or a list of depths\n"
-                "  trials: 4         # examples per depth (depths x trials for tasks without depth)\n"
-                "  seed: 0           # ruler_grid seed (the native evaluation uses the job seed)\n"
-            )
-        files[f"lenbench_ruler_{task}.yaml"] = _group_yaml(f"lenbench_ruler_{task}", names)
+        name = f"lenbench_ruler_{task}"
+        files[f"{name}.yaml"] = (
+            "# written by bench.harness.tasks.write_ruler_task_files; do not edit\n"
+            "include: _lenbench_ruler.yaml\n"
+            f"task: {name}\n"
+            "metadata:\n"
+            "  version: 2.0\n"
+            f"  task: {task}\n"
+            f"  lengths: [{lengths}]  # prompt + answer, in bytes (= lenbench tokens)\n"
+            "  depths: 3         # a count (evenly spaced in [0, 1]) or a list of depths\n"
+            "  trials: 4         # examples per depth and length (trials for tasks without depth)\n"
+            "  seed: 0           # ruler_grid seed (the native evaluation uses the job seed)\n"
+        )
     suite = default_ruler_tasks()
     files["lenbench_ruler.yaml"] = _group_yaml(
         "lenbench_ruler", [f"lenbench_ruler_{task}" for task in suite]
@@ -228,14 +294,19 @@ def _group_yaml(group: str, tasks: Sequence[str]) -> str:
     ]
     lines += [f"  - {t}" for t in tasks]
     lines += ["aggregate_metric_list:"]
-    for metric in ("acc", "match"):
+    for metric in _metric_names():
         lines += [f"  - metric: {metric}", "    aggregation: mean", "    weight_by_size: true"]
-    lines += ["metadata:", "  version: 1.0"]
+    lines += ["metadata:", "  version: 2.0"]
     return "\n".join(lines) + "\n"
 
 
 def write_ruler_task_files(folder: Path = TASKS_DIR) -> list[Path]:
-    """Write :func:`ruler_task_files` into ``folder``; returns the paths written."""
+    """Write :func:`ruler_task_files` into ``folder`` and remove the ``lenbench_ruler*`` YAMLs it no
+    longer writes; returns the paths written."""
+    keep = set(ruler_task_files())
+    for old in Path(folder).glob("lenbench_ruler_*.yaml"):
+        if old.name not in keep:
+            old.unlink()
     paths = []
     for name, text in ruler_task_files().items():
         path = Path(folder) / name

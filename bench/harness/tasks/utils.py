@@ -25,7 +25,7 @@ def perplexity_dataset(**metadata):
 
 
 def ruler_dataset(**metadata):
-    """custom_dataset of lenbench_ruler_<task>_<L>: {"test": Dataset} built locally from the metadata."""
+    """custom_dataset of lenbench_ruler_<task>: {"test": Dataset} built locally from the metadata."""
     from bench.harness.tasks import ruler_dataset as _ruler_dataset
 
     return _ruler_dataset(**metadata)
@@ -36,3 +36,10 @@ def ruler_process_results(doc, results):
     from bench.harness.tasks import ruler_process_results as _ruler_process_results
 
     return _ruler_process_results(doc, results)
+
+
+def count(items):
+    """Aggregation of the ruler tasks' n_<L> metrics: the documents scored at length L."""
+    from bench.harness.tasks import count as _count
+
+    return _count(items)

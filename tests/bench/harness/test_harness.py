@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -525,7 +526,7 @@ def test_harness_passkey_uses_the_checkpoints_training_template(tmp_path):
     the harness verdicts equal the native ones on the same examples."""
     from bench.harness.cli import _with_training_template
     from bench.schema import PositionSchema, weights_dict
-    from bench.train.cache import key_of, save_checkpoint
+    from bench.train.checkpoints import key_of, save_checkpoint
 
     model = tiny_model(seed=3)
     position = dataclasses.asdict(model.position_cfg)
@@ -703,11 +704,11 @@ def test_include_path_is_added_only_when_missing():
 
 
 def save_tiny_checkpoint(model: DecoderLM, cache_root: Path) -> str:
-    """Store ``model`` in a checkpoint cache through bench.train.cache; return its key."""
+    """Store ``model`` in a checkpoint cache through bench.train.checkpoints; return its key."""
     from dataclasses import asdict
 
     from bench.schema import PositionSchema, weights_dict
-    from bench.train.cache import key_of, save_checkpoint
+    from bench.train.checkpoints import key_of, save_checkpoint
 
     position = asdict(model.position_cfg)
     config = {
@@ -1059,13 +1060,23 @@ def test_ruler_docs_match_the_native_grid():
     from bench.tasks.ruler import RULER_TASKS, ruler_grid
 
     for task in RULER_TASKS:
-        docs = ruler_docs(task=task, length=300, depths=2, trials=2, seed=4, version=1.0)
-        native = ruler_grid([task], [300], [0.0, 1.0], 2, 4)
+        docs = ruler_docs(task=task, lengths=[256, 512], depths=2, trials=2, seed=4, version=1.0)
+        native = [e for x in (256, 512) for e in ruler_grid([task], [x], [0.0, 1.0], 2, 4)]
         assert [d["prompt"] for d in docs] == [bytes(e.prompt_ids).decode() for e in native]
         assert [d["answer"] for d in docs] == [e.answer_text for e in native]
-        assert all(d["eval_length"] == 300 for d in docs)
-    other = ruler_docs(task="niah_multikey", length=300, params={"keys": 2})
+        assert [d["eval_length"] for d in docs] == [len(e.prompt_ids) + len(e.answer_ids) for e in native]
+    other = ruler_docs(task="niah_multikey", lengths=[512], params={"keys": 2})
     assert len(re.findall(r"\n[a-z]{4}:\d{5}\.\n", other[0]["prompt"])) == 2  # two needles
+
+
+def test_a_ruler_length_without_its_metric_is_refused_in_one_sentence():
+    """lm-eval aggregates only the metrics a YAML declares: a length without acc_<L> is refused
+    before any example is built (control: a declared length works)."""
+    from bench.harness import ruler_docs
+
+    with pytest.raises(ValueError, match=r"^ruler length 300 has no per-length metric.*allowed: 64,"):
+        ruler_docs(task="vt", lengths=[256, 300])
+    assert ruler_docs(task="vt", lengths=256, depths=1, trials=1)
 
 
 def test_ruler_task_files_are_the_generated_ones():
@@ -1075,11 +1086,14 @@ def test_ruler_task_files_are_the_generated_ones():
     files = ruler_task_files()
     for name, text in files.items():
         assert (TASKS_DIR / name).read_text() == text, f"{name}: rerun write_ruler_task_files"
+    assert "_lenbench_ruler.yaml" in files
     names = set(task_names())
-    for task in RULER_TASKS:
-        assert {f"lenbench_ruler_{task}_{x}" for x in TASK_LENGTHS} <= names
+    for task in RULER_TASKS:  # one task per RULER task, reporting per length
         assert f"lenbench_ruler_{task}" in names
-    assert "lenbench_ruler" in names
+        assert not {f"lenbench_ruler_{task}_{x}" for x in TASK_LENGTHS} & names
+        assert f"lenbench_ruler_{task}.yaml" in files
+    assert {"lenbench_ruler", "lenbench_reasoning"} <= names
+    assert not [p.name for p in TASKS_DIR.glob("lenbench_ruler_*.yaml") if p.name not in files]
 
 
 def test_harness_ruler_scores_equal_native():
@@ -1095,8 +1109,10 @@ def test_harness_ruler_scores_equal_native():
     ctx = EvalContext(oracle, batch_size=4, progress=False)
     limit = 6
     for task in ("niah_multikey", "vt", "fwe"):
-        name = f"lenbench_ruler_{task}_256"
-        results = run_harness(oracle, name, limit=limit, batch_size=4, log_samples=True)
+        name = f"lenbench_ruler_{task}"
+        results = run_harness(
+            oracle, name, limit=limit, batch_size=4, log_samples=True, metadata={"lengths": [256]}
+        )
         samples = samples_by_doc(results, name)
         examples = ruler_grid([task], [256], [0.0, 0.5, 1.0], 4, 0)[:limit]
         assert [s["arguments"][0][0] for s in samples] == [
@@ -1116,7 +1132,7 @@ def test_harness_ruler_on_a_checkpoint_equals_native(tmp_path):
     from bench.eval.metrics.ruler import generated_scores
     from bench.schema import PositionSchema, weights_dict
     from bench.tasks.ruler import ruler_grid
-    from bench.train.cache import key_of, save_checkpoint
+    from bench.train.checkpoints import key_of, save_checkpoint
 
     model = tiny_model(seed=5, train_length=256)
     config = {
@@ -1126,10 +1142,39 @@ def test_harness_ruler_on_a_checkpoint_equals_native(tmp_path):
     }
     key = key_of(config)
     save_checkpoint(model, key, config, tmp_path)
-    name = "lenbench_ruler_vt_256"
-    results = run_harness(key, name, cache_root=tmp_path, limit=4, log_samples=True)
+    name = "lenbench_ruler_vt"
+    results = run_harness(
+        key, name, cache_root=tmp_path, limit=4, log_samples=True, metadata={"lengths": [256]}
+    )
     samples = samples_by_doc(results, name)
     examples = ruler_grid(["vt"], [256], [0.0, 0.5, 1.0], 4, 0)[:4]
     exact, match = generated_scores(EvalContext(model, batch_size=4, progress=False), examples, 40)
     assert [bool(s["acc"]) for s in samples] == exact
     assert [s["match"] for s in samples] == pytest.approx(match)
+
+
+def test_one_ruler_task_reports_each_length_as_its_own_rows():
+    """One lm-eval task over two lengths: per-length rows (eval_length, n) whose values equal the
+    mean of that length's samples, beside the overall row; the group sums the counts. Control: a
+    per-length metric name without its count (an ordinary ``acc_5`` of another task) stays as is."""
+    from fixtures.ruler import RulerOracle
+
+    results = run_harness(
+        RulerOracle(),
+        ["lenbench_ruler_vt", "lenbench_ruler_fwe"],
+        batch_size=4,
+        log_samples=True,
+        metadata={"lengths": [256, 512], "depths": 1, "trials": 3},
+    )
+    rows = harness_rows(results)
+    vt = {r["eval_length"]: r for r in rows if r["metric"] == "harness/lenbench_ruler_vt/acc"}
+    assert set(vt) == {None, 256, 512}
+    samples = samples_by_doc(results, "lenbench_ruler_vt")
+    for length in (256, 512):
+        at = [s["acc"] for s in samples if s["doc"]["eval_length"] == length]
+        assert vt[length]["n"] == len(at) == 3
+        assert vt[length]["value"] == pytest.approx(np.mean(at))
+    assert vt[None]["n"] == 6
+    assert not [r for r in rows if "/n_" in r["metric"] or r["metric"].endswith("_256")]
+    other = harness_rows({"results": {"x": {"acc_5,none": 0.5}}, "n-samples": {"x": {"effective": 2}}})
+    assert other == [{"metric": "harness/x/acc_5", "value": 0.5, "n": 2, "eval_length": None}]
