@@ -15,7 +15,6 @@ model, loaded instead of trained).
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import math
 import os
@@ -27,13 +26,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from bench.core.checks import NotApplicable, first_line
-from bench.core.result_digest import digest_problem
-from bench.core.results import canonical_json, describe_row, non_finite_row, write_results
+from bench.core.results import write_results
 from bench.core.runtime import busy_cores, resolve_device
-from bench.core.shards import IDENTITY_COLUMN, merge_shards, remove_shards, shard_path
+from bench.core.shards import merge_shards, remove_shards
 from bench.data.corpora import Corpus
 from bench.eval.metrics import ResolvedEval
 from bench.eval.source import ModelSource, SourceModel
+from bench.job_rows import ROW_IDENTITY, results_target, summary, unreadable_results, write_job_rows
 from bench.schema import JobConfig
 from bench.train.extend import base_job
 from bench.trained_source import TrainedSource, longppl_evaluator
@@ -46,7 +45,6 @@ __all__ = [
     "JobSpec",
     "NotApplicable",
     "TrainedSource",
-    "code_version",
     "model_source",
     "prepare_job",
     "run_job",
@@ -57,7 +55,6 @@ __all__ = [
 # scaling means nothing for the position family (a skipped sweep cell); invalid: a config error;
 # failed: training diverged or ran out of memory (nothing written).
 STATUSES = ("done", "cached", "not_applicable", "invalid", "failed")
-_RUN_ID_CHARS = 16
 
 
 @dataclass
@@ -69,11 +66,11 @@ class JobSpec:
     scaling: ScalingConfig  # job.scaling as applied at every length: factor "auto" fixed per run
     device: str
     results_dir: Path  # <paths.results>/<experiment_name>
-    cache_root: Path | None  # None: bench.train.cache.default_cache_root()
+    cache_root: Path | None  # None: bench.train.checkpoints.default_cache_root()
     source: ModelSource  # where the model comes from
 
 
-# --------------------------------------------------------------------------- paths and version
+# --------------------------------------------------------------------------- paths
 
 
 def base_dir() -> Path:
@@ -94,29 +91,6 @@ def resolve_path(value: Any, what: str) -> Path:
         raise ValueError(f"{what} is not set; give a directory.")
     path = Path(os.path.expandvars(os.path.expanduser(str(value))))
     return path if path.is_absolute() else base_dir() / path
-
-
-def code_version() -> str:
-    """Package version + the models' code salt (the salt also enters every checkpoint key)."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        pkg = version("lenbench")
-    except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
-        pkg = "0+unknown"
-    salt = _code_salt()
-    return f"{pkg}+{salt}" if salt else pkg
-
-
-def _code_salt() -> str:
-    for module in ("models", "bench.train.cache"):
-        try:
-            salt = getattr(__import__(module, fromlist=["CODE_SALT"]), "CODE_SALT", None)
-        except ImportError:  # pragma: no cover
-            salt = None
-        if salt:
-            return str(salt)
-    return ""
 
 
 # --------------------------------------------------------------------------- validation
@@ -193,31 +167,6 @@ def prepare_job(cfg: DictConfig | JobConfig) -> JobSpec:
     return validate_job(cfg if isinstance(cfg, JobConfig) else JobConfig.from_hydra(cfg))
 
 
-# --------------------------------------------------------------------------- identity
-
-
-def scaling_params_json(scaling: ScalingConfig) -> str:
-    """The ``scaling_params`` column: method, parameters as applied (a run's factor as a number;
-    "auto" only with ``"oracle": true``, the factor then being each eval length's own) and logn."""
-    params = scaling.identity
-    return canonical_json({**params, "oracle": True} if scaling.per_length else params)
-
-
-def make_run_id(model_id: str, spec: JobSpec) -> str:
-    """Hash of everything that identifies the job's rows: weights, scaling, eval protocol,
-    experiment and the study arm (two arms may hold the same model; each gets its own rows)."""
-    job = spec.job
-    identity = {
-        "model_id": model_id,
-        "scaling": {"name": spec.scaling.label, "params": scaling_params_json(spec.scaling)},
-        "eval": spec.eval.to_dict(),
-        "experiment": job.experiment_name,
-        "seed": job.seed,
-        "arm": job.arm.name,
-    }
-    return hashlib.sha256(canonical_json(identity).encode("utf-8")).hexdigest()[:_RUN_ID_CHARS]
-
-
 # --------------------------------------------------------------------------- running
 
 
@@ -292,140 +241,6 @@ def empty_test_split(corpus: Any) -> str | None:
     )
 
 
-def results_target(
-    spec: JobSpec, model_id: str, base: dict[str, Any]
-) -> tuple[Path, dict[str, Any] | None]:
-    """(result file, the "cached" summary if it exists already); sets run_id/model_id in ``base``."""
-    run_id = make_run_id(model_id, spec)
-    merged = spec.results_dir / f"{run_id}.parquet"
-    shard = spec.eval.shard
-    if shard is not None and merged.exists() and unreadable_results(merged, run_id) is None:
-        message = f"results already exist at {merged} (merged from shards); nothing to do."
-        base.update(run_id=run_id, model_id=model_id, results_path=str(merged))
-        return merged, _summary("cached", message, trained=False, **base)
-    out_path = merged if shard is None else shard_path(spec.results_dir, run_id, shard)
-    base.update(run_id=run_id, model_id=model_id, results_path=str(out_path))
-    if not out_path.exists():
-        return out_path, None
-    problem = unreadable_results(out_path, run_id)
-    if problem is not None:  # "already done" means a readable file of this job's rows
-        aside = out_path.with_name(f"{out_path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(out_path, aside)
-        log.warning(
-            "lenbench: %s: %s; moved it to %s and computing the job again.",
-            out_path,
-            problem,
-            aside,
-        )
-        return out_path, None
-    cached = _summary(
-        "cached", f"results already exist at {out_path}; nothing to do.", trained=False, **base
-    )
-    return out_path, cached
-
-
-#: A row's own identity columns (``model_id``, ...) where a job measured several models (a
-#: fine-tune's recovery curve); they override the job's.
-ROW_IDENTITY = "_identity"
-
-
-def unreadable_results(path: Path, run_id: str) -> str | None:
-    """Why the result file at ``path`` is not this job's finished rows (None if it is): it cannot
-    be read, its rows do not match the SHA-256 recorded in it, it holds rows of another job, or a
-    measured value in it is NaN or infinite."""
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # truncated, not parquet, unreadable
-        return f"cannot be read ({type(err).__name__}: {first_line(err)})"
-    problem = digest_problem(table)  # still readable, but a byte changed since it was written
-    if problem is not None:
-        return problem
-    if table.num_rows == 0:
-        return "has no rows"
-    if "run_id" not in table.column_names or set(table.column("run_id").to_pylist()) != {run_id}:
-        return f"holds rows of other runs than {run_id}"
-    if {"value", "n"} <= set(table.column_names):
-        rows = table.select(["value", "n"]).to_pylist()
-        bad = non_finite_row(rows)
-        if bad is not None:  # written before such rows were refused
-            return f"holds a non-finite value ({rows[bad]['value']}), which is never a result"
-    return None
-
-
-def write_job_rows(
-    spec: JobSpec,
-    rows: list[dict[str, Any]],
-    corpus: Any,
-    model_columns: dict[str, Any],
-    out_path: Path,
-    started: float,
-    base: dict[str, Any],
-    trained: bool,
-) -> dict[str, Any]:
-    """Add the identity columns to the measured rows, write them atomically, summarise the job;
-    a job with a measured value that is NaN or infinite fails and writes nothing.
-
-    ``model_columns`` are the columns that say which model was measured: ``position``,
-    ``position_params``, ``train_length`` (and the fine-tune columns where there are some).
-    """
-    if not rows:
-        return _summary(
-            "failed",
-            "the evaluation produced no rows; check the eval config.",
-            trained=trained,
-            **base,
-        )
-    identity = {
-        "experiment": spec.job.experiment_name,
-        "run_id": base["run_id"],
-        "model_id": base["model_id"],
-        **model_columns,
-        "scaling": spec.scaling.label,
-        "scaling_params": scaling_params_json(spec.scaling),
-        "arm": spec.job.arm.name,
-        "seed": spec.job.seed,
-        "corpus": corpus.name,
-        "corpus_fingerprint": corpus.fingerprint,
-        "code_version": code_version(),
-    }
-    full = [
-        {
-            **{k: v for k, v in row.items() if k != ROW_IDENTITY},
-            **identity,
-            **row.get(ROW_IDENTITY, {}),
-        }
-        for row in rows
-    ]
-    if spec.eval.shard is not None:  # what the merge gives the rows it computes (bench.core.shards)
-        own = canonical_json(identity)
-        full = [{**row, IDENTITY_COLUMN: own} for row in full]
-    bad = non_finite_row(full)
-    if bad is not None:  # DESIGN.md: a non-finite metric value is a failed job, never a row
-        return _summary(
-            "failed",
-            f"the evaluation gave {full[bad]['value']} for {describe_row(full[bad])}; a "
-            "non-finite value is never a result, so this job wrote no rows.",
-            trained=trained,
-            **base,
-        )
-    write_results(full, out_path)
-    seconds = time.perf_counter() - started
-    return _summary(
-        "done",
-        f"{len(rows)} rows written to {out_path} in {seconds:.1f} s.",
-        trained=trained,
-        rows=len(rows),
-        seconds=round(seconds, 2),
-        **base,
-    )
-
-
-def _summary(status: str, message: str = "", **extra: Any) -> dict[str, Any]:
-    return {"status": status, "message": message, **extra}
-
-
 def _labels(cfg: DictConfig | JobConfig) -> dict[str, Any]:
     """experiment / position / scaling / extend labels of a job, also when its config does not
     parse."""
@@ -468,18 +283,18 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     try:
         spec = prepare_job(cfg)
     except NotApplicable as exc:
-        return _summary("not_applicable", f"{exc}; skipped.", **base)
+        return summary("not_applicable", f"{exc}; skipped.", **base)
     except ValueError as exc:
-        return _summary("invalid", str(exc), **base)
+        return summary("invalid", str(exc), **base)
     job, source = spec.job, spec.source
     try:
         corpus = load_corpus(job.data)  # cached per process; a model id may need its fingerprint
         problem = empty_test_split(corpus)
         model_id = source.model_id(corpus) if problem is None else ""
     except ValueError as exc:
-        return _summary("invalid", str(exc), **base)
+        return summary("invalid", str(exc), **base)
     if problem is not None:
-        return _summary("invalid", problem, **base)
+        return summary("invalid", problem, **base)
     out_path, cached = results_target(spec, model_id, base)
     if cached is not None:
         return cached
@@ -487,19 +302,19 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
         try:
             merged = merge_job_shards(spec, base["run_id"])
         except ValueError as exc:
-            return _summary("invalid", str(exc), **base)
+            return summary("invalid", str(exc), **base)
         if merged is not None:
             write_results(merged, out_path)
             remove_shards(spec.results_dir, base["run_id"])
             message = f"{len(merged)} rows merged from shards into {out_path}."
-            return _summary("done", message, trained=False, rows=len(merged), **base)
+            return summary("done", message, trained=False, rows=len(merged), **base)
     earlier = None
     if failed_models is not None:
         earlier = failed_models.earlier(_model_keys(spec, corpus, model_id))
     if earlier is not None:
-        return _summary("failed", earlier, **base)
+        return summary("failed", earlier, **base)
     configure_threads(job.threads)  # only jobs with work to do sample the machine's load
-    from bench.train.trainer import TrainingDiverged
+    from bench.train.guards import TrainingDiverged
 
     try:
         model = source.model(corpus, spec)
@@ -508,16 +323,16 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
             failed_models.record(model_id)
         # the message names the failure itself ("training diverged at step ...", "training
         # ended no better than a uniform guess ...")
-        return _summary("failed", str(exc), trained=True, **base)
+        return summary("failed", str(exc), trained=True, **base)
     except (RuntimeError, MemoryError) as exc:
         if not _is_oom(exc):
             raise
         if failed_models is not None:
             failed_models.record(model_id)
         message = f"out of memory while {source.obtains}: {first_line(exc)}"
-        return _summary("failed", message, **base)
+        return summary("failed", message, **base)
     except ValueError as exc:
-        return _summary("invalid", str(exc), **base)
+        return summary("invalid", str(exc), **base)
     base.update(model.labels)  # e.g. the sweep summary counts trainings resumed from a state
     try:
         rows = measure(source, model, corpus, spec)
@@ -525,9 +340,9 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
         if not _is_oom(exc):
             raise
         message = f"out of memory while evaluating: {first_line(exc)}"
-        return _summary("failed", message, trained=model.trained, **base)
+        return summary("failed", message, trained=model.trained, **base)
     except ValueError as exc:
-        return _summary("invalid", str(exc), trained=model.trained, **base)
+        return summary("invalid", str(exc), trained=model.trained, **base)
     rows += source.extra_rows(model, spec)
     columns = source.columns(model, corpus)
     return write_job_rows(spec, rows, corpus, columns, out_path, started, base, model.trained)

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from bench.core.checks import NotApplicable, check_method
-from bench.core.results import canonical_json
+from bench.core.rows import canonical_json
 from bench.data.corpora import Corpus, Document
 from bench.eval.metrics import ResolvedEval
 from bench.eval.source import SourceModel
@@ -44,7 +44,8 @@ def longppl_evaluator(spec: Any, corpus: Corpus, tokenizer: Any = None) -> Any:
     cache (the auto evaluator trained on a miss), or None when the metric does not run.
     ``tokenizer``: the judged model's (a pretrained job's; its evaluator must share it)."""
     from bench.eval.metrics.longppl import AUTO, Evaluator
-    from bench.train.cache import get_or_train, load_model, weights_key
+    from bench.train.cache import get_or_train, weights_key
+    from bench.train.checkpoints import load_model
 
     cfg = spec.eval.metrics.get("longppl")
     if cfg is None or not cfg.enabled or not cfg.lengths:

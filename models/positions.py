@@ -236,7 +236,7 @@ class Family:
         return None
 
     def layer_inputs(self, model: Any, inputs: Any) -> list[Any]:
-        """Each block's ``models.attention.AttentionInputs``, from the forward pass's ``inputs``
+        """Each block's ``models.attention_inputs.AttentionInputs``, from the forward pass's ``inputs``
         (the same for every block here; a hybrid family varies rotation, span and temperature
         by layer, ``models.families.hybrid``)."""
         return [inputs] * model.model_cfg.n_layers

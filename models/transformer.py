@@ -20,12 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import (
-    Attention,
-    AttentionInputs,
-    logn_query_scale,
-    pair_inputs,
-)
+from models.attention import Attention, logn_query_scale
+from models.attention_inputs import AttentionInputs, pair_inputs
 from models.model_config import ATTENTION_SINKS, ModelConfig, check_combination
 from models.positions import (
     PositionConfig,

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.core.results import normalize_results, read_result_table, write_results
+from bench.core.results import read_result_table, write_results
+from bench.core.rows import normalize_results
 from bench.eval.metrics.ruler import RulerConfig, effective_length_rows
 
 #: columns a derived row takes from its own make_row (everything else: from the run's rows)

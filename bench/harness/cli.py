@@ -91,7 +91,7 @@ def _with_training_template(argv: list[str]) -> list[str]:
     import json
 
     from bench.harness.tasks import training_template
-    from bench.train.cache import DONE_FILE, checkpoint_ref_dir
+    from bench.train.checkpoints import DONE_FILE, checkpoint_ref_dir
 
     if _option_value(argv, "--model") != "lenbench":
         return argv
@@ -236,7 +236,7 @@ def check_arguments(argv: Sequence[str]) -> None:
 
 
 def _check_checkpoint(ref: str, cache_root: str | None) -> None:
-    from bench.train.cache import DONE_FILE, MODEL_FILE, CheckpointError, checkpoint_ref_dir
+    from bench.train.checkpoints import DONE_FILE, MODEL_FILE, CheckpointError, checkpoint_ref_dir
 
     try:
         directory = checkpoint_ref_dir(ref, cache_root)

@@ -43,7 +43,7 @@ def _load_model(ref: Any, cache_root: Any, device: torch.device) -> tuple[nn.Mod
         raise ValueError(
             "model argument pretrained is missing; give a checkpoint cache key or path."
         )
-    from bench.train.cache import load_model
+    from bench.train.checkpoints import load_model
 
     return load_model(str(ref), cache_root=cache_root, device=str(device))
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bench.core.results import canonical_json
+from bench.core.rows import canonical_json
 from bench.data.corpora import Corpus, Document
 from bench.data.pretrained_documents import retokenize
 from bench.eval.metrics import ResolvedEval

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.core.results import DOC_COLUMNS, load_results
+from bench.core.results import load_results
+from bench.core.rows import DOC_COLUMNS
 from bench.report.figures import Style
 from bench.report.frame import add_labels
 from bench.report.markdown import ReportDir

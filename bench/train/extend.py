@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from bench.core.checks import NotApplicable, check_method, weights_dict
-from bench.core.results import FINETUNE_COLUMNS
+from bench.core.rows import FINETUNE_COLUMNS
 from bench.train.config import ExtendConfig, TrainConfig
 from models.resolved_scaling import resolve_scaling
 from models.scaling import applicable_methods

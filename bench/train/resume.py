@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.core.results import canonical_json, os_error_naming, umask_mode
+from bench.core.results import os_error_naming, umask_mode
+from bench.core.rows import canonical_json
 
 __all__ = [
     "RESUME_FILE",

@@ -6,43 +6,50 @@ validation, NaN/inf detection. It is deterministic for a seed on one machine and
 global batches under DDP (through ``accelerate``) as in one process. The checkpoint cache
 (``bench.train.cache.get_or_train``) calls it only when no checkpoint with the same weights key exists.
 The run itself is a :class:`Trainer` (setup, then one small method per part of the loop); it
-returns :class:`TrainStats`. Its pieces: the schedule, parameter groups and loss in
-:mod:`bench.train.optim`, the accelerator and precision set-up in :mod:`bench.core.runtime`.
+returns :class:`~bench.train.stats.TrainStats`. Its pieces: the schedule, parameter groups and loss
+in :mod:`bench.train.optim`, the divergence checks, validation and retrieval check in
+:mod:`bench.train.guards`, the accelerator and precision set-up in :mod:`bench.core.runtime`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from bench.core.progress import progress_bar
 from bench.core.runtime import autocast, make_accelerator, warn_if_emulated_bf16
 from bench.data.corpora import Corpus
-from bench.eval.metrics.passkey import corpus_filler_source, passkey_verdicts
-from bench.tasks.passkey import PasskeyExample, passkey_grid
-from bench.train.batches import TrainingStream, validation_batches
-from bench.train.config import TrainConfig
+from bench.train.batches import TrainingStream
 from bench.train.extend import finetune_recipe, finetune_scaling
+from bench.train.guards import (
+    TrainingDiverged,
+    Validator,
+    check_batch_split,
+    check_finetune_init,
+    divergence_error,
+    final_train_loss,
+    resumed_divergence,
+    retrieval_check_due,
+    retrieval_check_examples,
+    retrieval_end,
+    retrieval_verdicts,
+)
 from bench.train.optim import ADAM_EPS, lm_loss, lr_at, param_groups
 from bench.train.resume import SaveClock, rng_state, set_rng_state
+from bench.train.stats import TrainStats, zero_step_stats
 from models.transformer import DecoderLM
 
 if TYPE_CHECKING:  # the job schema sits above the stages (bench.schema)
     from bench.schema import JobConfig
 
 __all__ = [
-    "TrainStats",
     "Trainer",
-    "TrainingDiverged",
     "make_model",
     "train_model",
 ]
@@ -50,143 +57,9 @@ __all__ = [
 logger = logging.getLogger("lenbench")
 
 
-class TrainingDiverged(ValueError):
-    """The training loss became NaN or infinite, or a long run ended no better than a uniform
-    guess (:func:`check_progress`); ``step`` (1-based update) and ``loss`` say where."""
-
-    def __init__(self, message: str, step: int, loss: float):
-        super().__init__(message)
-        self.step, self.loss = step, loss
-
-
-#: A run of at least this many updates whose final loss is within NO_BETTER_MARGIN nats of a
-#: uniform guess (ln vocab) learned nothing (or diverged to a uniform output): a failed job.
-MIN_STEPS_FOR_PROGRESS = 100
-NO_BETTER_MARGIN = 0.05
-
-
-def check_progress(final_loss: float, steps: int, vocab_size: int) -> None:
-    """Raise TrainingDiverged when a run of >= MIN_STEPS_FOR_PROGRESS updates ends no better than
-    predicting every token uniformly (loss >= ln(vocab) - NO_BETTER_MARGIN): its model would
-    report the same perplexity (about the vocabulary size) for every length and method."""
-    uniform = math.log(vocab_size)
-    if steps >= MIN_STEPS_FOR_PROGRESS and final_loss >= uniform - NO_BETTER_MARGIN:
-        raise TrainingDiverged(
-            f"training ended no better than a uniform guess: the final loss {final_loss:.3f} is "
-            f"within {NO_BETTER_MARGIN} of ln({vocab_size}) = {uniform:.3f} after {steps} updates "
-            "(diverged or learned nothing); lower train.lr, raise train.warmup_steps or check "
-            "the data.",
-            step=steps,
-            loss=final_loss,
-        )
-
-
-def divergence_advice(job: JobConfig, step: int, lr: float) -> str:
-    """What to change after a non-finite loss at update ``step`` (1-based) whose lr was ``lr``:
-    the rest of the sentence after "the loss is nan". At update 1 the loss is the initial
-    model's, before any update, so the learning rate cannot be the cause; the precision is
-    named only where it is not fp32 already."""
-    section = "extend" if job.extend.active else "train"
-    spec = finetune_recipe(job) if job.extend.active else job.train
-    position = job.position
-    changed = position.params()
-    # the position's parameters that differ from their defaults (xpos_scale_base=0.001), else all
-    defaults = type(position)(kind=position.kind).params()
-    named = {k: v for k, v in changed.items() if v != defaults.get(k)} or changed
-    params = ", ".join(f"position.{k}={v!r}" for k, v in named.items())
-    check = f"the parameters of position={position.kind}" + (f" ({params})" if params else "")
-    bf16 = spec.precision != "fp32"
-    if step == 1:
-        advice = (
-            f"before any update, so the initial model's forward pass overflows, not the lr: check "
-            f"{check}" + (f" or use train.precision=fp32 (now {spec.precision})" if bf16 else "")
-        )
-    else:
-        advice = (
-            f"(lr {lr:.3g}, precision {spec.precision}); lower {section}.lr, raise "
-            f"{section}.warmup_steps, set train.grad_clip, "
-            + ("use train.precision=fp32, " if bf16 else "")
-            + f"or check {check}"
-        )
-    return advice + "."
-
-
-#: The retrieval check of ``train.until_retrieves``: this many depths from 0 to 1 times this many
-#: examples each (the retrieval arm's evaluation grid: 80 examples), drawn for this purpose only,
-#: so that no check example is an evaluation example.
-CHECK_DEPTHS = 5
-CHECK_TRIALS = 16
-CHECK_PURPOSE = "train-check"
-
-
-def retrieval_check_examples(spec: TrainConfig, seed: int, corpus: Corpus) -> list[PasskeyExample]:
-    """The passkey examples at ``spec.length`` that ``train.until_retrieves`` scores: the
-    training's template and filler (a corpus filler from the validation split)."""
-    source = None
-    if spec.passkey_filler == "corpus":
-        source = corpus_filler_source(corpus.split("validation"), spec.length)
-    depths = [i / (CHECK_DEPTHS - 1) for i in range(CHECK_DEPTHS)]
-    return passkey_grid(
-        [spec.length],
-        depths,
-        CHECK_TRIALS,
-        seed,
-        filler=spec.passkey_filler,
-        filler_source=source,
-        template=spec.passkey_template,
-        purpose=CHECK_PURPOSE,
-    )
-
-
 def make_model(job: JobConfig) -> DecoderLM:
     """An untrained DecoderLM for the job's model, position and train.length; seeds nothing."""
     return DecoderLM(job.model, job.position, job.train.length)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-class _Validator:
-    """Fixed validation windows, this rank's share of them, and the reduced mean loss."""
-
-    def __init__(self, corpus: Corpus, spec: TrainConfig, rank: int, world: int, stacklevel: int):
-        # stacklevel: the frames up to train_model's caller, which the warning names
-        self.batches: list[torch.Tensor] = []
-        self.enabled = False  # identical on every rank, so all ranks validate together
-        if spec.eval_batches == 0:
-            return
-        docs = corpus.split("validation")
-        if sum(len(d) for d in docs) < spec.length + 1:
-            warnings.warn(
-                f"the validation split of corpus {corpus.name} ({corpus.fingerprint}) holds fewer "
-                f"than train.length + 1 = {spec.length + 1} tokens; training without validation "
-                "loss (raise the validation fraction or use a larger corpus).",
-                stacklevel=stacklevel,
-            )
-            return
-        windows = validation_batches(docs, spec.length, spec.eval_batches, spec.batch_size)
-        self.batches = windows[rank::world]  # a rank may get none; it still joins the reduce
-        self.enabled = True
-
-    @torch.no_grad()
-    def __call__(self, model: torch.nn.Module, accelerator: Any, precision: str) -> float:
-        device = accelerator.device
-        totals = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of losses, tokens]
-        model.eval()
-        for window in self.batches:
-            window = window.to(device)
-            with autocast(device, precision):
-                logits = model(window[:, :-1]).logits
-            losses = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(),
-                window[:, 1:].reshape(-1),
-                reduction="sum",
-            )
-            totals += torch.stack((losses.double(), totals.new_tensor(window[:, 1:].numel())))
-        model.train()
-        if accelerator.num_processes > 1:
-            totals = accelerator.reduce(totals, reduction="sum")
-        return float(totals[0] / totals[1].clamp(min=1))
 
 
 # --------------------------------------------------------------------------- training
@@ -198,39 +71,6 @@ def compiled(model: torch.nn.Module) -> torch.nn.Module:
     return torch.compile(model, dynamic=False)
 
 
-@dataclass
-class TrainStats:
-    """What one :func:`train_model` run did. :meth:`as_dict` is the stored form (a checkpoint's
-    ``train_stats``, read back by ``bench.train.cache.load_model``): keys in field order."""
-
-    steps: int  # updates of the recipe (0: a zero-update fine-tune)
-    tokens: int  # tokens trained on, all processes together
-    tokens_per_s: float  # tokens / train_time_s
-    train_time_s: float  # the updates only: validation and saving excluded
-    wall_time_s: float  # the whole call of train_model
-    final_train_loss: float | None  # mean loss of the last log window; None without updates
-    train_losses: dict[int, float]  # {update: mean loss of the log window ending there}
-    val_losses: dict[int, float]  # {update: validation loss}
-    final_val_loss: float | None  # validation loss after the last update; None without one
-    n_params: int
-    precision: str
-    device: str
-    num_processes: int
-    # the update a resumed run started at (0: from scratch); None when no loop ran (zero updates)
-    resumed_from: int | None = None
-    # train.until_retrieves: {update: passkey accuracy at L of the check after it}; None = off
-    retrieval_checks: dict[int, float] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The dict stored in checkpoints; a zero-update fine-tune's has no ``resumed_from``, a
-        run without the retrieval check no ``retrieval_checks``."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("resumed_from", "retrieval_checks"):
-            if out[name] is None:
-                del out[name]
-        return out
-
-
 def _initial_model(job: JobConfig, init: DecoderLM | None) -> DecoderLM:
     """The seeded initial model; a fine-tune's holds the parent's weights and its scaling."""
     torch.manual_seed(job.seed)
@@ -239,25 +79,6 @@ def _initial_model(job: JobConfig, init: DecoderLM | None) -> DecoderLM:
         model.load_state_dict(init.state_dict())
         model.set_scaling(finetune_scaling(job))
     return model
-
-
-def _zero_step_finetune(model: DecoderLM, job: JobConfig, started: float) -> TrainStats:
-    """Stats of a fine-tune with ``extend.steps == 0``: the parent's weights, the scaling set."""
-    return TrainStats(
-        steps=0,
-        tokens=0,
-        tokens_per_s=0.0,
-        train_time_s=0.0,
-        wall_time_s=time.perf_counter() - started,
-        final_train_loss=None,
-        train_losses={},
-        val_losses={},
-        final_val_loss=None,
-        n_params=model.num_parameters(),
-        precision=job.train.precision,
-        device="cpu",
-        num_processes=1,
-    )
 
 
 Snapshot = Callable[[int, DecoderLM, dict[str, Any]], None]
@@ -291,12 +112,7 @@ class Trainer:
         self.accelerator = make_accelerator(accelerator, self.spec.precision)
         warn_if_emulated_bf16(self.accelerator.device, self.spec.precision, stacklevel=4)
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
-        if self.spec.batch_size % self.world:
-            what = "extend" if self.extended else "train"
-            raise ValueError(
-                f"{what}.batch_size {self.spec.batch_size} is not divisible by the {self.world} "
-                f"processes; use a multiple of {self.world}."
-            )
+        check_batch_split(self.spec, self.world, self.extended)
 
     # ----------------------------------------------------------------------- setup
 
@@ -332,7 +148,7 @@ class Trainer:
             position_sampling=spec.position_sampling,
             max_position=spec.sampled_positions,
         )
-        self.validator = _Validator(self.corpus, spec, self.rank, self.world, stacklevel=5)
+        self.validator = Validator(self.corpus, spec, self.rank, self.world, stacklevel=5)
         self.check_examples = None
         if spec.until_retrieves is not None:
             self.check_examples = retrieval_check_examples(spec, self.job.seed, self.corpus)
@@ -462,17 +278,10 @@ class Trainer:
         if self.world > 1:
             window = self.accelerator.gather(window[None]).mean(dim=0)  # [world, n] -> [n]
         values = window.cpu()
-        finite = torch.isfinite(values)
-        if not bool(finite.all()):
-            first = int((~finite).nonzero()[0, 0])
-            step, loss = self.checked + first + 1, float(values[first])
+        error = divergence_error(values, self.checked, self.job, self.spec)
+        if error is not None:
             self.bar.close()
-            raise TrainingDiverged(
-                f"training diverged at step {step} of {self.spec.steps}: the loss is {loss} "
-                f"{divergence_advice(self.job, step, lr_at(step - 1, self.spec))}",
-                step=step,
-                loss=loss,
-            )
+            raise error
         mean = float(values.mean())
         self.checked = upto
         return mean
@@ -523,37 +332,14 @@ class Trainer:
         lower end reaches the threshold the run ends ``decay_steps`` updates later, the lr
         decaying over them. Every rank scores
         the same weights, so all agree."""
-        spec = self.spec
-        if self.check_examples is None or done % spec.retrieval_check_every:
+        if self.check_examples is None or not retrieval_check_due(self.spec, done):
             return
-        decay = spec.decay_steps
-        if done <= spec.warmup_steps or done + decay >= spec.steps:
-            return  # warming up, already decaying, or the end was brought forward
         with self._untimed():
             model = self.accelerator.unwrap_model(self.model)
-            model.eval()
-            verdicts = passkey_verdicts(
-                model, self.check_examples, batch_size=spec.batch_size, device=self.device
-            )
-            model.train()
-        from bench.core.stats import wilson  # F5's interval; pandas only when a check runs
-
-        hits, n = sum(verdicts), len(verdicts)
-        self.retrieval_checks[done] = hits / n
-        low, _ = wilson(hits, n)
-        if low >= spec.until_retrieves:  # decidedly: the interval's lower end, as F5 reads it
-            logger.info(
-                "lenbench: passkey at L %d/%d (Wilson lower end %.3f >= train.until_retrieves "
-                "%g) after %d updates: decaying the lr over %d updates, ending at %d.",
-                hits,
-                n,
-                low,
-                spec.until_retrieves,
-                done,
-                decay,
-                done + decay,
-            )
-            self._end_at(done + decay)
+            verdicts = retrieval_verdicts(model, self.check_examples, self.spec, self.device)
+        self.retrieval_checks[done], end = retrieval_end(verdicts, self.spec, done)
+        if end is not None:
+            self._end_at(end)
 
     def _end_at(self, end: int) -> None:
         """Make update ``end`` the run's last: the schedule decays over the updates before it."""
@@ -625,17 +411,13 @@ class Trainer:
 
     def _finish(self) -> tuple[DecoderLM, TrainStats]:
         """The unwrapped model in eval mode and the run's stats; raises TrainingDiverged when a
-        long run learned nothing (:func:`check_progress`)."""
+        long run learned nothing (:func:`~bench.train.guards.check_progress`)."""
         spec, steps = self.spec, self.spec.steps
         model = self.accelerator.unwrap_model(self.model)
         model.eval()
         self.optimizer.zero_grad(set_to_none=True)
-        # [last log window]; losses may be longer than the run (until_retrieves ended it early)
-        tail = self.losses[steps - max(1, min(spec.log_every, steps)) : steps]
-        if self.world > 1:
-            tail = self.accelerator.gather(tail[None])  # [world, window]
-        final_loss = float(tail.mean().cpu())
-        check_progress(final_loss, steps, model.model_cfg.vocab_size)
+        vocab_size = model.model_cfg.vocab_size
+        final_loss = final_train_loss(self.losses, spec, self.accelerator, vocab_size)
         return model, TrainStats(
             steps=steps,
             tokens=self.tokens_done,
@@ -688,14 +470,10 @@ def train_model(
     deleted first (``resume.clear()``) and the message says so, so a rerun starts from scratch.
     """
     started = time.perf_counter()
-    if job.extend.active and init is None:
-        raise ValueError(
-            f"extend.method {job.extend.method!r} fine-tunes a trained model; pass its parent "
-            "model as init= (bench.train.cache.get_or_train does)."
-        )
+    check_finetune_init(job, init)
     if job.extend.active and job.extend.steps == 0:
         model = _initial_model(job, init)
-        return model.eval(), _zero_step_finetune(model, job, started)
+        return model.eval(), zero_step_stats(model, job, started)
     trainer = Trainer(
         job,
         corpus,
@@ -716,9 +494,4 @@ def train_model(
         # rerun): drop it, so that the next run starts from scratch
         if trainer.accelerator.is_main_process:
             resume.clear()
-        raise TrainingDiverged(
-            f"{str(exc).rstrip('.')}; this run had resumed from the saved state of update "
-            f"{trainer.start}, which is now dropped, so a rerun trains from scratch.",
-            step=exc.step,
-            loss=exc.loss,
-        ) from exc
+        raise resumed_divergence(exc, trainer.start) from exc

@@ -8,7 +8,7 @@
 
 The pattern is ``position.layers`` (repeated over the depth, so ``[swa, swa, swa, nope]`` is
 "every 4th layer NoPE" at any depth), one of :data:`LAYER_KINDS` per layer; an empty list is the
-family's own. Spans are in position ids (``models.attention.span_mask``): a query at position i
+family's own. Spans are in position ids (``models.attention_inputs.span_mask``): a query at position i
 sees key j when i - j < ``window`` (``swa``) or i // ``chunk`` == j // ``chunk`` (``chunked``,
 chunks counted from position 0 as Llama 4's mask counts them from each row's first token).
 Eval-time RoPE scaling acts on the RoPE layers; the NoPE layers have nothing to scale. irope's

@@ -559,7 +559,7 @@ def spec_of(*overrides):
 
 
 def test_static_factor_is_one_per_run_recorded_as_a_number_and_oracle_is_labelled():
-    from bench.job import make_run_id, scaling_params_json
+    from bench.job_rows import make_run_id, scaling_params_json
     from models.scaling_config import ORACLE_SUFFIX
 
     # train=quick: L = 256, eval=standard: 1x..16x, so the run's target is 16x

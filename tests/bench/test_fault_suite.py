@@ -30,7 +30,8 @@ import pytest
 import bench.train.cache as cache_module
 from bench.cli import STATUS_FILE, main
 from bench.core.results import load_results
-from bench.train.cache import CheckpointCorrupt, get_or_train, load_model, weights_key
+from bench.train.cache import get_or_train, weights_key
+from bench.train.checkpoints import CheckpointCorrupt, load_model
 from bench.train.resume import ResumeFile
 from bench.train.trainer import train_model
 

@@ -15,13 +15,10 @@ import torch
 
 from bench.cli import main
 from bench.core.results import load_results
-from bench.train.cache import CheckpointCorrupt, get_or_train
-from bench.train.trainer import (
-    MIN_STEPS_FOR_PROGRESS,
-    TrainingDiverged,
-    check_progress,
-    train_model,
-)
+from bench.train.cache import get_or_train
+from bench.train.checkpoints import CheckpointCorrupt
+from bench.train.guards import MIN_STEPS_FOR_PROGRESS, TrainingDiverged, check_progress
+from bench.train.trainer import train_model
 
 from fixtures.jobs import CountingTrainer, make_cfg, same_weights
 

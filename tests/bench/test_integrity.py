@@ -19,11 +19,12 @@ import torch
 import bench.eval.evaluate
 from bench.cli import main
 from bench.core.result_digest import DIGEST_KEY, recorded_sha256, rows_sha256
-from bench.core.results import load_results, non_finite_row, normalize_results, write_results
+from bench.core.results import load_results, write_results
+from bench.core.rows import non_finite_row, normalize_results
 from bench.report.cli import main as report_main
 from bench.train.cache import get_or_train, weights_config, weights_key
+from bench.train.guards import TrainingDiverged
 from bench.train.resume import ResumeFile
-from bench.train.trainer import TrainingDiverged
 
 from fixtures.jobs import Killed, make_cfg, same_weights
 from fixtures.rows import row

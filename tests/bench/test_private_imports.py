@@ -30,6 +30,7 @@ def test_no_module_imports_another_modules_private_name():
 
 def test_the_check_finds_a_private_import():
     """Negative control: a private name is found, inside a function too; a public one is not."""
-    code = "def f():\n    from bench.train.cache import DONE_FILE, _resolve\n"
-    assert private_imports(code) == ["bench.train.cache._resolve"]
-    assert private_imports("from bench.train.cache import load_model\nfrom os import _exit\n") == []
+    code = "def f():\n    from bench.train.checkpoints import DONE_FILE, _resolve\n"
+    assert private_imports(code) == ["bench.train.checkpoints._resolve"]
+    public = "from bench.train.checkpoints import load_model\nfrom os import _exit\n"
+    assert private_imports(public) == []

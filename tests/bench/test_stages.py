@@ -83,8 +83,8 @@ def test_each_stage_says_what_it_owns_and_may_import(stage):
 def test_the_check_finds_a_backward_import():
     """Negative controls: a lazy import of a later stage is found, a type-only one is not, and
     the top of the pipeline may import anything."""
-    lazy = "def f():\n    from bench.train.cache import load_model\n"
-    assert backward_imports("bench.eval.metrics.nll", lazy) == ["bench.train.cache"]
+    lazy = "def f():\n    from bench.train.checkpoints import load_model\n"
+    assert backward_imports("bench.eval.metrics.nll", lazy) == ["bench.train.checkpoints"]
     assert backward_imports("bench.core.results", "import bench.data.corpora\n") == [
         "bench.data.corpora"
     ]

@@ -17,8 +17,10 @@ import pytest
 import bench.job as job_module
 import bench.train.cache as cache_module
 from bench.cli import STATUS_FILE, main
-from bench.core.results import REQUIRED_COLUMNS, load_results
-from bench.train.trainer import TrainingDiverged, train_model
+from bench.core.results import load_results
+from bench.core.rows import REQUIRED_COLUMNS
+from bench.train.guards import TrainingDiverged
+from bench.train.trainer import train_model
 
 
 class TrainCounter:

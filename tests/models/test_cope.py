@@ -11,11 +11,14 @@ import math
 import pytest
 import torch
 
-import models.attention as attention
-from models.attention import AttentionInputs, _attend_tiled, _use_flex
+import models.flex as flex
+import models.tiled_attention as tiled_attention
+from models.attention_inputs import AttentionInputs, fused_plain
 from models.families.cope import _cope, cope_positions
+from models.flex import use_flex
 from models.positions import PositionConfig
 from models.scaling import applicable_methods
+from models.tiled_attention import attend_tiled
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 
 N, H, T, D = 2, 3, 9, 8
@@ -90,12 +93,12 @@ def _inputs(contextual) -> AttentionInputs:
 
 
 @pytest.mark.parametrize(
-    "tile_elements", [1 << 24, N * H * T * 2 * attention.CONTEXTUAL_TEMPORARIES]
+    "tile_elements", [1 << 24, N * H * T * 2 * tiled_attention.CONTEXTUAL_TEMPORARIES]
 )
 def test_tiled_attention_equals_the_entry_by_entry_formula(monkeypatch, tile_elements):
     """The whole contextual path (gates, counts, interpolation, softmax) in one query tile and in
     tiles of 2 queries; control: without the CoPE term the output differs."""
-    monkeypatch.setattr(attention, "ATTENTION_TILE_ELEMENTS", tile_elements)
+    monkeypatch.setattr(tiled_attention, "ATTENTION_TILE_ELEMENTS", tile_elements)
     model = DecoderLM(
         ModelConfig(n_layers=2, d_model=H * D, n_heads=H),
         PositionConfig(kind="cope", cope_npos_max=6),
@@ -107,25 +110,25 @@ def test_tiled_attention_equals_the_entry_by_entry_formula(monkeypatch, tile_ele
     v = torch.randn(N, H, T, D)
     contextual = model.family.contextual_bias(model)
     with torch.no_grad():
-        got, _ = _attend_tiled(q, k, v, _inputs(contextual), layer=1)
-        plain, _ = _attend_tiled(q, k, v, _inputs(None), layer=1)
+        got, _ = attend_tiled(q, k, v, _inputs(contextual), layer=1)
+        plain, _ = attend_tiled(q, k, v, _inputs(None), layer=1)
     expected = direct_cope_attention(q, k, v, model.cope_emb[1], 6)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert (plain - expected).abs().max() > 1e-2
 
 
 def test_cope_never_takes_a_fused_or_flex_kernel(monkeypatch):
-    monkeypatch.setattr(attention, "FLEX_ATTENTION", "always")
+    monkeypatch.setattr(flex, "FLEX_ATTENTION", "always")
     q = torch.randn(1, H, T, 16)
     contextual = DecoderLM(
         ModelConfig(n_layers=1, d_model=H * 16, n_heads=H), PositionConfig(kind="cope"), T
     )
     inputs = _inputs(contextual.family.contextual_bias(contextual))
-    assert not attention._fused_plain(T, T, inputs) and not _use_flex(q, inputs)
+    assert not fused_plain(T, T, inputs) and not use_flex(q, inputs)
     # control: a score bias alone does take flex when it is forced
     biased = _inputs(None)
     biased.score_bias = contextual.family.score_bias(contextual, T) or object()
-    assert _use_flex(q, biased)
+    assert use_flex(q, biased)
 
 
 def test_gradients_reach_the_embeddings_and_through_the_gates():

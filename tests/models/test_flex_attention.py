@@ -14,23 +14,24 @@ import pytest
 import torch
 
 import models.attention as attention_module
-from models.attention import (
-    AttentionInputs,
-    _attend_tiled,
+import models.flex as flex_module
+from models.attention_inputs import AttentionInputs
+from models.flex import (
     _dense_to_kv_blocks,
     _flex_mode,
-    _use_flex,
     attend_flex,
     flex_attention_unavailable,
     flex_block_mask,
     flex_mask_mod,
     flex_score_mod,
+    use_flex,
 )
 from models.positions import (
     ScoreBias,
     alibi_bias,
     alibi_slopes,
 )
+from models.tiled_attention import attend_tiled
 from models.transformer import ModelConfig
 
 from fixtures.attention import attention_case, block_matrix, dense_reference
@@ -83,7 +84,7 @@ def make_case(
 
 
 def tiled(q, k, v, inputs):
-    return _attend_tiled(q, k, v, inputs)[0]
+    return attend_tiled(q, k, v, inputs)[0]
 
 
 CASES = {
@@ -215,15 +216,15 @@ COMPILED_CASE = dict(n=2, h=4, g=2, length=13, past=10, d=8, pad=[0, 14])
 def _compiled_flex_on_cpu_failure() -> str | None:
     """Why compiled flex attention cannot run on CPU here (None if it can): a compiler failure
     (no C++ toolchain, say) skips; any other error fails the test that asked."""
-    before = attention_module.FLEX_BLOCK_SIZE
-    attention_module.FLEX_BLOCK_SIZE = BLOCK
+    before = flex_module.FLEX_BLOCK_SIZE
+    flex_module.FLEX_BLOCK_SIZE = BLOCK
     try:
         with torch.no_grad():  # the compilation the tests below then reuse
             attend_flex(*make_case(**COMPILED_CASE))
     except torch._dynamo.exc.BackendCompilerFailed as error:
         return f"compiled flex attention fails on CPU: {type(error).__name__}: {error}"[:500]
     finally:
-        attention_module.FLEX_BLOCK_SIZE = before
+        flex_module.FLEX_BLOCK_SIZE = before
     return None
 
 
@@ -239,7 +240,7 @@ def test_compiled_flex_with_block_sparsity_equals_the_tiled_path(compiled_flex_c
     # blocks of 2 over 13 queries x 23 keys: skipped, partial and full blocks all occur
     from torch.nn.attention.flex_attention import BlockMask
 
-    monkeypatch.setattr(attention_module, "FLEX_BLOCK_SIZE", BLOCK)
+    monkeypatch.setattr(flex_module, "FLEX_BLOCK_SIZE", BLOCK)
     q, k, v, inputs = make_case(**COMPILED_CASE)
     reference = tiled(q, k, v, inputs)
     torch.testing.assert_close(attend_flex(q, k, v, inputs), reference, atol=ATOL, rtol=ATOL)
@@ -256,7 +257,7 @@ def test_compiled_flex_with_block_sparsity_equals_the_tiled_path(compiled_flex_c
         mask_mod=good.mask_mod,
         seq_lengths=(13, 23),
     )
-    out = attention_module._flex_kernel(True)(
+    out = flex_module._flex_kernel(True)(
         q,
         k,
         v,
@@ -295,18 +296,17 @@ def test_alibi_model_with_flex_forced_equals_the_default_path(
         generated = model.generate_greedy(ids, max_new_tokens=3, attention_mask=mask)
         return full, torch.cat(pieces, dim=1), generated
 
-    monkeypatch.setattr(attention_module, "FLEX_BLOCK_SIZE", BLOCK)  # several blocks, as on GPU
+    monkeypatch.setattr(flex_module, "FLEX_BLOCK_SIZE", BLOCK)  # several blocks, as on GPU
     calls = []
-    real_attend_flex = attention_module.attend_flex
     monkeypatch.setattr(
-        attention_module,
+        attention_module,  # where attend looks attend_flex up
         "attend_flex",
-        lambda *args, **kwargs: calls.append(1) or real_attend_flex(*args, **kwargs),
+        lambda *args, **kwargs: calls.append(1) or attend_flex(*args, **kwargs),
     )
-    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "off")
+    monkeypatch.setattr(flex_module, "FLEX_ATTENTION", "off")
     tiled_full, tiled_steps, tiled_generated = run()
     assert not calls
-    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "always")
+    monkeypatch.setattr(flex_module, "FLEX_ATTENTION", "always")
     flex_full, flex_steps, flex_generated = run()
     assert calls  # flex really ran
     real = mask.bool()
@@ -325,16 +325,15 @@ def test_flex_logits_from_equals_the_full_pass_suffix(compiled_flex_cpu, tiny_mo
     ids = torch.randint(0, 256, (2, 15), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 15)
     mask[0, :4] = 0  # row 0 is left-padded
-    monkeypatch.setattr(attention_module, "FLEX_BLOCK_SIZE", BLOCK)
-    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "off")
+    monkeypatch.setattr(flex_module, "FLEX_BLOCK_SIZE", BLOCK)
+    monkeypatch.setattr(flex_module, "FLEX_ATTENTION", "off")
     tiled = model(ids, attention_mask=mask).logits
-    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "always")
+    monkeypatch.setattr(flex_module, "FLEX_ATTENTION", "always")
     calls = []
-    real_attend_flex = attention_module.attend_flex
     monkeypatch.setattr(
-        attention_module,
+        attention_module,  # where attend looks attend_flex up
         "attend_flex",
-        lambda *args, **kwargs: calls.append(args[0].shape[2]) or real_attend_flex(*args, **kwargs),
+        lambda *args, **kwargs: calls.append(args[0].shape[2]) or attend_flex(*args, **kwargs),
     )
     suffix = model(ids, attention_mask=mask, logits_from=9).logits
     assert calls == [15, 6]  # both layers ran flex, the last one with the 6 suffix queries
@@ -342,12 +341,12 @@ def test_flex_logits_from_equals_the_full_pass_suffix(compiled_flex_cpu, tiny_mo
 
 
 def test_cpu_default_never_takes_the_flex_path(tiny_model, monkeypatch):
-    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", "auto")
+    monkeypatch.setattr(flex_module, "FLEX_ATTENTION", "auto")
 
     def refuse(*args, **kwargs):
         raise AssertionError("flex attention on CPU")
 
-    monkeypatch.setattr(attention_module, "attend_flex", refuse)
+    monkeypatch.setattr(attention_module, "attend_flex", refuse)  # where attend looks it up
     model = tiny_model("alibi")
     ids = torch.randint(0, 256, (2, 6))
     mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
@@ -380,12 +379,12 @@ def fake_query(device="cuda", d=32, length=5):
     ],
 )
 def test_use_flex_selects_the_path(monkeypatch, mode, device, case, d, expected):
-    monkeypatch.setattr(attention_module, "FLEX_ATTENTION", mode)
+    monkeypatch.setattr(flex_module, "FLEX_ATTENTION", mode)
     _, _, _, inputs = make_case(**case)
     query = fake_query(device, d, case["length"])
-    assert _use_flex(query, inputs) is (expected and flex_attention_unavailable() is None)
+    assert use_flex(query, inputs) is (expected and flex_attention_unavailable() is None)
     inputs.want_entropy = True  # entropy needs probabilities: never flex
-    assert _use_flex(query, inputs) is False
+    assert use_flex(query, inputs) is False
 
 
 def test_flex_mode_reads_the_environment_spellings():

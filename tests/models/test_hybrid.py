@@ -13,10 +13,14 @@ import math
 import pytest
 import torch
 
-import models.attention as attention
-from models.attention import AttentionInputs, _attend_tiled, attend, attend_flex, span_mask
+import models.flex as flex
+import models.tiled_attention as tiled_attention
+from models.attention import attend
+from models.attention_inputs import AttentionInputs, span_mask
 from models.families.hybrid import layer_pattern, llama4_query_temperature
+from models.flex import attend_flex
 from models.positions import PositionConfig
+from models.tiled_attention import attend_tiled
 from models.transformer import DecoderLM, ModelConfig
 
 from fixtures.attention import attention_case, visited_blocks
@@ -86,18 +90,18 @@ def test_span_masks_in_small_tiles_skip_only_keys_outside_every_span(monkeypatch
     q, k, v, inputs = make_case(**case)
     reference = dense_reference(q, k, v, inputs)
     n, h, s = q.shape[0], q.shape[1], k.shape[2]
-    monkeypatch.setattr(attention, "ATTENTION_TILE_ELEMENTS", n * h * s * 2)
-    torch.testing.assert_close(_attend_tiled(q, k, v, inputs)[0], reference, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(tiled_attention, "ATTENTION_TILE_ELEMENTS", n * h * s * 2)
+    torch.testing.assert_close(attend_tiled(q, k, v, inputs)[0], reference, atol=1e-5, rtol=1e-5)
 
 
 def test_first_key_in_span_leaves_out_keys_and_a_wrong_bound_would_show():
     q, k, v, inputs = make_case(n=1, length=32, window=4)
     # the last query at position 31 sees 28..31: keys 0..27 are skipped for a one-query tile
-    assert attention._first_key_in_span(inputs, 31, 32, 32) == 28
+    assert tiled_attention._first_key_in_span(inputs, 31, 32, 32) == 28
     chunked = AttentionInputs(**{**vars(inputs), "window": None, "chunk": 8, "flex_cache": {}})
-    assert attention._first_key_in_span(chunked, 30, 32, 32) == 24
+    assert tiled_attention._first_key_in_span(chunked, 30, 32, 32) == 24
     # negative control: a tile that started one key too late would drop a visible key
-    dropped = _attend_tiled(q[:, :, -1:], k[:, :, 29:], v[:, :, 29:], _last_query(inputs, 29))[0]
+    dropped = attend_tiled(q[:, :, -1:], k[:, :, 29:], v[:, :, 29:], _last_query(inputs, 29))[0]
     reference = dense_reference(q, k, v, inputs)[:, :, -1:]
     assert (dropped - reference).abs().max() > 1e-3
 
@@ -126,15 +130,15 @@ def test_span_mask_definitions_and_control():
 
 @pytest.mark.parametrize("case", ["window-cache", "chunk-padded-cache", "window-padded"])
 def test_eager_flex_honours_the_span(case):
-    if attention.flex_attention_unavailable() is not None:
-        pytest.skip(attention.flex_attention_unavailable())
+    if flex.flex_attention_unavailable() is not None:
+        pytest.skip(flex.flex_attention_unavailable())
     q, k, v, inputs = make_case(**SPAN_CASES[case], d=16)
     try:
         out = attend_flex(q, k, v, inputs, compiled=False)
     except Exception as error:  # pragma: no cover - an eager flex that does not run here
         pytest.skip(f"eager flex attention fails on CPU: {type(error).__name__}")
     torch.testing.assert_close(out, dense_reference(q, k, v, inputs), atol=1e-5, rtol=1e-5)
-    block = attention.flex_block_mask(inputs, q.shape[0], q.shape[2], k.shape[2], q.device)
+    block = flex.flex_block_mask(inputs, q.shape[0], q.shape[2], k.shape[2], q.device)
     assert int(block.full_kv_num_blocks.sum()) == 0  # a span never leaves a block unmasked
 
 
@@ -470,16 +474,16 @@ def test_flex_block_mask_skips_blocks_outside_the_span(case):
     """The block mask visits every block flex's own create_block_mask (which evaluates each
     entry of the mask_mod) finds an entry in, and without padding no other: blocks outside the
     window or chunk are skipped; none is full (a span is applied entry by entry)."""
-    if attention.flex_attention_unavailable() is not None:
-        pytest.skip(attention.flex_attention_unavailable())
+    if flex.flex_attention_unavailable() is not None:
+        pytest.skip(flex.flex_attention_unavailable())
     from torch.nn.attention.flex_attention import create_block_mask
 
     q, k, v, inputs = make_case(n=2, **case)
     length, s = q.shape[2], k.shape[2]
-    ours = attention.flex_block_mask(inputs, 2, length, s, q.device, block_size=4)
+    ours = flex.flex_block_mask(inputs, 2, length, s, q.device, block_size=4)
     try:
         theirs = create_block_mask(
-            attention.flex_mask_mod(inputs, q.device),
+            flex.flex_mask_mod(inputs, q.device),
             2,
             None,
             length,
@@ -496,5 +500,5 @@ def test_flex_block_mask_skips_blocks_outside_the_span(case):
     assert int(ours.full_kv_num_blocks.sum()) == 0
     # negative control: the causal block mask alone visits blocks the span leaves out
     causal = AttentionInputs(**{**vars(inputs), "window": None, "chunk": None, "flex_cache": {}})
-    plain = attention.flex_block_mask(causal, 2, length, s, q.device, block_size=4)
+    plain = flex.flex_block_mask(causal, 2, length, s, q.device, block_size=4)
     assert int(visited_blocks(plain).sum()) > int(visited.sum())

@@ -33,7 +33,7 @@ def test_models_import_nothing_of_bench():
 
 def test_the_check_finds_a_lazy_import():
     """Negative control: an import inside a function is found."""
-    assert bench_imports("def f():\n    from bench.train.cache import load_model\n") == [
-        "bench.train.cache"
+    assert bench_imports("def f():\n    from bench.train.checkpoints import load_model\n") == [
+        "bench.train.checkpoints"
     ]
     assert bench_imports("import benchmark\nfrom models import x\n") == []

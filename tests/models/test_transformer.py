@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import models.attention as attention_module
+import models.tiled_attention as tiled_attention
 from models.positions import PositionConfig, rotate
 from models.scaling import logn_factor
 from models.transformer import (
@@ -198,9 +199,7 @@ def test_tiled_attention_path_matches_fused_kernel(kind, monkeypatch):
     model = tiny_model(kind)
     tokens = random_tokens(2, 24)
     fused = model(tokens).logits
-    monkeypatch.setattr(
-        attention_module, "ATTENTION_TILE_ELEMENTS", 2 * 4 * 24 * 5
-    )  # 5-query tiles
+    monkeypatch.setattr(tiled_attention, "ATTENTION_TILE_ELEMENTS", 2 * 4 * 24 * 5)  # 5-query tiles
     out = model(tokens, output_attn_entropy=True, output_hidden_states=True)
     torch.testing.assert_close(out.logits, fused, atol=1e-4, rtol=1e-4)
     assert len(out.attn_entropy) == 2 and out.attn_entropy[0].shape == (2, 4, 24)

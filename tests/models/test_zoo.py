@@ -16,10 +16,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from models.attention import AttentionInputs, _attend_tiled, attend_flex
+from models.attention_inputs import AttentionInputs
 from models.families.zoo import KERPLE_EPS, sandwich_table, t5_bucket
+from models.flex import attend_flex
 from models.positions import PositionConfig, family
 from models.scaling import applicable_methods, default_inv_freq
+from models.tiled_attention import attend_tiled
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig
 
 from fixtures.attention import dense_reference
@@ -208,7 +210,7 @@ def test_tiled_and_flex_apply_the_bias_like_the_dense_reference(kind):
     inputs = _inputs(model, k_pos[:, past:], k_pos, valid, past)
     with torch.no_grad():
         reference = dense_reference(q, k, v, inputs)
-        torch.testing.assert_close(_attend_tiled(q, k, v, inputs)[0], reference)
+        torch.testing.assert_close(attend_tiled(q, k, v, inputs)[0], reference)
         torch.testing.assert_close(attend_flex(q, k, v, inputs, compiled=False), reference)
 
 

@@ -8,7 +8,7 @@ pretrained-size model evaluates within the GPU's memory with chunked scoring.
    d_model (T+1)/2 per token) per second over the GPU's measured bf16 GEMM peak (``torch.mm``, so MFU
    is against what this GPU's matrix units reach, not its data sheet); peak memory
    ``torch.cuda.max_memory_allocated``. Our families' kernels: RoPE SDPA (flash), ALiBi compiled
-   flex attention (``models.attention``; the first step compiles it, which the warm-up absorbs).
+   flex attention (``models.flex``; the first step compiles it, which the warm-up absorbs).
 2. **Longest length**: a Llama of Llama 3.2 1B's shapes (16 layers, width 2048, vocabulary
    128,256; random weights, bf16) through lenbench's pretrained adapter: per-token NLL with
    chunked scoring (``forward(targets=...)``, batch 1) at doubling lengths from ``--from-length``

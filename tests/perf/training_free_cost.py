@@ -11,7 +11,7 @@ subprocess (so peak memory is its own):
   per generated token (median of 3 rounds).
 
 Raw RoPE's plain prefill goes through the fused SDPA kernel; a training-free method scores each
-pair twice (its own and its far positions) in query tiles (``models.attention._attend_tiled``),
+pair twice (its own and its far positions) in query tiles (``models.tiled_attention.attend_tiled``),
 so memory stays linear in length; the ratio column is each method over raw (``none``) at the same
 length in the same run. YaRN (a frequency method: the same kernel as raw) is the control. Run
 from the repository root after ``pip install -e .``; writes

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.core.checks import integer, number, parse_length
-from bench.core.results import canonical_json
+from bench.core.rows import canonical_json
 from bench.data.corpora import Document
 from bench.eval.metrics.context import EvalContext, first_windows, make_row, select_documents
 from bench.eval.metrics.registry import MetricConfig, register_metric

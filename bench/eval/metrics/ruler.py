@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from bench.core.checks import choice, integer, number
-from bench.core.results import canonical_json
+from bench.core.rows import canonical_json
 from bench.data.corpora import Document
 from bench.data.tokenizer import ByteTokenizer
 from bench.eval.metrics.context import EvalContext, make_row

@@ -24,7 +24,8 @@ from bench.findings import (
     ppl_ratios,
     select,
 )
-from bench.report.figures import family_order, save_figure
+from bench.report.family_panels import family_order
+from bench.report.figures import save_figure
 from bench.report.markdown import ReportDir, figure_md, markdown_table
 
 

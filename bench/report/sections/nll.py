@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench.report.figures import Style, family_panels, pow2_ticks, save_figure, wants_log
+from bench.report.family_panels import family_panels
+from bench.report.figures import Style, pow2_ticks, save_figure, wants_log
 from bench.report.frame import (
     GROUP_KEYS,
     SEED_BAND,

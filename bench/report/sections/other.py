@@ -1,11 +1,11 @@
 """The catch-all table for metrics that no dedicated section shows (any name outside
-:data:`bench.core.results.ROW_METRICS`), so a new metric appears in the report before it has a figure."""
+:data:`bench.core.rows.ROW_METRICS`), so a new metric appears in the report before it has a figure."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from bench.core.results import ROW_METRICS
+from bench.core.rows import ROW_METRICS
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, write_table
 

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench.report.figures import Panels, Style, display_label, family_panels, save_figure
+from bench.report.family_panels import family_panels
+from bench.report.figures import Panels, Style, display_label, save_figure
 from bench.report.frame import (
     FINETUNE_MARK,
     GROUP_KEYS,

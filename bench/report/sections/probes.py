@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from bench.report.family_panels import family_panels
 from bench.report.figures import (
     TRAIN_MARKER,
     Panels,
     Style,
-    family_panels,
     grid_shape,
     legend_handles,
     pow2_ticks,

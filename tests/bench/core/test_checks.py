@@ -19,7 +19,7 @@ from bench.eval.metrics.ruler import RulerConfig
 from bench.job import validate_job
 from bench.schema import JobConfig
 from bench.tasks.ruler import RULER_TASKS
-from bench.train.trainer import divergence_advice
+from bench.train.guards import divergence_advice
 from models.positions import PositionConfig, families
 from models.scaling import pair_positions
 from models.transformer import DecoderLM, ModelConfig

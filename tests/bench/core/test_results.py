@@ -1,4 +1,5 @@
-"""Tests for bench/core/results.py: schema validation, canonical JSON, atomic writes, newest-wins dedup."""
+"""Tests for bench/core/results.py and bench/core/rows.py: schema validation, canonical JSON,
+atomic writes, newest-wins dedup."""
 
 from __future__ import annotations
 
@@ -12,16 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.core import results as R
-from bench.core.results import (
-    CELL_COLUMNS,
+from bench.core.results import CELL_COLUMNS, dedup_results, load_results, write_results
+from bench.core.rows import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
     ROW_METRICS,
     canonical_json,
-    dedup_results,
-    load_results,
     normalize_results,
-    write_results,
 )
 
 from fixtures.rows import row

@@ -7,7 +7,8 @@ import json
 
 import pandas as pd
 
-from bench.core.results import normalize_results, write_results
+from bench.core.results import write_results
+from bench.core.rows import normalize_results
 from bench.eval.metrics.ruler import RulerConfig, effective_length_rows
 from bench.eval.rederive import main, rederived_effective_lengths
 

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.core.results import canonical_json, normalize_results, write_results
+from bench.core.results import write_results
+from bench.core.rows import canonical_json, normalize_results
 from bench.findings import (
     ALIBI_MAX_RATIO,
     FAILS,

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from bench.core.results import normalize_results
+from bench.core.rows import normalize_results
 from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings, wilson
 from bench.findings.ruler import (
     degradation_difference,

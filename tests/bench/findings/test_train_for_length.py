@@ -104,7 +104,7 @@ def test_two_arms_holding_one_model_get_their_own_rows():
     """rope without a sink is in arm lm_sampling and arm lm_sinks: the same checkpoint, but each
     arm's rows (whose ``arm`` column differs) have their own run id, so neither arm finds the
     other's results and skips its own."""
-    from bench.job import make_run_id
+    from bench.job_rows import make_run_id
 
     sampling = validate_job(study_job("arm=lm_sampling", "position=rope"))
     sinks = validate_job(study_job("arm=lm_sinks", "position=rope"))

@@ -334,16 +334,16 @@ def test_rerope_far_pairs_follow_the_shipped_rotation(arch, hf_model_dirs):
         raw = lm(tokens, position_ids=positions).logits
     assert (here[:, 6:] - raw[:, 6:]).abs().max() > 1e-3
     # the extra rotation in the interleaved layout (wrong for these models) breaks the invariance
-    import bench.pretrained.adapter as adapter
+    import bench.pretrained.attention as attention
 
-    real_rotate = adapter.rotate
-    adapter.rotate = lambda x, cos, sin, layout: real_rotate(x, cos, sin, "interleaved")
+    real_rotate = attention.rotate
+    attention.rotate = lambda x, cos, sin, layout: real_rotate(x, cos, sin, "interleaved")
     try:
         with torch.no_grad(), lm.scaled(rerope):
             wrong = lm(tokens, position_ids=positions).logits
             wrong_shifted = lm(tokens, position_ids=positions + 7).logits
     finally:
-        adapter.rotate = real_rotate
+        attention.rotate = real_rotate
     assert (wrong - wrong_shifted).abs().max() > 1e-3
 
 

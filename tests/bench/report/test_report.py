@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from bench import report as report_mod
-from bench.core.results import canonical_json, load_results, normalize_results, write_results
+from bench.core.results import load_results, write_results
+from bench.core.rows import canonical_json, normalize_results
 from bench.report import generate_report, latest_experiment_dir, main
 
 from fixtures import ROOT
@@ -637,7 +638,7 @@ def test_perplexity_section_states_the_documents_per_run(tmp_path: Path) -> None
 
 
 def _labelled(rows: list[dict]) -> tuple[pd.DataFrame, object]:
-    from bench.core.results import normalize_results
+    from bench.core.rows import normalize_results
     from bench.report.figures import Style
     from bench.report.render import labelled_rows
 

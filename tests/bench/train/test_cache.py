@@ -19,24 +19,23 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench.core.results
+import bench.core.rows
 import bench.train.cache as cache
+import bench.train.checkpoints as checkpoints
 from bench.data.corpora import Corpus, load_corpus
 from bench.schema import JobConfig, PositionSchema, ScalingSchema
 from bench.tasks.passkey import PASSKEY_TEMPLATES
-from bench.train.cache import (
-    CODE_SALT,
+from bench.train.cache import CODE_SALT, get_or_train, weights_config, weights_key
+from bench.train.checkpoints import (
     CheckpointError,
     file_sha256,
-    get_or_train,
     key_of,
     load_model,
     save_checkpoint,
-    weights_config,
-    weights_key,
 )
 from bench.train.resume import ResumeFile
-from bench.train.trainer import TrainStats, make_model
+from bench.train.stats import TrainStats
+from bench.train.trainer import make_model
 
 from fixtures import ROOT
 from fixtures.jobs import (
@@ -146,7 +145,7 @@ def test_irope_keys_carry_qk_norm() -> None:
 
 
 def test_checkpoint_keys_and_result_params_share_one_canonical_json() -> None:
-    assert cache.canonical_json is bench.core.results.canonical_json
+    assert checkpoints.canonical_json is bench.core.rows.canonical_json
 
 
 @pytest.mark.parametrize(

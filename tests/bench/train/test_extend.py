@@ -309,12 +309,8 @@ def test_finetune_of_a_family_the_method_does_not_fit_is_refused() -> None:
 
 
 def test_finetune_columns_are_typed_optional_and_part_of_the_cell() -> None:
-    from bench.core.results import (
-        FINETUNE_COLUMNS,
-        REQUIRED_COLUMNS,
-        dedup_results,
-        normalize_results,
-    )
+    from bench.core.results import dedup_results
+    from bench.core.rows import FINETUNE_COLUMNS, REQUIRED_COLUMNS, normalize_results
 
     base = {c: "x" for c in REQUIRED_COLUMNS}
     base.update(train_length=32, eval_length=128, n=10, seed=0, value=2.0)

@@ -20,8 +20,9 @@ from bench.schema import (
     TrainConfig,
     weights_dict,
 )
+from bench.train.guards import TrainingDiverged
 from bench.train.optim import lr_at, param_groups
-from bench.train.trainer import TrainingDiverged, make_model, train_model
+from bench.train.trainer import make_model, train_model
 
 from fixtures import ROOT
 

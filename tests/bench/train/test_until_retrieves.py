@@ -1,8 +1,8 @@
 """``train.until_retrieves``: training that ends ``decay_steps`` updates after the first retrieval
-check at L that reaches the threshold (bench.train.trainer). The checks' verdicts are scripted here (a
-tiny model forms no circuit in a test's budget); what is tested is what the trainer does with
-them: where the run ends, its schedule, the stored checks, resuming, the examples it scores, the
-row column and the config's sentences."""
+check at L that reaches the threshold (bench.train.trainer; the check in bench.train.guards). The
+checks' verdicts are scripted here (a tiny model forms no circuit in a test's budget); what is
+tested is what the trainer does with them: where the run ends, its schedule, the stored checks,
+resuming, the examples it scores, the row column and the config's sentences."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import bench.train.trainer as train_mod
+import bench.train.guards as guards_mod
 from bench.data.corpora import Corpus, load_corpus
 from bench.schema import DataConfig, JobConfig
 from bench.tasks.passkey import passkey_grid
 from bench.train.cache import get_or_train, weights_key
+from bench.train.guards import CHECK_DEPTHS, CHECK_TRIALS, retrieval_check_examples
 from bench.train.optim import lr_at
 from bench.train.resume import ResumeFile
-from bench.train.trainer import CHECK_DEPTHS, CHECK_TRIALS, retrieval_check_examples, train_model
+from bench.train.trainer import train_model
 
 from fixtures.jobs import Killed, same_weights
 
@@ -86,7 +87,7 @@ def script_checks(monkeypatch: pytest.MonkeyPatch, accuracies: list[float]) -> l
         hits = round(acc * len(examples))
         return [True] * hits + [False] * (len(examples) - hits)
 
-    monkeypatch.setattr(train_mod, "passkey_verdicts", verdicts)
+    monkeypatch.setattr(guards_mod, "passkey_verdicts", verdicts)
     return seen
 
 

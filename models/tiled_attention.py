@@ -1,0 +1,191 @@
+"""The tiled path of :func:`models.attention.attend`: an explicit mask and bias in query tiles of
+O(tile x S) memory, for what SDPA and flex attention cannot do (entropy, CoPE, pair methods, sinks).
+
+Shapes: N batch, H query heads, T query tile, S keys (cached + new), S' keys of a tile, d head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from models.attention_inputs import AttentionInputs, span_mask
+
+__all__ = [
+    "ATTENTION_TILE_ELEMENTS",
+    "CONTEXTUAL_TEMPORARIES",
+    "PAIR_TEMPORARIES",
+    "SPAN_TILE_MIN",
+    "attend_tiled",
+]
+
+# Entries of a masked attention logit tile held at once when the mask must be materialised.
+ATTENTION_TILE_ELEMENTS = 1 << 24
+# A contextual term (CoPE) keeps about this many tile-sized float32 tensors alive (logits, gates,
+# counts, interpolation weights, gathered terms): its tiles are this much smaller.
+CONTEXTUAL_TEMPORARIES = 8
+# A training-free pair method (Self-Extend, ReRoPE) holds two logit tiles (near and far) at once.
+PAIR_TEMPORARIES = 2
+# A layer with a window or chunks attends in query tiles of about one span (at least this many
+# queries, where fewer calls cost more than the keys they leave out)
+SPAN_TILE_MIN = 128
+
+
+def _sink_column(sink: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The sink logit of every head as one more key column: [H] -> [N, H, T, 1] float32."""
+    n, h, t = like.shape[0], like.shape[1], like.shape[2]
+    return sink.float()[None, :, None, None].expand(n, h, t, 1)
+
+
+def _first_key_in_span(inputs: AttentionInputs, start: int, stop: int, visible: int) -> int:
+    """Index of the first key that some query start..stop-1 may see within the layer's span
+    (every earlier key is outside every query's window or chunk, in every row), at most the
+    tile's first query, so that a query always keeps its own key."""
+    q_min = int(inputs.q_pos[:, start:stop].min())
+    lowest = -math.inf  # the smallest key position a query of the tile may see
+    if inputs.window is not None:
+        lowest = max(lowest, q_min - inputs.window + 1)
+    if inputs.chunk is not None:
+        lowest = max(lowest, q_min // inputs.chunk * inputs.chunk)
+    needed = (inputs.k_pos[:, :visible] >= lowest).any(dim=0)  # [S']
+    first = int(needed.to(torch.int8).argmax()) if bool(needed.any()) else visible
+    return min(first, inputs.past_len + start)
+
+
+def _cached_tile_bias(
+    inputs: AttentionInputs, h: int, start: int, stop: int, first: int, visible: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_tile_bias`, kept for the other layers of the forward pass that share ``inputs``
+    (the same for each) while all kept tiles hold at most ``ATTENTION_TILE_ELEMENTS`` entries."""
+    key = ("tile_bias", inputs.q_pos.device, start, stop, first, visible)
+    found = inputs.flex_cache.get(key)
+    if found is not None:
+        return found
+    found = _tile_bias(inputs, h, start, stop, first, visible)
+    kept = inputs.flex_cache.get("tile_bias_elements", 0) + found[0].numel()
+    if kept <= ATTENTION_TILE_ELEMENTS:
+        inputs.flex_cache[key] = found
+        inputs.flex_cache["tile_bias_elements"] = kept
+    return found
+
+
+def _tile_bias(
+    inputs: AttentionInputs, h: int, start: int, stop: int, first: int, visible: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The additive logit bias of queries start..stop-1 over keys first..visible-1: -inf where
+    masked (causal, padding, the layer's span, a training-free method's sinks), plus the family's
+    score bias (at far positions for far pairs; an anchored method's every pair at its query's
+    cache position); [N|1, 1|H, T, S'] float32. And which pairs are near (a training-free
+    method's; None without one)."""
+    device, pairs = inputs.q_pos.device, inputs.pairs
+    keys = slice(first, visible)
+    k_index = torch.arange(first, visible, device=device)
+    k_pos = inputs.k_pos[:, None, None, keys]  # [N, 1, 1, S']
+    q_pos = inputs.q_pos[:, None, start:stop, None]  # [N, 1, T, 1]
+    query_index = inputs.past_len + torch.arange(start, stop, device=device)
+    allowed = (k_index[None, :] <= query_index[:, None])[None, None]  # [1, 1, T, S']
+    is_self = k_index[None, :] == query_index[:, None]  # [T, S']
+    if inputs.k_valid is not None:
+        # a padding query still sees itself, so its (ignored) row never becomes all -inf
+        allowed = allowed & (inputs.k_valid[:, None, None, keys] | is_self)
+    if inputs.window is not None or inputs.chunk is not None:  # the layer's window or chunk
+        allowed = allowed & (span_mask(q_pos, k_pos, inputs.window, inputs.chunk) | is_self)
+    near = None
+    if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
+        near = q_pos - k_pos < pairs.window  # [N, 1, T, S']
+        if pairs.sink_end is not None:
+            allowed = allowed & (near | (k_pos < pairs.sink_end))
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device)
+    bias = bias.masked_fill(~allowed, float("-inf"))
+    if inputs.score_bias is not None:
+        heads = torch.arange(h, device=device)[None, :, None, None]  # [1, H, 1, 1]
+        if pairs is not None and pairs.anchored:  # every pair at the query's cache position
+            q_at = pairs.q_far[:, None, start:stop, None]  # [N, 1, T, 1]
+            k_at = torch.where(near, k_pos - q_pos + q_at, pairs.k_far[:, None, None, keys])
+            family_bias = inputs.score_bias(heads, q_at, k_at)  # [N, H, T, S']
+        else:
+            family_bias = inputs.score_bias(heads, q_pos, k_pos)  # [N, H, T, S']
+        if pairs is not None and not pairs.anchored:  # far pairs: the bias at their far positions
+            far_bias = inputs.score_bias(
+                heads, pairs.q_far[:, None, start:stop, None], pairs.k_far[:, None, None, keys]
+            )
+            family_bias = torch.where(near, family_bias, far_bias)
+        bias = bias + family_bias
+    return bias, near
+
+
+def attend_tiled(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: AttentionInputs,
+    layer: int = 0,
+    far: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The explicit-mask path of :func:`models.attention.attend`, in query tiles of O(tile x S)
+    memory; ``sink`` [H] adds one logit per head to every softmax's denominator (a learned
+    attention sink)."""
+    n, h, length, _ = q.shape
+    s = k.shape[2]
+    q_far, k_far = far if far is not None else (None, None)
+    if h != k.shape[1]:
+        k = k.repeat_interleave(h // k.shape[1], dim=1)
+        v = v.repeat_interleave(h // v.shape[1], dim=1)
+        if k_far is not None:
+            k_far = k_far.repeat_interleave(h // k_far.shape[1], dim=1)
+    tile = ATTENTION_TILE_ELEMENTS // (n * h * s)
+    if inputs.contextual_bias is not None:  # CoPE holds about 8 tile-sized temporaries at once
+        tile //= CONTEXTUAL_TEMPORARIES
+    if far is not None:
+        tile //= PAIR_TEMPORARIES
+    spanned = inputs.window is not None or inputs.chunk is not None
+    if spanned:  # tiles of about one span: each sees about two spans of keys, not all of them
+        span = min(x for x in (inputs.window, inputs.chunk) if x is not None)
+        tile = min(tile, max(span, SPAN_TILE_MIN))
+    tile = max(1, tile)
+    outputs, entropies = [], []
+    for start in range(0, length, tile):
+        stop = min(start + tile, length)
+        # causal: keys after the tile's last query are masked for all of it, so leave them out
+        visible = min(s, inputs.past_len + stop)
+        # a span: keys before the first one any query of the tile may see are left out too
+        first = _first_key_in_span(inputs, start, stop, visible) if spanned else 0
+        keys = slice(first, visible)
+        k_tile, v_tile = k[:, :, keys], v[:, :, keys]
+        bias, near = _cached_tile_bias(inputs, h, start, stop, first, visible)
+        q_tile = q[:, :, start:stop]
+        if inputs.want_entropy or inputs.contextual_bias is not None or q_far is not None:
+            q32 = q_tile.float()
+            logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float())
+            if q_far is not None:  # far pairs: queries and keys rotated to their far positions
+                far_logits = torch.einsum(
+                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far[:, :, keys].float()
+                )
+                logits = torch.where(near, logits, far_logits)
+            logits = logits * inputs.scale + bias
+            if inputs.contextual_bias is not None:
+                logits = logits + inputs.contextual_bias(layer, q32, logits, inputs.scale)
+            if sink is not None:  # one more entry in every softmax, attached to no value
+                logits = torch.cat((logits, _sink_column(sink, logits)), dim=-1)
+            probs = logits.softmax(dim=-1)  # [N, H, T, S' (+ 1)]
+            if inputs.want_entropy:
+                entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+            if sink is not None:
+                probs = probs[..., :-1]
+            outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
+        else:
+            if sink is not None:  # a zero key (logit 0 + the sink as its bias) and a zero value
+                zero = k_tile.new_zeros(n, h, 1, k_tile.shape[-1])
+                k_tile, v_tile = torch.cat((k_tile, zero), dim=2), torch.cat((v_tile, zero), dim=2)
+                bias = bias.expand(n, h, *bias.shape[2:])
+                bias = torch.cat((bias, _sink_column(sink, bias)), dim=-1)
+            outputs.append(
+                F.scaled_dot_product_attention(
+                    q_tile, k_tile, v_tile, attn_mask=bias.to(q.dtype), scale=inputs.scale
+                )
+            )
+    entropy = torch.cat(entropies, dim=2) if entropies else None
+    return torch.cat(outputs, dim=2), entropy
