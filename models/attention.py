@@ -72,6 +72,7 @@ def attend(
     layer: int = 0,
     far: tuple[torch.Tensor, torch.Tensor] | None = None,
     sink: torch.Tensor | None = None,
+    decay: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
 
@@ -85,13 +86,14 @@ def attend(
     method's (``inputs.pairs``): ``far`` = (queries, keys) rotated to their far positions. So is
     a layer with a learned attention ``sink`` [H] (one logit per head that joins every softmax's
     denominator, attached to no value) and one with a sliding window or chunks (``inputs.window``,
-    ``inputs.chunk``; also on flex).
+    ``inputs.chunk``; also on flex). So is a FoX layer's ``decay`` = (F of the queries [N, H, L],
+    F of the keys [N, H, S]): the logit of pair (i, j) gains F_i - F_j.
     """
     n, h, length, _ = q.shape
     s = k.shape[2]
     gqa = h != k.shape[1]
-    if sink is not None:
-        return attend_tiled(q, k, v, inputs, layer, far, sink)
+    if sink is not None or decay is not None:
+        return attend_tiled(q, k, v, inputs, layer, far, sink, decay)
     if fused_plain(length, s, inputs):
         return (
             F.scaled_dot_product_attention(
@@ -116,6 +118,7 @@ class Attention(nn.Module):
         qk_norm: bool = False,
         output_gate: bool = False,
         ssmax: bool = False,
+        forget_gate: float | None = None,
     ):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
@@ -129,18 +132,39 @@ class Attention(nn.Module):
         self.gate_proj = nn.Linear(d_model, n_heads * head_dim, bias=False) if output_gate else None
         # model.attn_scale=ssmax: s_h per head, each query times s_h ln(keys it sees)
         self.ssmax = nn.Parameter(torch.full((n_heads,), SSMAX_INIT)) if ssmax else None
+        # FoX (a family with a forget gate): log f_t = log sigmoid(w_h . x_t + b_h) per head, the
+        # bias starting at ``forget_gate`` (the model's init leaves biases alone)
+        self.fgate = None
+        if forget_gate is not None:
+            self.fgate = nn.Linear(d_model, n_heads, bias=True)
+            nn.init.constant_(self.fgate.bias, forget_gate)
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forget_decay(
+        self, x: torch.Tensor, inputs: AttentionInputs, past: torch.Tensor | None
+    ) -> torch.Tensor:
+        """FoX's F of every key [N, H, S] float32: the running sum of log f_t over the tokens,
+        continuing the cached keys' ``past`` [N, H, S - L]; a padding token forgets nothing
+        (log f = 0), so it moves no pair of real tokens apart."""
+        log_f = F.logsigmoid(self.fgate(x).float()).transpose(1, 2)  # [N, H, L]
+        if inputs.k_valid is not None:
+            log_f = log_f * inputs.k_valid[:, None, -x.shape[1] :]
+        running = log_f.cumsum(dim=-1)
+        if past is None:
+            return running
+        return torch.cat((past, running + past[:, :, -1:]), dim=-1)
 
     def forward(
         self,
         x: torch.Tensor,
         inputs: AttentionInputs,
-        cached: tuple[torch.Tensor, torch.Tensor] | None,
+        cached: tuple[torch.Tensor, ...] | None,
         query_from: int = 0,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
-        """x [N, L, D] -> (output [N, L - query_from, D], (k, v) [N, G, S, d], entropy).
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """x [N, L, D] -> (output [N, L - query_from, D], (k, v) [N, G, S, d], entropy); a FoX
+        layer's cache entry also holds its keys' F [N, H, S] (:meth:`forget_decay`).
 
         ``query_from`` > 0: keys and values for all L new tokens, queries (and the output) only
         for tokens ``query_from..L-1``, which attend as new tokens after a cache of that length.
@@ -168,6 +192,11 @@ class Attention(nn.Module):
         if self.ssmax is not None:  # SSMax: s_h ln n, n the real keys the query sees
             factor = self.ssmax[None, :, None, None] * inputs.log_keys[:, :, query_from:]
             q = (q.float() * factor).to(q.dtype)
+        decay = None
+        if self.fgate is not None:
+            past = cached[2] if cached is not None else None
+            decay_k = self.forget_decay(x, inputs, past)  # [N, H, S]
+            decay = (decay_k[:, :, decay_k.shape[2] - queries :], decay_k)
         if cached is not None:
             k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
             v = torch.cat((cached[1], v), dim=2)
@@ -189,8 +218,9 @@ class Attention(nn.Module):
                 flex_cache={},  # another query range: another block mask
                 pairs=pairs.queries_from(query_from) if pairs is not None else None,
             )
-        out, entropy = attend(q, k, v, inputs, self.layer, far, self.sink)
+        out, entropy = attend(q, k, v, inputs, self.layer, far, self.sink, decay)
         out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
         if self.gate_proj is not None:  # gated attention: elementwise, per head and channel
             out = out * torch.sigmoid(self.gate_proj(x[:, query_from:]))
-        return self.o_proj(out), (k, v), entropy
+        kept = (k, v) if decay is None else (k, v, decay[1])
+        return self.o_proj(out), kept, entropy

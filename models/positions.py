@@ -98,6 +98,7 @@ class PositionConfig:
     fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_0; 0: L
     xpos_scale_base: float = field(default=512.0, metadata={"weights": "if_read"})  # xpos: gamma
     cope_npos_max: int = field(default=64, metadata={"weights": "if_read"})  # cope: positions
+    fox_gate_bias: float = field(default=5.0, metadata={"weights": "if_read"})  # fox: gate bias init
     # hybrid layer patterns (models.families.hybrid): the pattern repeated over the depth; [] = the family's
     layers: list[str] = field(default_factory=list, metadata={"weights": "if_read"})
     window: int = field(default=0, metadata={"weights": "if_read"})  # swa layers; 0: L / 4
@@ -190,6 +191,10 @@ class Family:
     #: whether the model reads the position ids at all (False: only the causal mask, or the
     #: content, orders tokens); training on sampled position ids then trains the same model
     reads_position_ids: bool = True
+    #: whether every layer's attention has FoX's data-dependent forget gate (``models.attention``:
+    #: log f_t = log sigmoid(w_h . x_t + b_h) per head, the logit of pair (i, j) plus
+    #: sum_{t=j+1..i} log f_t); its bias initialisation is the family's ``gate_bias(cfg)``
+    forget_gate: bool = False
     #: bump when a code change alters the weights this family trains to (its initialisation, how
     #: its parameters learn): it enters the checkpoint key when > 0 (``bench.train.cache``), so that
     #: this family's cached checkpoints are retrained and every other family's are kept
@@ -197,6 +202,10 @@ class Family:
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         """Raise ValueError (one sentence) for fields this family cannot use with this geometry."""
+
+    def gate_bias(self, cfg: PositionConfig) -> float:
+        """The initial bias of the forget gate (families with :attr:`forget_gate` only)."""
+        raise NotImplementedError(f"position family {self.name!r} has no forget gate.")
 
     def init(self, model: Any) -> None:
         """Register the family's parameters and buffers on the model (called once, after the

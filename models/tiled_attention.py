@@ -124,10 +124,12 @@ def attend_tiled(
     layer: int = 0,
     far: tuple[torch.Tensor, torch.Tensor] | None = None,
     sink: torch.Tensor | None = None,
+    decay: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The explicit-mask path of :func:`models.attention.attend`, in query tiles of O(tile x S)
     memory; ``sink`` [H] adds one logit per head to every softmax's denominator (a learned
-    attention sink)."""
+    attention sink); ``decay`` = (F_q [N, H, L], F_k [N, H, S]) adds F_i - F_j to the logit of
+    query i and key j (FoX's forget gates; per layer, so never in the shared tile cache)."""
     n, h, length, _ = q.shape
     s = k.shape[2]
     q_far, k_far = far if far is not None else (None, None)
@@ -156,6 +158,8 @@ def attend_tiled(
         keys = slice(first, visible)
         k_tile, v_tile = k[:, :, keys], v[:, :, keys]
         bias, near = _cached_tile_bias(inputs, h, start, stop, first, visible)
+        if decay is not None:  # [N, H, T, S']: differences of running sums, in float32
+            bias = bias + (decay[0][:, :, start:stop, None] - decay[1][:, :, None, keys])
         q_tile = q[:, :, start:stop]
         if inputs.want_entropy or inputs.contextual_bias is not None or q_far is not None:
             q32 = q_tile.float()

@@ -61,6 +61,8 @@ class KVCache:
     row_lengths: (
         torch.Tensor
     )  # [N] each row's length for length-dependent scaling, frozen at prefill
+    # per layer [N, H, S] FoX's running sum of log forget gates of every cached key; None = no gate
+    decays: list[torch.Tensor] | None = None
 
     @property
     def length(self) -> int:
@@ -119,7 +121,7 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int = 0):
+    def __init__(self, cfg: ModelConfig, layer: int = 0, forget_gate: float | None = None):
         super().__init__()
         self.attn_norm = _norm(cfg)
         self.attn = Attention(
@@ -132,6 +134,7 @@ class Block(nn.Module):
             qk_norm=cfg.qk_norm,
             output_gate=cfg.output_gate,
             ssmax=cfg.attn_scale == "ssmax",
+            forget_gate=forget_gate,
         )
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -159,7 +162,10 @@ class DecoderLM(nn.Module):
         self.sink_embedding = None  # the sink token's input vector (attention_sink=token)
         if model_cfg.attention_sink == "token":
             self.sink_embedding = nn.Parameter(torch.randn(model_cfg.d_model) * 0.02)
-        self.blocks = nn.ModuleList(Block(model_cfg, i) for i in range(model_cfg.n_layers))
+        gate = self.family.gate_bias(position_cfg) if self.family.forget_gate else None
+        self.blocks = nn.ModuleList(
+            Block(model_cfg, i, forget_gate=gate) for i in range(model_cfg.n_layers)
+        )
         self.final_norm = _norm(model_cfg)
         self.lm_head = nn.Linear(model_cfg.d_model, model_cfg.vocab_size, bias=False)
         if model_cfg.tie_embeddings:
@@ -316,14 +322,18 @@ class DecoderLM(nn.Module):
         layer_inputs = family.layer_inputs(self, inputs)  # one per block: its own span, rotation
         hidden_states = [x[:, sunk:]] if output_hidden_states else None
         entropies = [] if output_attn_entropy else None
-        new_keys, new_values = [], []
+        new_keys, new_values, new_decays = [], [], []
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            cached = (past.keys[i], past.values[i]) if past is not None else None
+            cached = None
+            if past is not None:
+                cached = (past.keys[i], past.values[i])
+                cached += (past.decays[i],) if past.decays is not None else ()
             query_from = logits_from + sunk if i == last and logits_from else 0
-            x, (k, v), entropy = block(x, layer_inputs[i], cached, query_from)
+            x, (k, v, *decay), entropy = block(x, layer_inputs[i], cached, query_from)
             new_keys.append(k)
             new_values.append(v)
+            new_decays += decay
             if hidden_states is not None:
                 hidden_states.append(x[:, sunk:])
             if entropies is not None:
@@ -337,7 +347,14 @@ class DecoderLM(nn.Module):
         else:
             token_nll = chunked_token_nll(self.lm_head, hidden, targets, self.model_cfg.vocab_size)
         cache = (
-            KVCache(new_keys, new_values, positions.k_pos, positions.k_valid, row_lengths)
+            KVCache(
+                new_keys,
+                new_values,
+                positions.k_pos,
+                positions.k_valid,
+                row_lengths,
+                new_decays or None,
+            )
             if use_cache
             else None
         )

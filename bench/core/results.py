@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.core.checks import first_line
 from bench.core.result_digest import DIGEST_KEY, digest_problem, rows_sha256
 from bench.core.rows import (
     FINETUNE_COLUMNS,
@@ -73,7 +74,7 @@ def read_result_table(path: str | Path) -> Any:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - any reader error means an unreadable file
-        raise ValueError(f"cannot read results file {str(path)!r}: {_one_line(exc)}") from exc
+        raise ValueError(f"cannot read results file {str(path)!r}: {first_line(exc)}") from exc
     problem = digest_problem(table)
     if problem is not None:
         raise ValueError(
@@ -81,11 +82,6 @@ def read_result_table(path: str | Path) -> Any:
             "the file aside), or remove the file."
         )
     return table
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 # ----------------------------------------------------------------------------- write / load

@@ -345,7 +345,7 @@ def test_no_argument_lenbench_is_the_quickstart_sweep(in_tmp, capsys):
 BAD_OVERRIDES = [
     (
         ["position=foo"],
-        "position 'foo' is unknown; allowed: alibi, cope, fire, hope, irope, kerple_log, kerple_power,",
+        "position 'foo' is unknown; allowed: alibi, cope, fire, fox, hope, irope, kerple_log,",
     ),
     (["model.d_model=60"], "RoPE needs an even rotary dimension, but head_dim 15"),
     # a key only some cells use keeps its full path (issue: "rotary_fraction 2.0 must be ...")

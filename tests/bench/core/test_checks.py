@@ -40,6 +40,7 @@ OTHER_VALUES = {
     "fire_threshold": 8,
     "xpos_scale_base": 64.0,
     "cope_npos_max": 8,
+    "fox_gate_bias": 1.0,
     "layers": ["swa", "nope"],
     "window": 8,
     "chunk": 8,
