@@ -28,7 +28,7 @@ from torch import nn
 
 from models.attention_inputs import AttentionInputs, fused_plain
 from models.flex import attend_flex, use_flex
-from models.model_config import SSMAX_INIT
+from models.model_config import SSMAX_INIT, differential_lambda_init
 from models.positions import rotate
 from models.tiled_attention import attend_tiled
 
@@ -73,8 +73,9 @@ def attend(
     far: tuple[torch.Tensor, torch.Tensor] | None = None,
     sink: torch.Tensor | None = None,
     decay: tuple[torch.Tensor, torch.Tensor] | None = None,
+    stick_breaking: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal attention of q [N, H, L, d] over k, v [N, G, S, d] -> ([N, H, L, d], entropy [N, H, L] | None).
+    """Causal attention of q [N, H, L, d] over k, v [N, G, S, d'] -> ([N, H, L, d'], entropy [N, H, L] | None).
 
     Plain causal attention goes straight to the fused kernel (no L x S matrix; flash/efficient
     kernels on CUDA). Padding, a score bias or a cache with several new queries need a mask or a bias: on
@@ -87,13 +88,14 @@ def attend(
     a layer with a learned attention ``sink`` [H] (one logit per head that joins every softmax's
     denominator, attached to no value) and one with a sliding window or chunks (``inputs.window``,
     ``inputs.chunk``; also on flex). So is a FoX layer's ``decay`` = (F of the queries [N, H, L],
-    F of the keys [N, H, S]): the logit of pair (i, j) gains F_i - F_j.
+    F of the keys [N, H, S]): the logit of pair (i, j) gains F_i - F_j. So is ``stick_breaking``
+    attention, which replaces the softmax (:func:`models.tiled_attention.stick_breaking_weights`).
     """
     n, h, length, _ = q.shape
     s = k.shape[2]
     gqa = h != k.shape[1]
-    if sink is not None or decay is not None:
-        return attend_tiled(q, k, v, inputs, layer, far, sink, decay)
+    if sink is not None or decay is not None or stick_breaking:
+        return attend_tiled(q, k, v, inputs, layer, far, sink, decay, stick_breaking)
     if fused_plain(length, s, inputs):
         return (
             F.scaled_dot_product_attention(
@@ -119,6 +121,7 @@ class Attention(nn.Module):
         output_gate: bool = False,
         ssmax: bool = False,
         forget_gate: float | None = None,
+        attention: str = "softmax",
     ):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
@@ -138,6 +141,13 @@ class Attention(nn.Module):
         if forget_gate is not None:
             self.fgate = nn.Linear(d_model, n_heads, bias=True)
             nn.init.constant_(self.fgate.bias, forget_gate)
+        # model.attention: stick_breaking replaces the softmax; differential subtracts two maps
+        self.stick_breaking = attention == "stick_breaking"
+        self.lambdas = self.sub_norm = None
+        if attention == "differential":  # lambda_q1, lambda_k1, lambda_q2, lambda_k2 (paper init)
+            self.lambda_init = differential_lambda_init(layer)
+            self.lambdas = nn.Parameter(torch.randn(4, head_dim) * 0.1)
+            self.sub_norm = nn.RMSNorm(2 * head_dim, eps=1e-5)  # head-wise, over a pair's values
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
@@ -155,6 +165,16 @@ class Attention(nn.Module):
         if past is None:
             return running
         return torch.cat((past, running + past[:, :, -1:]), dim=-1)
+
+    def differential(self, maps_v: torch.Tensor) -> torch.Tensor:
+        """[N, H, L, 2d] (each head's softmax map times its pair's values) -> [N, H/2, L, 2d]:
+        (map 1 - lambda map 2) V, RMS-normed per head, times (1 - lambda_init); lambda =
+        exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init (Ye et al. 2025)."""
+        lq1, lk1, lq2, lk2 = self.lambdas.float()
+        lam = torch.exp(lq1 @ lk1) - torch.exp(lq2 @ lk2) + self.lambda_init
+        first, second = maps_v[:, 0::2], maps_v[:, 1::2]
+        out = first.float() - lam * second.float()
+        return (self.sub_norm(out) * (1 - self.lambda_init)).to(maps_v.dtype)
 
     def forward(
         self,
@@ -218,7 +238,17 @@ class Attention(nn.Module):
                 flex_cache={},  # another query range: another block mask
                 pairs=pairs.queries_from(query_from) if pairs is not None else None,
             )
-        out, entropy = attend(q, k, v, inputs, self.layer, far, self.sink, decay)
+        if self.lambdas is not None:  # each pair of heads reads its pair's values, [N, H, S, 2d]
+            v_pairs = v.reshape(n, self.n_heads // 2, 2, -1, self.head_dim)
+            v_pairs = v_pairs.transpose(2, 3).reshape(n, self.n_heads // 2, -1, 2 * self.head_dim)
+            out, entropy = attend(
+                q, k, v_pairs.repeat_interleave(2, dim=1), inputs, self.layer, far, self.sink, decay
+            )
+            out = self.differential(out)  # [N, H/2, L - query_from, 2d]
+        else:
+            out, entropy = attend(
+                q, k, v, inputs, self.layer, far, self.sink, decay, self.stick_breaking
+            )
         out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
         if self.gate_proj is not None:  # gated attention: elementwise, per head and channel
             out = out * torch.sigmoid(self.gate_proj(x[:, query_from:]))

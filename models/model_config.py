@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from models.positions import PositionConfig
 
-__all__ = ["ATTENTION_SINKS", "ATTN_SCALES", "SSMAX_INIT", "ModelConfig", "check_combination"]
+__all__ = [
+    "ATTENTIONS",
+    "ATTENTION_SINKS",
+    "ATTN_SCALES",
+    "SSMAX_INIT",
+    "ModelConfig",
+    "check_combination",
+    "differential_lambda_init",
+]
 
 
 #: ``model.attention_sink``: none; learned = one logit per head and layer in every softmax's
@@ -23,6 +31,20 @@ ATTENTION_SINKS = ("none", "learned", "token")
 #: at every layer, for any family (transformers' ``attn_temperature_tuning``; iRoPE has it on
 #: its NoPE layers already), in training and evaluation.
 ATTN_SCALES = ("none", "ssmax", "llama4")
+#: ``model.attention``: softmax; stick_breaking (Tan et al., ICLR 2025): no softmax,
+#: A_ij = beta_ij prod_{j<k<i} (1 - beta_ik) with beta = sigmoid(q.k / sqrt d), the keys before the
+#: query only (flash-linear-attention's default), the leftover stick dropped; with position=nope;
+#: differential (Ye et al., ICLR 2025): (softmax(Q1 K1) - lambda softmax(Q2 K2)) V per pair of heads,
+#: a head-wise RMSNorm times (1 - lambda_init).
+ATTENTIONS = ("softmax", "stick_breaking", "differential")
+
+
+def differential_lambda_init(layer: int) -> float:
+    """The Differential Transformer's lambda_init of block ``layer`` (0-based; the paper's l - 1):
+    0.8 - 0.6 exp(-0.3 layer)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer)
+
+
 #: SSMax's initial s_h (the unofficial reference implementation's; the paper states none)
 SSMAX_INIT = 0.43
 
@@ -53,14 +75,18 @@ class ModelConfig:
     # (Llama 4: 0.1) of its query temperature; in the checkpoint key only when set
     attn_floor: int | None = field(default=None, metadata={"weights": "if_set"})
     attn_temperature: float = field(default=0.1, metadata={"weights": "if_set"})
+    # ATTENTIONS; in the checkpoint key only when set
+    attention: str = field(default="softmax", metadata={"weights": "if_set"})
 
     def switches(self) -> dict[str, str]:
         """The model switches that are on, each as the variant its result column names
-        (``bench.core.series.SWITCH_COLUMNS``): qk_norm rms, output_gate sigmoid, attn_scale's value."""
+        (``bench.core.series.SWITCH_COLUMNS``): qk_norm rms, output_gate sigmoid, attn_scale's and
+        attention's values."""
         on = {
             "qk_norm": "rms" if self.qk_norm else None,
             "output_gate": "sigmoid" if self.output_gate else None,
             "attn_scale": None if self.attn_scale == "none" else self.attn_scale,
+            "attention": None if self.attention == "softmax" else self.attention,
         }
         return {name: variant for name, variant in on.items() if variant is not None}
 
@@ -108,6 +134,15 @@ class ModelConfig:
             raise ValueError(
                 f"attn_temperature {self.attn_temperature!r} is invalid; allowed: a number > 0."
             )
+        if self.attention not in ATTENTIONS:
+            raise ValueError(
+                f"attention {self.attention!r} is unknown; allowed: {', '.join(ATTENTIONS)}."
+            )
+        if self.attention == "differential" and (self.n_heads % 2 or self.kv_heads != self.n_heads):
+            raise ValueError(
+                f"attention differential pairs heads and their values: n_heads {self.n_heads} must "
+                f"be even and n_kv_heads ({self.kv_heads}) equal to it."
+            )
         if self.attention_sink not in ATTENTION_SINKS:
             raise ValueError(
                 f"attention_sink {self.attention_sink!r} is unknown; allowed: "
@@ -123,6 +158,18 @@ def check_combination(model_cfg: ModelConfig, position_cfg: PositionConfig) -> N
             "model.attn_scale=llama4 does not combine with position=irope, which applies Llama "
             "4's query temperature on its NoPE layers itself (position.temperature_scale); "
             "allowed: attn_scale none or ssmax."
+        )
+    if model_cfg.attention == "stick_breaking" and position_cfg.kind != "nope":
+        raise ValueError(
+            f"model.attention=stick_breaking does not combine with position={position_cfg.kind}: "
+            "stick-breaking attention orders keys by itself and takes no position encoding; "
+            "allowed: position=nope."
+        )
+    if model_cfg.attention != "softmax" and model_cfg.attention_sink == "learned":
+        raise ValueError(
+            f"model.attention={model_cfg.attention} does not combine with "
+            "model.attention_sink=learned (a sink logit joins one softmax's denominator); "
+            "allowed: attention_sink none or token."
         )
     if model_cfg.attention_sink == "learned" and position_cfg.acts_on == "contextual":
         raise ValueError(

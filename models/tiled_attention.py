@@ -18,7 +18,9 @@ __all__ = [
     "CONTEXTUAL_TEMPORARIES",
     "PAIR_TEMPORARIES",
     "SPAN_TILE_MIN",
+    "STICK_TEMPORARIES",
     "attend_tiled",
+    "stick_breaking_weights",
 ]
 
 # Entries of a masked attention logit tile held at once when the mask must be materialised.
@@ -28,9 +30,22 @@ ATTENTION_TILE_ELEMENTS = 1 << 24
 CONTEXTUAL_TEMPORARIES = 8
 # A training-free pair method (Self-Extend, ReRoPE) holds two logit tiles (near and far) at once.
 PAIR_TEMPORARIES = 2
+# Stick-breaking attention keeps about this many tile-sized float32 tensors alive at once.
+STICK_TEMPORARIES = 4
 # A layer with a window or chunks attends in query tiles of about one span (at least this many
 # queries, where fewer calls cost more than the keys they leave out)
 SPAN_TILE_MIN = 128
+
+
+def stick_breaking_weights(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stick-breaking attention (Tan et al., ICLR 2025) from logits z [N, H, T, S'] (-inf where a
+    key takes no part): A_ij = sigmoid(z_ij) prod_{k > j} (1 - sigmoid(z_ik)) over the row's later
+    keys (nearest first breaks the stick), in log space: log sigmoid(z_ij) plus a reverse cumulative
+    sum of log sigmoid(-z) after j. -> (A [N, H, T, S'], the leftover stick [N, H, T, 1])."""
+    log_rest = F.logsigmoid(-logits)  # 0 where masked: such a key breaks nothing
+    after = log_rest.flip(-1).cumsum(-1).flip(-1) - log_rest  # the sum over the later keys
+    weights = torch.exp(F.logsigmoid(logits) + after)
+    return weights, torch.exp(log_rest.sum(-1, keepdim=True))
 
 
 def _sink_column(sink: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -125,11 +140,14 @@ def attend_tiled(
     far: tuple[torch.Tensor, torch.Tensor] | None = None,
     sink: torch.Tensor | None = None,
     decay: tuple[torch.Tensor, torch.Tensor] | None = None,
+    stick_breaking: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The explicit-mask path of :func:`models.attention.attend`, in query tiles of O(tile x S)
     memory; ``sink`` [H] adds one logit per head to every softmax's denominator (a learned
     attention sink); ``decay`` = (F_q [N, H, L], F_k [N, H, S]) adds F_i - F_j to the logit of
-    query i and key j (FoX's forget gates; per layer, so never in the shared tile cache)."""
+    query i and key j (FoX's forget gates; per layer, so never in the shared tile cache);
+    ``stick_breaking`` replaces the softmax by :func:`stick_breaking_weights` (its entropy is that
+    of the weights and the leftover stick, which sum to 1)."""
     n, h, length, _ = q.shape
     s = k.shape[2]
     q_far, k_far = far if far is not None else (None, None)
@@ -143,6 +161,8 @@ def attend_tiled(
         tile //= CONTEXTUAL_TEMPORARIES
     if far is not None:
         tile //= PAIR_TEMPORARIES
+    if stick_breaking:  # logits, two log-sigmoids, their running sum, the weights
+        tile //= STICK_TEMPORARIES
     spanned = inputs.window is not None or inputs.chunk is not None
     if spanned:  # tiles of about one span: each sees about two spans of keys, not all of them
         span = min(x for x in (inputs.window, inputs.chunk) if x is not None)
@@ -161,7 +181,8 @@ def attend_tiled(
         if decay is not None:  # [N, H, T, S']: differences of running sums, in float32
             bias = bias + (decay[0][:, :, start:stop, None] - decay[1][:, :, None, keys])
         q_tile = q[:, :, start:stop]
-        if inputs.want_entropy or inputs.contextual_bias is not None or q_far is not None:
+        explicit = inputs.want_entropy or inputs.contextual_bias is not None or q_far is not None
+        if explicit or stick_breaking:
             q32 = q_tile.float()
             logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float())
             if q_far is not None:  # far pairs: queries and keys rotated to their far positions
@@ -174,6 +195,16 @@ def attend_tiled(
                 logits = logits + inputs.contextual_bias(layer, q32, logits, inputs.scale)
             if sink is not None:  # one more entry in every softmax, attached to no value
                 logits = torch.cat((logits, _sink_column(sink, logits)), dim=-1)
+            if stick_breaking:  # the query's own key takes no part (keys before it only)
+                own = torch.arange(first, visible, device=q.device)[None, :] == (
+                    inputs.past_len + torch.arange(start, stop, device=q.device)[:, None]
+                )  # [T, S']
+                probs, leftover = stick_breaking_weights(logits.masked_fill(own, float("-inf")))
+                if inputs.want_entropy:
+                    whole = torch.cat((probs, leftover), dim=-1)
+                    entropies.append(-torch.special.xlogy(whole, whole).sum(-1))  # [N, H, T]
+                outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
+                continue
             probs = logits.softmax(dim=-1)  # [N, H, T, S' (+ 1)]
             if inputs.want_entropy:
                 entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]

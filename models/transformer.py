@@ -135,6 +135,7 @@ class Block(nn.Module):
             output_gate=cfg.output_gate,
             ssmax=cfg.attn_scale == "ssmax",
             forget_gate=forget_gate,
+            attention=cfg.attention,
         )
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)

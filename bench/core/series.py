@@ -28,9 +28,9 @@ __all__ = [
 ]
 
 #: Model switches that make a model its own series (``model.qk_norm``, ``model.output_gate``,
-#: ``model.attn_scale``): a row carries the column only when the switch is on (its value names
-#: the variant).
-SWITCH_COLUMNS: list[str] = ["qk_norm", "output_gate", "attn_scale"]
+#: ``model.attn_scale``, ``model.attention``): a row carries the column only when the switch is on
+#: (its value names the variant).
+SWITCH_COLUMNS: list[str] = ["qk_norm", "output_gate", "attn_scale", "attention"]
 #: What identifies a series (a model identity minus the seed, under one eval-time scaling).
 SERIES_COLUMNS: list[str] = [
     "experiment",

@@ -117,6 +117,7 @@ SWITCH_LABELS = {
     "qk_norm": {"rms": " +QK-norm"},
     "output_gate": {"sigmoid": " +output gate"},
     "attn_scale": {"ssmax": " +SSMax", "llama4": " +Llama 4 temperature"},
+    "attention": {"stick_breaking": " +stick-breaking", "differential": " +differential"},
 }
 ZERO_SHOT = " (zero-shot)"
 

@@ -109,6 +109,13 @@ def test_each_switch_names_its_variant_and_only_when_on():
     from bench.core.series import SWITCH_COLUMNS
 
     assert ModelConfig().switches() == {}
-    on = ModelConfig(qk_norm=True, output_gate=True, attn_scale="ssmax").switches()
-    assert on == {"qk_norm": "rms", "output_gate": "sigmoid", "attn_scale": "ssmax"}
+    on = ModelConfig(
+        qk_norm=True, output_gate=True, attn_scale="ssmax", attention="differential"
+    ).switches()
+    assert on == {
+        "qk_norm": "rms",
+        "output_gate": "sigmoid",
+        "attn_scale": "ssmax",
+        "attention": "differential",
+    }
     assert set(on) == set(SWITCH_COLUMNS)
