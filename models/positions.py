@@ -191,6 +191,9 @@ class Family:
     #: whether the model reads the position ids at all (False: only the causal mask, or the
     #: content, orders tokens); training on sampled position ids then trains the same model
     reads_position_ids: bool = True
+    #: how a ``"qk"`` family's cos/sin act on q and k (``models.positions.rotate``); None: the
+    #: config's ``layout`` (RoPE's pairing), "polar": PoPE's magnitudes and phases
+    qk_layout: str | None = None
     #: whether every layer's attention has FoX's data-dependent forget gate (``models.attention``:
     #: log f_t = log sigmoid(w_h . x_t + b_h) per head, the logit of pair (i, j) plus
     #: sum_{t=j+1..i} log f_t); its bias initialisation is the family's ``gate_bias(cfg)``
@@ -326,7 +329,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -
 
     ``interleaved`` pairs channels (0,1),(2,3),... (the seeds, Meta's complex form);
     ``half`` pairs (i, i + r/2) (GPT-NeoX, transformers' rotate_half). The rotation runs in float32.
+    ``polar`` (PoPE, ``models.families.pope``): each of the d channels becomes a magnitude
+    softplus(x) at the phase whose cos/sin [.., L, d] are given: [mu cos, mu sin], [N, H, L, 2d].
     """
+    if layout == "polar":
+        magnitude = torch.nn.functional.softplus(x.float())
+        return torch.cat((magnitude * cos, magnitude * sin), dim=-1).to(x.dtype)
     half_r = cos.shape[-1]
     x_rot, x_pass = x[..., : 2 * half_r].float(), x[..., 2 * half_r :]
     if layout == "interleaved":

@@ -408,7 +408,8 @@ class DecoderLM(nn.Module):
                 positions.position_ids,
                 positions.row_lengths,
             )
-            cos, sin, *keys = (t[:, None] for t in rotation)  # [N, 1, L, r/2] each
+            # [N, 1, L, r/2] each; a family's per-head key table is [N, G, L, r/2] already
+            cos, sin, *keys = (t if t.dim() == 4 else t[:, None] for t in rotation)
             if keys:  # the keys rotate (or scale) differently from the queries
                 k_cos, k_sin = keys
         k_valid = positions.k_valid
@@ -443,7 +444,7 @@ class DecoderLM(nn.Module):
         return AttentionInputs(
             cos=cos,
             sin=sin,
-            layout=self.position_cfg.layout,
+            layout=family.qk_layout or self.position_cfg.layout,
             score_bias=(
                 family.score_bias(self, int(positions.k_pos.max()) + 1)
                 if family.acts_on == "scores"

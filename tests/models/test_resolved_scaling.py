@@ -47,6 +47,7 @@ POSITION_FAMILIES = (
     "rnope_swa",
     "irope",
     "hope",
+    "pope",
 )
 MODEL = ModelConfig(n_layers=2, d_model=32, n_heads=4)
 

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from models.model_config import ATTENTIONS
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
@@ -59,7 +60,10 @@ FAMILIES = tuple(families())
 
 
 def build_ours(args: argparse.Namespace, kind: str = "rope") -> DecoderLM:
+    """Our model of position ``kind``, or ``<kind>:<attention>`` for a ``model.attention``."""
+    kind, _, attention = kind.partition(":")
     cfg = ModelConfig(
+        attention=attention or "softmax",
         vocab_size=VOCAB,
         n_layers=args.layers,
         d_model=args.width,
@@ -364,9 +368,16 @@ def main(argv: list[str] | None = None) -> dict:
     if bad:
         parser.error(f"--precisions {bad} unknown; allowed values are fp32, bf16.")
     families = [p.strip() for p in args.positions.split(",") if p.strip()]
-    bad = [p for p in families if p not in FAMILIES]
+    bad = [
+        p
+        for p in families
+        if p.partition(":")[0] not in FAMILIES or p.partition(":")[2] not in ("", *ATTENTIONS)
+    ]
     if bad or not families:
-        parser.error(f"--positions {args.positions!r}: allowed values are {', '.join(FAMILIES)}.")
+        parser.error(
+            f"--positions {args.positions!r}: allowed values are {', '.join(FAMILIES)}, each "
+            f"optionally :<model.attention> ({', '.join(ATTENTIONS)})."
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
