@@ -139,6 +139,11 @@ class Scope:
         ):
             keep &= self._keep(df, column, allowed)
         keep &= self._without_other_switches(df)
+        if self.switches:  # a finding about a model switch is about the models with it on
+            on = pd.Series(False, index=df.index)
+            for column in self.switches:
+                on |= col(df, column).notna()
+            keep &= on
         if self.arms is not None and "arm" in df.columns:
             keep &= self._keep(df, "arm", self.arms)
         return df[keep]

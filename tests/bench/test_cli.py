@@ -60,6 +60,7 @@ GROUPS = {
         "training_free",
         "train_for_length",
         "ruler",
+        "zoo_2025",
     ],
     "arm": [
         "all",
@@ -219,6 +220,8 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     "train_for_length": (48, 438),
     # per seed (3): ruler arm rope x 5 scalings, + the pi and yarn tunes (scaling none)
     "ruler": (21, 24),
+    # per seed (3): rope, nope, fox, pope raw; rope and pope with linear (nope, fox: not applicable)
+    "zoo_2025": (18, 6),
 }
 
 

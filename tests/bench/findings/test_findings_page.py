@@ -32,7 +32,7 @@ def test_the_page_command_writes_and_checks(tmp_path: Path) -> None:
 def test_every_finding_is_declared_once_with_claim_source_and_a_study_module() -> None:
     registered = findings()
     assert list(registered)[:6] == ["F1", "F2", "F3", "F4", "F5", "F6"]
-    assert [k[0] for k in registered] == sorted((k[0] for k in registered), key="FZTLRP".index)
+    assert [k[0] for k in registered] == sorted((k[0] for k in registered), key="FZTLRPN".index)
     for key, f in registered.items():
         assert f.claim and f.source, key
         assert f.module.startswith("bench.findings."), key
@@ -67,6 +67,6 @@ def test_each_experiment_names_the_findings_its_module_registers() -> None:
             keys = {f"{letter}{i}" for i in range(int(first), int(last or second) + 1)}
             named[path.stem] = module
             assert by_module.get(module) == keys, (path.name, module, sorted(keys))
-    assert set(named.values()) == {"zoo", "training_free", "train_for_length", "ruler"}
+    assert set(named.values()) == {"zoo", "training_free", "train_for_length", "ruler", "zoo_2025"}
     # negative control: the old comment's keys are not what the module registers
     assert by_module["train_for_length"] != {"T1", "T2", "T3"}
