@@ -48,6 +48,13 @@ def stick_breaking_weights(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return weights, torch.exp(log_rest.sum(-1, keepdim=True))
 
 
+def _with_first_mass(entropy: torch.Tensor, probs: torch.Tensor, first: int) -> torch.Tensor:
+    """[N, H, T, 2]: each query's attention entropy and its attention on key 0 (the window's first
+    token; 0 where the tile's keys start later, outside the query's span)."""
+    mass = probs[..., 0] if first == 0 else torch.zeros_like(entropy)
+    return torch.stack((entropy, mass.to(entropy.dtype)), dim=-1)
+
+
 def _sink_column(sink: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The sink logit of every head as one more key column: [H] -> [N, H, T, 1] float32."""
     n, h, t = like.shape[0], like.shape[1], like.shape[2]
@@ -143,7 +150,8 @@ def attend_tiled(
     stick_breaking: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The explicit-mask path of :func:`models.attention.attend`, in query tiles of O(tile x S)
-    memory; ``sink`` [H] adds one logit per head to every softmax's denominator (a learned
+    memory (with ``inputs.want_entropy``, per query [N, H, L, 2]: the attention entropy and the
+    attention on the first key); ``sink`` [H] adds one logit per head to every softmax's denominator (a learned
     attention sink); ``decay`` = (F_q [N, H, L], F_k [N, H, S]) adds F_i - F_j to the logit of
     query i and key j (FoX's forget gates; per layer, so never in the shared tile cache);
     ``stick_breaking`` replaces the softmax by :func:`stick_breaking_weights` (its entropy is that
@@ -202,12 +210,14 @@ def attend_tiled(
                 probs, leftover = stick_breaking_weights(logits.masked_fill(own, float("-inf")))
                 if inputs.want_entropy:
                     whole = torch.cat((probs, leftover), dim=-1)
-                    entropies.append(-torch.special.xlogy(whole, whole).sum(-1))  # [N, H, T]
+                    entropy = -torch.special.xlogy(whole, whole).sum(-1)  # [N, H, T]
+                    entropies.append(_with_first_mass(entropy, probs, first))
                 outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
                 continue
             probs = logits.softmax(dim=-1)  # [N, H, T, S' (+ 1)]
             if inputs.want_entropy:
-                entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
+                entropy = -torch.special.xlogy(probs, probs).sum(-1)  # [N, H, T]
+                entropies.append(_with_first_mass(entropy, probs, first))
             if sink is not None:
                 probs = probs[..., :-1]
             outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))

@@ -100,6 +100,8 @@ class LMOutput:
     hidden_states: list[torch.Tensor] | None = None  # [N, L, D] each; 0 = embeddings
     attn_entropy: list[torch.Tensor] | None = None  # per layer [N, H, L] float32, nats
     token_nll: torch.Tensor | None = None  # [N, L] float32 NLL of the targets, when given
+    # with attn_entropy: per layer [N, H, L] float32, each query's attention on the first token
+    attn_first_mass: list[torch.Tensor] | None = None
 
 
 class MLP(nn.Module):
@@ -338,7 +340,7 @@ class DecoderLM(nn.Module):
             if hidden_states is not None:
                 hidden_states.append(x[:, sunk:])
             if entropies is not None:
-                entropies.append(entropy[:, :, sunk:])
+                entropies.append(entropy[:, :, sunk:])  # [N, H, L, 2]: entropy, first mass
         if sunk and not logits_from:
             x = x[:, 1:]  # the sink token predicts nothing
         hidden = self.final_norm(x)  # [N, L - f, D]
@@ -359,7 +361,10 @@ class DecoderLM(nn.Module):
             if use_cache
             else None
         )
-        return LMOutput(logits, cache, hidden_states, entropies, token_nll)
+        first_mass = None
+        if entropies is not None:
+            entropies, first_mass = [e[..., 0] for e in entropies], [e[..., 1] for e in entropies]
+        return LMOutput(logits, cache, hidden_states, entropies, token_nll, first_mass)
 
     def _positions(
         self,

@@ -168,6 +168,36 @@ def attn_entropy_metric(ctx: EvalContext, cfg: AttnEntropyConfig, docs, length: 
     )
 
 
+@dataclass
+class AttnFirstMassConfig(MetricConfig):
+    """``eval.attn_first_mass``: mean attention on the window's first token (the attention sink's
+    usual place) per layer and query-position bucket; off unless a study asks for it."""
+
+    enabled: bool = False
+    lengths: Any = field(default_factory=lambda: ["1x", "4x"])  # eval lengths to run at
+    buckets: Any = grid_field("auto")  # bucket edges, as for nll
+    max_docs: int = 4  # test documents
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.max_docs = integer(self.key("max_docs"), self.max_docs, 1)
+
+
+@register_metric("attn_first_mass", config=AttnFirstMassConfig)
+def attn_first_mass_metric(
+    ctx: EvalContext, cfg: AttnFirstMassConfig, docs, length: int
+) -> list[dict]:
+    return attn_entropy_rows(
+        ctx,
+        docs,
+        length,
+        ctx.train_length,
+        edges=cfg.buckets,
+        max_docs=cfg.max_docs,
+        metric="attn_first_mass",
+    )
+
+
 # --------------------------------------------------------------------------- shared
 
 
@@ -407,8 +437,11 @@ def attn_entropy_rows(
     *,
     edges: Sequence[int] | None,
     max_docs: int,
+    metric: str = "attn_entropy",
 ) -> list[dict]:
-    """``attn_entropy``: mean attention entropy (nats) per layer and query-position bucket.
+    """``attn_entropy``: mean attention entropy (nats) per layer and query-position bucket; or
+    ``attn_first_mass``: mean attention on the window's first token (the first query's is 1: it
+    sees only itself), from the same forward pass.
 
     Uses ``model(..., output_attn_entropy=True)``, which computes entropies in query tiles (never
     an L x L matrix). The mean is over documents, heads and the query positions in the bucket;
@@ -416,7 +449,7 @@ def attn_entropy_rows(
     """
     selected, _ = select_documents(docs, length, max_docs)
     if not selected:
-        warn_no_docs("attn_entropy", length, length, len(docs))
+        warn_no_docs(metric, length, length, len(docs))
         return []
     windows = first_windows(selected, length)
     bucket_edges_ = bucket_edges(edges, length, train_length)
@@ -424,11 +457,16 @@ def attn_entropy_rows(
     buckets = torch.from_numpy(bucket_index(bucket_edges_, length))
     sums: torch.Tensor | None = None  # [layers, buckets] float64
     step = ctx.rows_per_batch(length)
-    with ctx.bar(len(selected), f"attn_entropy L={length}", unit="doc") as bar:
+    with ctx.bar(len(selected), f"{metric} L={length}", unit="doc") as bar:
         for start in range(0, windows.shape[0], step):
             chunk = windows[start : start + step]
             out = ctx.forward(chunk, logits=False, output_attn_entropy=True)
-            entropies = out.attn_entropy
+            entropies = out.attn_entropy if metric == "attn_entropy" else out.attn_first_mass
+            if entropies is None:  # a model that does not report it (a pretrained one)
+                logging.getLogger(__name__).warning(
+                    "%s: this model does not report it; no rows at L=%d.", metric, length
+                )
+                return []
             per_position = torch.stack([e.float().mean(dim=1).sum(dim=0) for e in entropies])
             per_position = per_position.double().cpu()  # [layers, L]: head mean, doc sum
             part = torch.zeros(per_position.shape[0], n_buckets, dtype=torch.float64)
@@ -441,7 +479,7 @@ def attn_entropy_rows(
         for b in range(n_buckets):
             rows.append(
                 make_row(
-                    "attn_entropy",
+                    metric,
                     float(sums[layer, b]) / counts[b],
                     int(counts[b]),
                     length,
