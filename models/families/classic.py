@@ -36,7 +36,8 @@ class Rope(_FrequencyFamily):
 
     name, acts_on = "rope", "qk"
     fields = ("base", "layout", "rotary_fraction")
-    capabilities = ("positions", "frequencies", "rotary", "pairs")
+    # rotation_only: the rotation is its whole position signal (DroPE drops it)
+    capabilities = ("positions", "frequencies", "rotary", "pairs", "rotation_only")
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.layout not in ROPE_LAYOUTS:

@@ -26,7 +26,7 @@ class PoPE(Family):
     fields = ("base",)
     # its phases are RoPE's table (attention factor included): every frequency method applies;
     # a pair method would rotate pairs as RoPE's, which PoPE's phases are not: no "pairs"
-    capabilities = ("positions", "frequencies", "rotary")
+    capabilities = ("positions", "frequencies", "rotary", "rotation_only")
     qk_layout = "polar"  # models.positions.rotate: magnitudes times phases, twice as wide
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:

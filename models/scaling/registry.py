@@ -44,8 +44,10 @@ EVERY_FAMILY = "*"
 #: rescales), ``rotary`` (per-rotary-pair frequencies: YaRN, Llama-3, LongRoPE) and ``pairs``
 #: (the position signal of a query-key pair is a function of the two positions alone, so a
 #: training-free method may score a pair at other positions: RoPE by a rotation, a score bias by
-#: its function; NoPE trivially. Not xPos, whose keys also scale, nor CoPE or absolute ones).
-CAPABILITIES = ("positions", "frequencies", "rotary", "pairs")
+#: its function; NoPE trivially. Not xPos, whose keys also scale, nor CoPE or absolute ones) and
+#: ``rotation_only`` (the rotation is the family's whole position signal, so zero frequencies
+#: remove it: DroPE; not xPos, whose scales stay, nor the hybrids, whose spans and temperature do).
+CAPABILITIES = ("positions", "frequencies", "rotary", "pairs", "rotation_only")
 #: A method is probed with its "auto" parameters set for a target of this many training lengths
 #: (where it is registered, and where it is set on a model): one that changes nothing there is
 #: refused, since every row labelled with it would equal the raw model's.

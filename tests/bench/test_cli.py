@@ -43,6 +43,7 @@ GROUPS = {
         "rerope",
         "leaky_rerope",
         "streaming",
+        "drope",
     ],
     "data": ["pycorpus", "text", "hf"],
     "train": ["quick", "standard"],
@@ -73,7 +74,7 @@ GROUPS = {
         "lm_sinks",
         "ruler",
     ],
-    "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct"],
+    "extend": ["none", "pi", "yarn", "ntk", "abf", "longrope", "direct", "drope"],
 }
 # hydra/launcher options: the plugins' ConfigStore nodes, two with lenbench's values (bench.schema)
 LAUNCHERS = ["basic", "joblib", "submitit_local", "submitit_slurm"]

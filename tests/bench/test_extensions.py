@@ -84,7 +84,11 @@ def test_the_builtin_registries_are_the_scanned_modules():
     modules = {m.__name__.rpartition(".")[2] for m in import_package("models.scaling")}
     assert modules == {f for f in files if not f.startswith("_")}
     homes = {scaling.SCALING_METHODS[m].fn.__module__ for m in scaling.SCALING_METHODS}
-    assert homes == {"models.scaling.frequencies", "models.scaling.training_free"}
+    assert homes == {
+        "models.scaling.frequencies",
+        "models.scaling.training_free",
+        "models.scaling.drope",
+    }
 
 
 def test_a_bad_extension_is_one_sentence():
