@@ -61,6 +61,3 @@ class ByteTokenizer:
                 f"token id {bad[0]} is outside the byte vocabulary; allowed ids are 0..{self.vocab_size - 1}."
             )
         return bytes(i for i in values if i < N_BYTES).decode("utf-8", errors="replace")
-
-    def is_special(self, token_id: int) -> bool:
-        return int(token_id) >= N_BYTES
