@@ -58,7 +58,9 @@ def test_xpos_fields_and_scalings():
     }
     # every frequency method; no training-free pair method (a key's decay follows its own position)
     pair_methods = {"self_extend", "rerope", "leaky_rerope", "streaming"}
-    assert set(applicable_methods("xpos")) == set(applicable_methods("rope")) - pair_methods
+    # nor DroPE: zero frequencies would leave xPos's scales, so its encoding would not be dropped
+    expected = set(applicable_methods("rope")) - pair_methods - {"drope"}
+    assert set(applicable_methods("xpos")) == expected
     with pytest.raises(ValueError, match="xpos_scale_base must be > 0"):
         xpos_model(scale_base=0.0)
 
