@@ -1,0 +1,532 @@
+"""The conformance page (issue #54 item 10): lenbench's position families, attention designs and
+scaling methods against independent references, measured, in one table.
+
+    python tests/conformance.py            # writes docs/conformance.md
+    python tests/conformance.py --check    # exit 1 if a measured row leaves its tolerance
+
+Each measured row compares lenbench with its oracle (a PyPI package at the version installed, or a
+float64 transcription of the published formula or reference code, named) on the inputs it names,
+and reports the largest absolute difference beside its negative control's (the same comparison
+with one thing deliberately wrong, which must differ). A registered name without a measured row
+here is listed with the test that checks it. ``tests/test_conformance_page.py`` regenerates the
+rows and checks the page is current (the same rows, every difference within its tolerance).
+Not collected by pytest (no ``test_`` prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import math
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from models.model_config import ATTENTIONS  # noqa: E402
+from models.positions import (  # noqa: E402
+    PositionConfig,
+    alibi_bias,
+    alibi_slopes,
+    families,
+    rope_cos_sin,
+    rotate,
+)
+from models.scaling import SCALING_METHODS, ntk_base, rope_parameters  # noqa: E402
+from models.transformer import DecoderLM, ModelConfig  # noqa: E402
+
+PAGE = ROOT / "docs" / "conformance.md"
+#: the longest position compared where a row says "to 8K"
+LONG = 8192
+#: a measured row passes when its difference is at most its tolerance and its control's at least
+#: CONTROL_MIN. TOLERANCE: float32 against float64 at short lengths; ANGLE_TOLERANCE: where float32
+#: angles or running sums reach position 8K, whose rounding is about 8192 x 2^-23 = 1e-3 rad
+TOLERANCE = 1e-4
+ANGLE_TOLERANCE = 2e-3
+CONTROL_MIN = 1e-3
+
+
+@dataclasses.dataclass
+class Row:
+    kind: str  # position family, attention design, scaling method
+    name: str
+    oracle: str
+    inputs: str
+    diff: float | None = None  # None: checked by ``test`` only
+    control: float | None = None
+    control_what: str = ""
+    test: str = ""
+    tol: float = TOLERANCE
+
+
+CHECKS: list[tuple[Row, Callable[[], tuple[float, float]]]] = []
+
+
+def check(
+    kind: str, name: str, oracle: str, inputs: str, control_what: str, tol: float = TOLERANCE
+):
+    def register(fn: Callable[[], tuple[float, float]]):
+        row = Row(kind, name, oracle, inputs, control_what=control_what, tol=tol)
+        CHECKS.append((row, fn))
+        return fn
+
+    return register
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+# --------------------------------------------------------------------------- scaling methods
+
+HEAD, BASE, ORIGINAL = 64, 10000.0, 1024
+SCALING_PARAMS = {
+    "default": {},
+    "linear": {"factor": 8.0},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 8.0},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "longrope": {
+        "factor": 8.0,
+        "short_factor": [1.0 + 0.01 * i for i in range(HEAD // 2)],
+        "long_factor": [1.0 + 0.1 * i for i in range(HEAD // 2)],
+    },
+}
+
+
+def _hf_rope(method: str, seq_len: int, params: dict) -> tuple[torch.Tensor, float]:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rope = {"rope_type": method, "rope_theta": BASE, **params}
+    max_pos = ORIGINAL
+    if method not in ("default", "dynamic"):
+        rope["original_max_position_embeddings"] = ORIGINAL
+        max_pos = int(ORIGINAL * params.get("factor", 1.0))
+    cfg = LlamaConfig(
+        hidden_size=2 * HEAD,
+        num_attention_heads=2,
+        head_dim=HEAD,
+        max_position_embeddings=max_pos,
+        rope_parameters=rope,
+    )
+    if method == "default":
+        return LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
+    return ROPE_INIT_FUNCTIONS[method](cfg, "cpu", seq_len=seq_len)
+
+
+def _table(inv_freq: torch.Tensor, factor: float) -> torch.Tensor:
+    """cos and sin of every position to LONG, times the attention factor: [LONG, r]."""
+    cos, sin = rope_cos_sin(torch.arange(LONG, dtype=torch.float64)[None], inv_freq.double())
+    return torch.cat((cos, sin), dim=-1)[0] * factor
+
+
+def _ours(method: str, seq_len: int, params: dict) -> tuple[torch.Tensor, float]:
+    return rope_parameters(
+        method, head_dim=HEAD, base=BASE, original_length=ORIGINAL, seq_len=seq_len, **params
+    )
+
+
+def _scaling_check(method: str) -> Callable[[], tuple[float, float]]:
+    def run() -> tuple[float, float]:
+        params = SCALING_PARAMS[method]
+        ours = _table(*_ours(method, LONG, params))
+        theirs = _table(*_hf_rope(method, LONG, params))
+        wrong = dict(params, factor=params.get("factor", 1.0) * 1.5) if params else {}
+        control = _table(*_hf_rope(method if params else "linear", LONG, wrong or {"factor": 1.5}))
+        return _gap(ours, theirs), _gap(ours, control)
+
+    return run
+
+
+for _method in SCALING_PARAMS:
+    check(
+        "scaling method",
+        _method,
+        f"transformers {_version('transformers')} `ROPE_INIT_FUNCTIONS` / Llama's default",
+        f"head dim {HEAD}, base 1e4, L {ORIGINAL}, cos and sin x attention factor at positions 0..{LONG - 1}",
+        "factor x 1.5",
+        ANGLE_TOLERANCE,
+    )(_scaling_check(_method))
+
+
+@check(
+    "scaling method",
+    "ntk",
+    f"transformers {_version('transformers')} default RoPE at the NTK-aware base b alpha^(r/(r-2)) (YaRN repo)",
+    f"head dim {HEAD}, base 1e4, alpha 8, cos and sin at positions 0..{LONG - 1}",
+    "alpha 4",
+    ANGLE_TOLERANCE,
+)
+def _ntk() -> tuple[float, float]:
+    ours = _table(*_ours("ntk", LONG, {"alpha": 8.0}))
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    def default_at(base: float) -> torch.Tensor:
+        cfg = LlamaConfig(
+            hidden_size=2 * HEAD,
+            num_attention_heads=2,
+            head_dim=HEAD,
+            rope_parameters={"rope_type": "default", "rope_theta": base},
+        )
+        return _table(*LlamaRotaryEmbedding.compute_default_rope_parameters(cfg))
+
+    return _gap(ours, default_at(ntk_base(BASE, 8.0, HEAD))), _gap(
+        ours, default_at(ntk_base(BASE, 4.0, HEAD))
+    )
+
+
+# --------------------------------------------------------------------------- position families
+
+
+@check(
+    "position family",
+    "rope",
+    "complex-number RoPE (Su et al.: q_m e^{i m theta}, torch.polar), float64",
+    f"q [1, 2, {LONG}, 64] random, interleaved layout, positions 0..{LONG - 1}",
+    "half layout against the complex pairs (0,1),(2,3),...",
+    ANGLE_TOLERANCE,
+)
+def _rope() -> tuple[float, float]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, LONG, HEAD, generator=g, dtype=torch.float64)
+    inv = rope_parameters(
+        "default", head_dim=HEAD, base=BASE, original_length=ORIGINAL, seq_len=LONG
+    )[0].double()
+    pos = torch.arange(LONG, dtype=torch.float64)[None]
+    cos, sin = rope_cos_sin(pos, inv)
+    angle = torch.polar(torch.ones_like(pos[0, :, None] * inv), pos[0, :, None] * inv)
+    z = torch.view_as_complex(x.reshape(1, 2, LONG, HEAD // 2, 2).contiguous()) * angle
+    reference = torch.view_as_real(z).reshape(1, 2, LONG, HEAD)
+    ours = rotate(x, cos[:, None], sin[:, None], "interleaved")
+    control = rotate(x, cos[:, None], sin[:, None], "half")
+    return _gap(ours, reference), _gap(control, reference)
+
+
+@check(
+    "position family",
+    "alibi",
+    f"x-transformers {_version('x-transformers')} `AlibiPositionalBias`",
+    "8 heads, query and key positions 0..2047 (the causal triangle)",
+    "the slopes of 6 heads for 8",
+)
+def _alibi() -> tuple[float, float]:
+    from x_transformers.x_transformers import AlibiPositionalBias
+
+    n = 2048
+    theirs = AlibiPositionalBias(heads=8, total_heads=8)(n, n)  # [8, n, n]
+    heads = torch.arange(8)[:, None, None]
+    pos = torch.arange(n)
+    ours = alibi_bias(alibi_slopes(8))(heads, pos[None, :, None], pos[None, None, :])
+    wrong = alibi_bias(torch.cat((alibi_slopes(6), alibi_slopes(6)[-2:])))(
+        heads, pos[None, :, None], pos[None, None, :]
+    )
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return _gap(ours[:, causal], theirs[:, causal]), _gap(wrong[:, causal], theirs[:, causal])
+
+
+@check(
+    "position family",
+    "t5",
+    f"transformers {_version('transformers')} `T5Attention._relative_position_bucket` (causal)",
+    f"32 buckets, max distance 128, distances 0..{LONG - 1}",
+    "bidirectional buckets",
+)
+def _t5() -> tuple[float, float]:
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from models.families.zoo import t5_bucket
+
+    n = torch.arange(LONG)
+    ours = t5_bucket(n.float(), 32, 128)
+    theirs = T5Attention._relative_position_bucket(
+        -n, bidirectional=False, num_buckets=32, max_distance=128
+    )
+    both = T5Attention._relative_position_bucket(
+        -n, bidirectional=True, num_buckets=32, max_distance=128
+    )
+    return _gap(ours, theirs), _gap(ours, both)
+
+
+def _layer(kind: str, seed: int = 0, **model) -> DecoderLM:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=2, **model)
+    out = DecoderLM(cfg, PositionConfig(kind=kind), 16).eval()
+    with torch.no_grad():
+        out.blocks[0].attn.q_proj.weight.normal_(0.0, 0.5)
+        out.blocks[0].attn.kv_proj.weight.normal_(0.0, 0.5)
+    return out
+
+
+@check(
+    "position family",
+    "fox",
+    f"x-transformers {_version('x-transformers')} `DataDependentAlibi` (the forget-gate bias F_i - F_j)",
+    "width 32, 2 heads, 2048 random inputs, gate bias 0",
+    "the bias of the reversed sequence",
+    ANGLE_TOLERANCE,
+)
+def _fox() -> tuple[float, float]:
+    from x_transformers.x_transformers import DataDependentAlibi
+
+    model = _layer("fox")
+    gate = model.blocks[0].attn.fgate
+    with torch.no_grad():
+        gate.bias.zero_()
+        gate.weight.normal_(0.0, 0.5)
+        x = torch.randn(1, 2048, 32, generator=torch.Generator().manual_seed(1))
+        alibi = DataDependentAlibi(32, 2).double()
+        alibi.to_forget_gates[0].weight.copy_(gate.weight)
+        alibi.to_forget_gates[0].bias.copy_(gate.bias)
+        theirs = alibi(x.double())
+        inputs = model._attention_inputs(
+            model._positions(x[..., 0].long(), None, None, None), False
+        )
+        running = model.blocks[0].attn.forget_decay(x, inputs, None).double()
+        reverse = model.blocks[0].attn.forget_decay(x.flip(1), inputs, None).double()
+    causal = torch.ones(2048, 2048, dtype=torch.bool).tril()
+    ours = (running[..., :, None] - running[..., None, :])[..., causal]
+    wrong = (reverse[..., :, None] - reverse[..., None, :])[..., causal]
+    return _gap(ours, theirs[..., causal]), _gap(wrong, theirs[..., causal])
+
+
+@check(
+    "position family",
+    "pope",
+    f"x-transformers {_version('x-transformers')} `PolarEmbedding` + `apply_polar_pos_emb`",
+    f"head dim 16, 2 heads, base 1e4, q and k random at positions 0..{LONG - 1}, phase bias in [-2 pi, 0]",
+    "no phase bias on the keys",
+    ANGLE_TOLERANCE,
+)
+def _pope() -> tuple[float, float]:
+    from x_transformers.x_transformers import PolarEmbedding, apply_polar_pos_emb
+
+    model = _layer("pope")
+    with torch.no_grad():
+        model.pope_bias.uniform_(-6.0, 0.0)
+        polar = PolarEmbedding(16, 2)
+        polar.learned_bias.copy_(model.pope_bias[:, None, :])
+        freqs, bias = polar(torch.arange(LONG))
+        g = torch.Generator().manual_seed(2)
+        q, k = (torch.randn(1, 2, LONG, 16, generator=g) for _ in range(2))
+        cos, sin, k_cos, k_sin = model.family.rotary(model, torch.arange(LONG)[None], LONG)
+        ours_q = rotate(q, cos[:, None], sin[:, None], "polar")
+        ours_k = rotate(k, k_cos, k_sin, "polar")
+        theirs_q, theirs_k = apply_polar_pos_emb(q, freqs), apply_polar_pos_emb(k, freqs + bias)
+        unbiased = apply_polar_pos_emb(k, freqs)
+    return max(_gap(ours_q, theirs_q), _gap(ours_k, theirs_k)), _gap(ours_k, unbiased)
+
+
+# --------------------------------------------------------------------------- attention designs
+
+
+@check(
+    "attention design",
+    "stick_breaking",
+    "the definition A_ij = beta_ij prod_{j<k<i} (1 - beta_ik) as explicit products, float64",
+    "width 32, 2 heads, 48 random inputs (NoPE)",
+    "the query's own key taking part",
+)
+def _stick_breaking() -> tuple[float, float]:
+    from models.tiled_attention import stick_breaking_weights
+
+    g = torch.Generator().manual_seed(3)
+    n = 48
+    z = torch.randn(1, 2, n, n, generator=g, dtype=torch.float64) * 2
+    causal = torch.ones(n, n, dtype=torch.bool).tril(-1)  # keys before the query
+    ours, _ = stick_breaking_weights(z.masked_fill(~causal, -math.inf))
+    beta = torch.sigmoid(z)
+
+    def reference(last_offset: int) -> torch.Tensor:
+        out = torch.zeros_like(z)
+        for i in range(n):
+            last = i - 1 + last_offset
+            for j in range(last + 1):
+                out[..., i, j] = beta[..., i, j] * torch.prod(
+                    1 - beta[..., i, j + 1 : last + 1], -1
+                )
+        return out
+
+    return _gap(ours, reference(0)), _gap(ours, reference(1))
+
+
+@check(
+    "scaling method",
+    "drope",
+    "a NoPE model carrying the same weights (DroPE's claim: no position signal is left)",
+    "2 layers, width 32, 4 heads, RoPE, 512 random tokens",
+    "the raw RoPE model",
+)
+def _drope() -> tuple[float, float]:
+    from models.scaling_config import ScalingConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4)
+    rope = DecoderLM(cfg, PositionConfig(kind="rope"), 16).eval()
+    with torch.no_grad():
+        for block in rope.blocks:
+            block.attn.q_proj.weight.normal_(0.0, 0.5)
+            block.attn.kv_proj.weight.normal_(0.0, 0.5)
+    nope = DecoderLM(cfg, PositionConfig(kind="nope"), 16).eval()
+    nope.load_state_dict(rope.state_dict())
+    tokens = torch.randint(0, 256, (1, 512), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        raw = rope(tokens).logits
+        rope.set_scaling(ScalingConfig(name="drope", method="drope"))
+        return _gap(rope(tokens).logits, nope(tokens).logits), _gap(raw, nope(tokens).logits)
+
+
+# --------------------------------------------------------------------------- the rest
+
+#: registered names checked by a test rather than measured on this page yet: name -> the test
+TESTED_ELSEWHERE = {
+    (
+        "position family",
+        "sinusoidal",
+    ): "tests/models/test_positions.py (Vaswani et al.'s layout, by hand)",
+    (
+        "position family",
+        "learned",
+    ): "tests/models/test_positions.py (lookup and out-of-range policies)",
+    (
+        "position family",
+        "nope",
+    ): "tests/models/test_transformer.py (no position signal: shift invariance)",
+    (
+        "position family",
+        "kerple_log",
+    ): "tests/models/test_zoo.py (transcription of chijames/KERPLE)",
+    (
+        "position family",
+        "kerple_power",
+    ): "tests/models/test_zoo.py (transcription of chijames/KERPLE)",
+    (
+        "position family",
+        "fire",
+    ): "tests/models/test_zoo.py (transcription of the FIRE paper's code)",
+    (
+        "position family",
+        "sandwich",
+    ): "tests/models/test_zoo.py (transcription of the Sandwich paper)",
+    ("position family", "p_rope"): "tests/models/test_zoo.py (transcription of Barbero et al.)",
+    (
+        "position family",
+        "xpos",
+    ): "tests/models/test_xpos.py (x-transformers and rotary-embedding-torch)",
+    ("position family", "cope"): "tests/models/test_cope.py (x-transformers CoPE)",
+    ("position family", "hope"): "tests/models/test_hope.py (the paper's split rule)",
+    ("position family", "rnope_swa"): "tests/models/test_hybrid.py (dense reference per layer)",
+    ("position family", "irope"): "tests/models/test_hybrid.py (transformers Llama 4 attention)",
+    ("attention design", "softmax"): "tests/models/test_transformer.py (transformers Llama parity)",
+    (
+        "attention design",
+        "differential",
+    ): "tests/models/test_attention_designs.py (official MultiheadDiffAttn transcription)",
+    (
+        "scaling method",
+        "self_extend",
+    ): "tests/models/test_training_free.py (transcription of the Self-Extend repo)",
+    (
+        "scaling method",
+        "rerope",
+    ): "tests/models/test_training_free.py (transcription of bojone/rerope)",
+    (
+        "scaling method",
+        "leaky_rerope",
+    ): "tests/models/test_training_free.py (transcription of bojone/rerope)",
+    (
+        "scaling method",
+        "streaming",
+    ): "tests/models/test_training_free.py (StreamingLLM's StartRecentKVCache)",
+}
+
+
+def registered() -> set[tuple[str, str]]:
+    """Every registered family, attention design and scaling method."""
+    names = {("position family", k) for k in families()}
+    names |= {("attention design", a) for a in ATTENTIONS}
+    return names | {("scaling method", m) for m in SCALING_METHODS}
+
+
+def measure() -> list[Row]:
+    rows = []
+    for row, fn in CHECKS:
+        row.diff, row.control = fn()
+        rows.append(row)
+    measured = {(r.kind, r.name) for r in rows}
+    for key in sorted(registered() - measured):
+        rows.append(Row(key[0], key[1], "", "", test=TESTED_ELSEWHERE.get(key, "none")))
+    return rows
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:.1e}"
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "# Conformance: lenbench against independent references",
+        "",
+        "Generated by `python tests/conformance.py` (do not edit; `tests/test_conformance_page.py`",
+        "regenerates it and fails when it is stale). Each measured row: the largest absolute",
+        "difference between lenbench and its oracle on the inputs named, and its negative control's",
+        "(one thing deliberately wrong); a row passes at difference <= its tolerance (float32 against",
+        f"float64: {TOLERANCE:g}; {ANGLE_TOLERANCE:g} where float32 angles or running sums reach position",
+        f"8K, whose rounding alone is about 8192 x 2^-23 = 1e-3) and control >= {CONTROL_MIN:g}.",
+        f"Machine of the committed page: {platform.processor() or platform.machine()}, torch {torch.__version__}.",
+        "",
+        "| kind | name | oracle | inputs | max abs diff | tolerance | control | control diff |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted((r for r in rows if r.test == ""), key=lambda r: (r.kind, r.name)):
+        lines.append(
+            f"| {r.kind} | {r.name} | {r.oracle} | {r.inputs} | {_number(r.diff)} | {r.tol:g} | "
+            f"{r.control_what} | {_number(r.control)} |"
+        )
+    lines += ["", "Checked by a test, not measured on this page yet:", ""]
+    lines += ["| kind | name | test |", "|---|---|---|"]
+    for r in sorted((r for r in rows if r.test), key=lambda r: (r.kind, r.name)):
+        lines.append(f"| {r.kind} | {r.name} | {r.test} |")
+    return "\n".join(lines) + "\n"
+
+
+def failures(rows: list[Row]) -> list[str]:
+    return [
+        f"{r.kind} {r.name}: diff {r.diff:.1e}, control {r.control:.1e}"
+        for r in rows
+        if r.test == "" and not (r.diff <= r.tol and r.control >= CONTROL_MIN)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="measure, write nothing")
+    args = parser.parse_args(argv)
+    rows = measure()
+    bad = failures(rows)
+    for line in bad:
+        print("out of tolerance:", line)
+    if not args.check:
+        PAGE.write_text(markdown(rows))
+        print(f"wrote {PAGE.relative_to(ROOT)}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
