@@ -333,6 +333,71 @@ def _pope() -> tuple[float, float]:
     return max(_gap(ours_q, theirs_q), _gap(ours_k, theirs_k)), _gap(ours_k, unbiased)
 
 
+@check(
+    "position family",
+    "xpos",
+    f"rotary-embedding-torch {_version('rotary-embedding-torch')} `RotaryEmbedding(use_xpos=True)`",
+    "head dim 16, 2 heads, gamma 512, interleaved, q and k random at positions 0..1023 (q.k logits)",
+    "gamma 1024",
+)
+def _xpos() -> tuple[float, float]:
+    from rotary_embedding_torch import RotaryEmbedding
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=2)
+    model = DecoderLM(
+        cfg, PositionConfig(kind="xpos", layout="interleaved", xpos_scale_base=512.0), 16
+    ).eval()
+    n = 1024
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 2, n, 16, generator=g) for _ in range(2))
+    positions = torch.arange(n)[None]
+    q_cos, q_sin, k_cos, k_sin = (t[:, None] for t in model.family.rotary(model, positions, n))
+    layout = model.position_cfg.layout
+    ours = rotate(q, q_cos, q_sin, layout) @ rotate(k, k_cos, k_sin, layout).transpose(-1, -2)
+
+    def theirs(scale_base: float) -> torch.Tensor:
+        rq, rk = RotaryEmbedding(
+            dim=16, use_xpos=True, xpos_scale_base=scale_base
+        ).rotate_queries_and_keys(q, k)
+        return rq @ rk.transpose(-1, -2)
+
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return _gap(ours[..., causal], theirs(512.0)[..., causal]), _gap(
+        ours[..., causal], theirs(1024.0)[..., causal]
+    )
+
+
+@check(
+    "position family",
+    "cope",
+    f"x-transformers {_version('x-transformers')} `CoPE` (its term on the same logits)",
+    "head dim 16, 2 heads, npos_max 64, 512 random queries and keys (causal)",
+    "another layer's position table",
+)
+def _cope() -> tuple[float, float]:
+    from x_transformers.x_transformers import CoPE
+
+    from models.families.cope import _cope as cope_term
+
+    n, d = 512, 16
+    scale = 1 / math.sqrt(d)
+    g = torch.Generator().manual_seed(6)
+    q, k = (torch.randn(1, 2, n, d, generator=g) * 2 for _ in range(2))
+    logits = (q @ k.transpose(-1, -2) * scale).masked_fill(
+        torch.ones(n, n).triu(1).bool(), -math.inf
+    )
+    emb = torch.randn(2, 64, d, generator=g)
+    oracle = CoPE(dim=d, heads=2, max_pos=64)
+    with torch.no_grad():
+        oracle.pos_emb.copy_(emb[1])
+        theirs = oracle(q * scale, logits)
+        ours = cope_term(1, q, logits, scale, emb, 1.0, 64)
+        other = cope_term(0, q, logits, scale, emb, 1.0, 64)
+    visible = torch.isfinite(logits)
+    return _gap(ours[visible], theirs[visible]), _gap(other[visible], theirs[visible])
+
+
 # --------------------------------------------------------------------------- attention designs
 
 
