@@ -138,6 +138,40 @@ def _tile_bias(
     return bias, near
 
 
+def _tile_queries(entries_per_query: int, inputs: AttentionInputs, pairs: bool, stick: bool) -> int:
+    """Queries per tile: ATTENTION_TILE_ELEMENTS over a query's logits, less where a tile keeps
+    several tile-sized temporaries (CoPE, a pair method's two logit tiles, stick-breaking); about
+    one span for a layer with a window or chunks (each tile then sees about two spans of keys)."""
+    tile = ATTENTION_TILE_ELEMENTS // entries_per_query
+    if inputs.contextual_bias is not None:  # CoPE holds about 8 tile-sized temporaries at once
+        tile //= CONTEXTUAL_TEMPORARIES
+    if pairs:
+        tile //= PAIR_TEMPORARIES
+    if stick:  # logits, two log-sigmoids, their running sum, the weights
+        tile //= STICK_TEMPORARIES
+    if inputs.window is not None or inputs.chunk is not None:
+        span = min(x for x in (inputs.window, inputs.chunk) if x is not None)
+        tile = min(tile, max(span, SPAN_TILE_MIN))
+    return max(1, tile)
+
+
+def _weights(
+    logits: torch.Tensor, want_stats: bool, first: int, sunk: bool, own: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention weights of a tile's logits [N, H, T, S' (+ 1 sink column)] -> (weights over
+    its keys [N, H, T, S'], per query [N, H, T, 2] entropy and first-key mass when ``want_stats``):
+    a softmax, or stick-breaking with ``own`` [T, S'] (each query's own key, left out)."""
+    if own is not None:
+        probs, leftover = stick_breaking_weights(logits.masked_fill(own, float("-inf")))
+        whole = torch.cat((probs, leftover), dim=-1)  # with the leftover: sums to 1
+    else:
+        probs = whole = logits.softmax(dim=-1)  # [N, H, T, S' (+ 1)]
+    stats = None
+    if want_stats:
+        stats = _with_first_mass(-torch.special.xlogy(whole, whole).sum(-1), probs, first)
+    return (probs[..., :-1] if sunk else probs), stats
+
+
 def attend_tiled(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -164,18 +198,8 @@ def attend_tiled(
         v = v.repeat_interleave(h // v.shape[1], dim=1)
         if k_far is not None:
             k_far = k_far.repeat_interleave(h // k_far.shape[1], dim=1)
-    tile = ATTENTION_TILE_ELEMENTS // (n * h * s)
-    if inputs.contextual_bias is not None:  # CoPE holds about 8 tile-sized temporaries at once
-        tile //= CONTEXTUAL_TEMPORARIES
-    if far is not None:
-        tile //= PAIR_TEMPORARIES
-    if stick_breaking:  # logits, two log-sigmoids, their running sum, the weights
-        tile //= STICK_TEMPORARIES
+    tile = _tile_queries(n * h * s, inputs, far is not None, stick_breaking)
     spanned = inputs.window is not None or inputs.chunk is not None
-    if spanned:  # tiles of about one span: each sees about two spans of keys, not all of them
-        span = min(x for x in (inputs.window, inputs.chunk) if x is not None)
-        tile = min(tile, max(span, SPAN_TILE_MIN))
-    tile = max(1, tile)
     outputs, entropies = [], []
     for start in range(0, length, tile):
         stop = min(start + tile, length)
@@ -203,23 +227,14 @@ def attend_tiled(
                 logits = logits + inputs.contextual_bias(layer, q32, logits, inputs.scale)
             if sink is not None:  # one more entry in every softmax, attached to no value
                 logits = torch.cat((logits, _sink_column(sink, logits)), dim=-1)
+            own = None
             if stick_breaking:  # the query's own key takes no part (keys before it only)
                 own = torch.arange(first, visible, device=q.device)[None, :] == (
                     inputs.past_len + torch.arange(start, stop, device=q.device)[:, None]
                 )  # [T, S']
-                probs, leftover = stick_breaking_weights(logits.masked_fill(own, float("-inf")))
-                if inputs.want_entropy:
-                    whole = torch.cat((probs, leftover), dim=-1)
-                    entropy = -torch.special.xlogy(whole, whole).sum(-1)  # [N, H, T]
-                    entropies.append(_with_first_mass(entropy, probs, first))
-                outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
-                continue
-            probs = logits.softmax(dim=-1)  # [N, H, T, S' (+ 1)]
-            if inputs.want_entropy:
-                entropy = -torch.special.xlogy(probs, probs).sum(-1)  # [N, H, T]
-                entropies.append(_with_first_mass(entropy, probs, first))
-            if sink is not None:
-                probs = probs[..., :-1]
+            probs, stats = _weights(logits, inputs.want_entropy, first, sink is not None, own)
+            if stats is not None:
+                entropies.append(stats)
             outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, v_tile.float()).to(q.dtype))
         else:
             if sink is not None:  # a zero key (logit 0 + the sink as its bias) and a zero value

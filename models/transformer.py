@@ -324,23 +324,12 @@ class DecoderLM(nn.Module):
         inputs = self._attention_inputs(positions, output_attn_entropy)
         layer_inputs = family.layer_inputs(self, inputs)  # one per block: its own span, rotation
         hidden_states = [x[:, sunk:]] if output_hidden_states else None
-        entropies = [] if output_attn_entropy else None
-        new_keys, new_values, new_decays = [], [], []
-        last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            cached = None
-            if past is not None:
-                cached = (past.keys[i], past.values[i])
-                cached += (past.decays[i],) if past.decays is not None else ()
-            query_from = logits_from + sunk if i == last and logits_from else 0
-            x, (k, v, *decay), entropy = block(x, layer_inputs[i], cached, query_from)
-            new_keys.append(k)
-            new_values.append(v)
-            new_decays += decay
-            if hidden_states is not None:
-                hidden_states.append(x[:, sunk:])
-            if entropies is not None:
-                entropies.append(entropy[:, :, sunk:])  # [N, H, L, 2]: entropy, first mass
+        x, kept, stats = self._blocks(
+            x, layer_inputs, past, logits_from + sunk if logits_from else 0
+        )
+        if hidden_states is not None:
+            hidden_states += [h[:, sunk:] for h in stats["hidden"]]
+        entropies = [e[:, :, sunk:] for e in stats["entropy"]] if output_attn_entropy else None
         if sunk and not logits_from:
             x = x[:, 1:]  # the sink token predicts nothing
         hidden = self.final_norm(x)  # [N, L - f, D]
@@ -349,22 +338,37 @@ class DecoderLM(nn.Module):
             logits = self.lm_head(hidden).float() if return_logits else None
         else:
             token_nll = chunked_token_nll(self.lm_head, hidden, targets, self.model_cfg.vocab_size)
-        cache = (
-            KVCache(
-                new_keys,
-                new_values,
-                positions.k_pos,
-                positions.k_valid,
-                row_lengths,
-                new_decays or None,
+        cache = None
+        if use_cache:
+            keys, values, decays = kept
+            cache = KVCache(
+                keys, values, positions.k_pos, positions.k_valid, row_lengths, decays or None
             )
-            if use_cache
-            else None
-        )
         first_mass = None
         if entropies is not None:
             entropies, first_mass = [e[..., 0] for e in entropies], [e[..., 1] for e in entropies]
         return LMOutput(logits, cache, hidden_states, entropies, token_nll, first_mass)
+
+    def _blocks(
+        self, x: torch.Tensor, layer_inputs: list, past: KVCache | None, query_from: int
+    ) -> tuple[torch.Tensor, tuple[list, list, list], dict[str, list]]:
+        """Every block over x [N, L, D] -> (x, per layer (keys, values, FoX decays), {"hidden": each
+        output, "entropy": [N, H, L, 2] entropy, first-key mass}); the last from ``query_from``."""
+        keys, values, decays = [], [], []
+        stats: dict[str, list] = {"hidden": [], "entropy": []}
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            cached = None
+            if past is not None:
+                cached = (past.keys[i], past.values[i])
+                cached += (past.decays[i],) if past.decays is not None else ()
+            start = query_from if i == last else 0
+            x, (k, v, *decay), entropy = block(x, layer_inputs[i], cached, start)
+            keys.append(k), values.append(v), decays.extend(decay)
+            stats["hidden"].append(x)
+            if entropy is not None:
+                stats["entropy"].append(entropy)
+        return x, (keys, values, decays), stats
 
     def _positions(
         self,

@@ -15,12 +15,76 @@ from models.positions import (
     ScoreBias,
     alibi_bias,
     alibi_slopes,
-    beyond_table,
-    learned_lookup,
-    learned_table_coordinates,
     register_family,
-    sinusoidal_embedding,
 )
+
+# --------------------------------------------------------------------------- absolute
+
+
+def sinusoidal_embedding(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """The seed's layout: channel 2i holds sin(p * w_i), channel 2i+1 holds cos(p * w_i).
+
+    positions may be fractional (linear interpolation divides them by the factor). Returns float32
+    [*positions.shape, 2 * len(inv_freq)].
+    """
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+
+
+def sinusoidal_inv_freq(dim: int, base: float) -> torch.Tensor:
+    """w_i = base^(-2i/dim), i = 0..dim/2-1 (Vaswani et al.)."""
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+
+
+def learned_table_coordinates(
+    position_ids: torch.Tensor,
+    rows: int,
+    seq_len: int,
+    out_of_range: str,
+    position_factor: float | None = None,
+) -> torch.Tensor:
+    """Float32 table coordinates of position ids: the table is stretched, endpoints aligned.
+
+    A position transform (position interpolation by ``position_factor``) stretches ``rows`` rows
+    to ``rows * factor``; else the ``interpolate`` policy stretches them to the sequence length
+    when it is longer; otherwise coordinates are positions.
+    """
+    stretched_rows = rows
+    if position_factor is not None:
+        stretched_rows = rows * float(position_factor)
+    elif out_of_range == "interpolate":
+        stretched_rows = max(rows, int(seq_len))
+    return position_ids.float() * ((rows - 1) / max(stretched_rows - 1, 1))
+
+
+def beyond_table(positions: torch.Tensor, n_rows: int) -> str | None:
+    """The error for coordinates past the last row of an ``n_rows`` table, or None."""
+    if not bool((positions > n_rows - 1).any()):
+        return None
+    return (
+        f"position {float(positions.max()):g} is beyond the learned table of max_positions="
+        f"{n_rows} (valid positions 0..{n_rows - 1}); set position.out_of_range to 'clamp' or "
+        f"'interpolate', or use scaling=linear, to evaluate longer sequences."
+    )
+
+
+def learned_lookup(table: torch.Tensor, positions: torch.Tensor, out_of_range: str) -> torch.Tensor:
+    """Rows of a learned table [P, D] at (possibly fractional) positions; linear between rows.
+
+    A position beyond the last row is an error unless the policy is ``clamp``; never a modulo,
+    which would silently map far positions onto old coordinates.
+    """
+    n_rows = table.shape[0]
+    positions = positions.to(torch.float32)
+    problem = beyond_table(positions, n_rows)
+    if problem is not None:
+        if out_of_range != "clamp":
+            raise ValueError(problem)
+        positions = positions.clamp(max=n_rows - 1)
+    lower = positions.floor().long()
+    upper = (lower + 1).clamp(max=n_rows - 1)
+    weight = (positions - lower)[..., None]
+    return table[lower] * (1 - weight) + table[upper] * weight
 
 
 class _FrequencyFamily(Family):

@@ -8,15 +8,13 @@ import math
 import pytest
 import torch
 
+from models.families.classic import learned_lookup, sinusoidal_embedding, sinusoidal_inv_freq
 from models.positions import (
     PositionConfig,
     alibi_slopes,
     apply_rope,
-    learned_lookup,
     position_ids_from_attention_mask,
     rope_cos_sin,
-    sinusoidal_embedding,
-    sinusoidal_inv_freq,
 )
 
 
