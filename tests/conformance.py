@@ -88,7 +88,7 @@ def _version(package: str) -> str:
 
 
 def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max())
+    return float((a.detach().double() - b.detach().double()).abs().max())
 
 
 # --------------------------------------------------------------------------- scaling methods
@@ -398,6 +398,74 @@ def _cope() -> tuple[float, float]:
     return _gap(ours[visible], theirs[visible]), _gap(other[visible], theirs[visible])
 
 
+@check(
+    "position family",
+    "sinusoidal",
+    "Vaswani et al. 2017, Sec. 3.5: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...), float64",
+    f"width 128, positions 0..{LONG - 1} (the model's embedding times sqrt(width))",
+    "sin and cos channels swapped",
+    ANGLE_TOLERANCE,
+)
+def _sinusoidal() -> tuple[float, float]:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=128, n_heads=2)
+    model = DecoderLM(cfg, PositionConfig(kind="sinusoidal"), 16)
+    with torch.no_grad():
+        # the model adds PE / sqrt(width), so that it starts at the token embeddings' scale
+        ours = model.family.embed(model, torch.arange(LONG)[None], LONG)[0] * math.sqrt(128)
+    i = torch.arange(64, dtype=torch.float64)
+    angle = torch.arange(LONG, dtype=torch.float64)[:, None] / 10000 ** (2 * i / 128)
+    reference = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)
+    swapped = torch.stack((angle.cos(), angle.sin()), dim=-1).flatten(-2)
+    return _gap(ours, reference), _gap(ours, swapped)
+
+
+def _rotation_table(kind: str, **position) -> torch.Tensor:
+    """A family's cos and sin at positions 0..LONG-1 as the model rotates: [LONG, r]."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=1, d_model=128, n_heads=2)
+    model = DecoderLM(cfg, PositionConfig(kind=kind, **position), 256)
+    cos, sin = model.family.rotary(model, torch.arange(LONG)[None], LONG)
+    return torch.cat((cos, sin), dim=-1)[0]
+
+
+def _split_table(kept: int) -> torch.Tensor:
+    """RoPE's table (head dim 64, base 1e4) with only the first ``kept`` pairs rotating, float64."""
+    i = torch.arange(32, dtype=torch.float64)
+    inv = 10000.0 ** (-2 * i / 64)
+    inv[kept:] = 0.0
+    angle = torch.arange(LONG, dtype=torch.float64)[:, None] * inv
+    return torch.cat((angle.cos(), angle.sin()), dim=-1)
+
+
+@check(
+    "position family",
+    "p_rope",
+    "Barbero et al. 2025, p-RoPE: the lowest-frequency 1 - p of RoPE's pairs unrotated, float64",
+    f"head dim 64, base 1e4, p 0.75, positions 0..{LONG - 1}",
+    "every pair rotating (RoPE)",
+    ANGLE_TOLERANCE,
+)
+def _p_rope() -> tuple[float, float]:
+    ours = _rotation_table("p_rope", frequency_fraction=0.75)
+    return _gap(ours, _split_table(24)), _gap(ours, _split_table(32))
+
+
+@check(
+    "position family",
+    "hope",
+    "Chen et al., ACL 2025, HoPE: the pairs whose period 2 pi base^(2i/d) exceeds L unrotated, float64",
+    f"head dim 64, base 1e4, L 256, positions 0..{LONG - 1}",
+    "every pair rotating (RoPE)",
+    ANGLE_TOLERANCE,
+)
+def _hope() -> tuple[float, float]:
+    ours = _rotation_table("hope")
+    i = torch.arange(32, dtype=torch.float64)
+    kept = int((2 * math.pi * 10000.0 ** (2 * i / 64) <= 256).sum())
+    return _gap(ours, _split_table(kept)), _gap(ours, _split_table(32))
+
+
 # --------------------------------------------------------------------------- attention designs
 
 
@@ -432,6 +500,49 @@ def _stick_breaking() -> tuple[float, float]:
 
 
 @check(
+    "attention design",
+    "differential",
+    "a float64 transcription of the official `MultiheadDiffAttn` forward (microsoft/unilm Diff-Transformer)",
+    "width 32, 4 heads (2 pairs), layer 2, 256 random inputs (NoPE)",
+    "layer 3's lambda_init",
+)
+def _differential() -> tuple[float, float]:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=3, d_model=32, n_heads=4, attention="differential")
+    model = DecoderLM(cfg, PositionConfig(kind="nope"), 16).eval()
+    attn = model.blocks[2].attn
+    n, d, half = 256, 8, 2
+    with torch.no_grad():
+        attn.q_proj.weight.normal_(0.0, 0.5)
+        attn.kv_proj.weight.normal_(0.0, 0.5)
+        attn.sub_norm.weight.uniform_(0.5, 1.5)
+        x = torch.randn(1, n, 32, generator=torch.Generator().manual_seed(7))
+        inputs = model._attention_inputs(
+            model._positions(x[..., 0].long(), None, None, None), False
+        )
+        ours = attn(x, inputs, None)[0]
+
+    def official(layer: int) -> torch.Tensor:
+        x64 = x.double()
+        q = (x64 @ attn.q_proj.weight.double().T).view(1, n, 2 * half, d).transpose(1, 2)
+        kv = (x64 @ attn.kv_proj.weight.double().T).view(1, n, 2, 4 * d)
+        k = kv[:, :, 0].view(1, n, 2 * half, d).transpose(1, 2)
+        v = kv[:, :, 1].view(1, n, half, 2 * d).transpose(1, 2)
+        scores = q @ k.transpose(-1, -2) * d**-0.5
+        scores = scores.masked_fill(torch.ones(n, n).triu(1).bool(), -math.inf)
+        maps = scores.softmax(-1).view(1, half, 2, n, n)
+        lq1, lk1, lq2, lk2 = attn.lambdas.detach().double()
+        lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+        lam = torch.exp((lq1 * lk1).sum()) - torch.exp((lq2 * lk2).sum()) + lambda_init
+        out = (maps[:, :, 0] - lam * maps[:, :, 1]) @ v
+        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5)
+        out = out * attn.sub_norm.weight.detach().double() * (1 - lambda_init)
+        return out.transpose(1, 2).reshape(1, n, 32) @ attn.o_proj.weight.detach().double().T
+
+    return _gap(ours, official(2)), _gap(ours, official(3))
+
+
+@check(
     "scaling method",
     "drope",
     "a NoPE model carrying the same weights (DroPE's claim: no position signal is left)",
@@ -463,10 +574,6 @@ def _drope() -> tuple[float, float]:
 TESTED_ELSEWHERE = {
     (
         "position family",
-        "sinusoidal",
-    ): "tests/models/test_positions.py (Vaswani et al.'s layout, by hand)",
-    (
-        "position family",
         "learned",
     ): "tests/models/test_positions.py (lookup and out-of-range policies)",
     (
@@ -489,20 +596,14 @@ TESTED_ELSEWHERE = {
         "position family",
         "sandwich",
     ): "tests/models/test_zoo.py (transcription of the Sandwich paper)",
-    ("position family", "p_rope"): "tests/models/test_zoo.py (transcription of Barbero et al.)",
     (
         "position family",
         "xpos",
     ): "tests/models/test_xpos.py (x-transformers and rotary-embedding-torch)",
     ("position family", "cope"): "tests/models/test_cope.py (x-transformers CoPE)",
-    ("position family", "hope"): "tests/models/test_hope.py (the paper's split rule)",
     ("position family", "rnope_swa"): "tests/models/test_hybrid.py (dense reference per layer)",
     ("position family", "irope"): "tests/models/test_hybrid.py (transformers Llama 4 attention)",
     ("attention design", "softmax"): "tests/models/test_transformer.py (transformers Llama parity)",
-    (
-        "attention design",
-        "differential",
-    ): "tests/models/test_attention_designs.py (official MultiheadDiffAttn transcription)",
     (
         "scaling method",
         "self_extend",
