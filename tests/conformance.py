@@ -568,6 +568,175 @@ def _drope() -> tuple[float, float]:
         return _gap(rope(tokens).logits, nope(tokens).logits), _gap(raw, nope(tokens).logits)
 
 
+def _test_module(relative: str):
+    """A test module of tests/ loaded by path, for the transcriptions it holds (its helpers are
+    the oracles those tests use; tests/ is put on the path for its fixtures)."""
+    import importlib.util
+
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    name = "conformance_" + relative.replace("/", "_").removesuffix(".py")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / relative)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+#: the training-free rows: 2 layers whose weights are scaled by 4, so logits are large
+PAIR_TOLERANCE = 5e-3
+
+
+def _pair_check(
+    method: str, params: dict, relative, wrong_relative, visible=None, wrong_visible=None
+):
+    def run() -> tuple[float, float]:
+        from models.scaling_config import ScalingConfig
+
+        tf = _test_module("models/test_training_free.py")
+        model = tf._model()
+        ours = tf._logits(model, tf.IDS, ScalingConfig(method, method, params))
+        expected = tf.reference_logits(
+            model, tf.IDS, relative(tf), (visible or (lambda tf: tf.ALWAYS))(tf)
+        )
+        other = tf.reference_logits(
+            model,
+            tf.IDS,
+            wrong_relative(tf),
+            (wrong_visible or visible or (lambda tf: tf.ALWAYS))(tf),
+        )
+        return _gap(ours, expected), _gap(ours, other)
+
+    return run
+
+
+_PAIR_INPUTS = "RoPE, 2 layers, width 32, 4 heads (2 key heads), weights x 4, 72 tokens, logits"
+check(
+    "scaling method",
+    "self_extend",
+    "LongLM's (Self-Extend) relative position rule, dense float64 attention with complex rotations",
+    _PAIR_INPUTS + "; group 3, window 8",
+    "group 4",
+    PAIR_TOLERANCE,
+)(
+    _pair_check(
+        "self_extend",
+        {"group_size": 3, "window": 8},
+        lambda tf: lambda i, j: tf.self_extend_relative(i, j, 3, 8),
+        lambda tf: lambda i, j: tf.self_extend_relative(i, j, 4, 8),
+    )
+)
+check(
+    "scaling method",
+    "rerope",
+    "bojone/rerope's rule (i - j inside the window, the window beyond), dense float64 attention",
+    _PAIR_INPUTS + "; window 10",
+    "window 11",
+    PAIR_TOLERANCE,
+)(
+    _pair_check(
+        "rerope",
+        {"window": 10},
+        lambda tf: lambda i, j: tf.leaky_rerope_relative(i, j, 10, 0.0),
+        lambda tf: lambda i, j: tf.leaky_rerope_relative(i, j, 11, 0.0),
+    )
+)
+check(
+    "scaling method",
+    "leaky_rerope",
+    "bojone/rerope's leaky rule (W + (i - j - W) / k beyond the window), dense float64 attention",
+    _PAIR_INPUTS + "; window 10, slope 0.25",
+    "window 11",
+    PAIR_TOLERANCE,
+)(
+    _pair_check(
+        "leaky_rerope",
+        {"window": 10, "slope": 0.25},
+        lambda tf: lambda i, j: tf.leaky_rerope_relative(i, j, 10, 0.25),
+        lambda tf: lambda i, j: tf.leaky_rerope_relative(i, j, 11, 0.25),
+    )
+)
+
+
+def _cache_rule(sinks: int, window: int):
+    def relative(tf):
+        def rel(i, j):
+            cache = tf.streaming_cache(i, sinks, window)
+            return cache.index(i) - cache.index(j) if j in cache else 0.0
+
+        return rel
+
+    def visible(tf):
+        return lambda i, j: j in tf.streaming_cache(i, sinks, window)
+
+    return relative, visible
+
+
+_rel, _vis = _cache_rule(4, 16)
+_wrong_rel, _wrong_vis = _cache_rule(5, 16)
+check(
+    "scaling method",
+    "streaming",
+    "StreamingLLM's StartRecentKVCache (sinks + recent window, positions in the cache), dense float64",
+    _PAIR_INPUTS + "; 4 sinks, window 16",
+    "5 sinks",
+    PAIR_TOLERANCE,
+)(_pair_check("streaming", {"sink_tokens": 4, "window": 16}, _rel, _wrong_rel, _vis, _wrong_vis))
+
+
+def _kerple_check(kind: str) -> Callable[[], tuple[float, float]]:
+    def run() -> tuple[float, float]:
+        zoo = _test_module("models/test_zoo.py")
+        model = zoo.zoo_model(kind)
+        size = 512
+        with torch.no_grad():
+            ours = zoo._our_bias(model, size)
+            r1, r2 = model.kerple_r1.detach().clone(), model.kerple_r2.detach().clone()
+            theirs = zoo._kerple_reference_bias(kind, r1, r2, size)
+            wrong = zoo._kerple_reference_bias(kind, r2.clone(), r1.clone(), size)
+        causal = torch.ones(size, size, dtype=torch.bool).tril()
+        return _gap(ours[:, causal], theirs[:, causal]), _gap(ours[:, causal], wrong[:, causal])
+
+    return run
+
+
+for _kind in ("kerple_log", "kerple_power"):
+    check(
+        "position family",
+        _kind,
+        "a transcription of chijames/KERPLE's forward (parameters clamped as it does)",
+        "4 heads, random parameters in [0.05, 1.55], query and key positions 0..511",
+        "its two parameters swapped",
+    )(_kerple_check(_kind))
+
+
+@check(
+    "position family",
+    "sandwich",
+    "Chi et al. 2023's closed form: (sum_k cos(n 10000^(-2k/d)) - d/2) / (8 h / H), float64",
+    "width 32, 4 heads, distances 0..511",
+    "the table of width 34",
+)
+def _sandwich() -> tuple[float, float]:
+    zoo = _test_module("models/test_zoo.py")
+    model = zoo.zoo_model("sandwich")
+    size, d, heads = 512, 32, 4
+    with torch.no_grad():
+        ours = zoo._our_bias(model, size)  # [H, size, size]
+    n = torch.arange(size, dtype=torch.float64)
+
+    def closed_form(width: int) -> torch.Tensor:
+        k = torch.arange(1, width // 2 + 1, dtype=torch.float64)
+        total = torch.cos(n[:, None] * 10000 ** (-2 * k / width)).sum(-1) - width / 2  # [size]
+        return total[None] / ((torch.arange(heads, dtype=torch.float64)[:, None] + 1) * 8 / heads)
+
+    distance = ours[:, torch.arange(size), 0]  # query i, key 0: distance i
+    return _gap(distance, closed_form(d)), _gap(distance, closed_form(d + 2))
+
+
 # --------------------------------------------------------------------------- the rest
 
 #: registered names checked by a test rather than measured on this page yet: name -> the test
@@ -582,20 +751,8 @@ TESTED_ELSEWHERE = {
     ): "tests/models/test_transformer.py (no position signal: shift invariance)",
     (
         "position family",
-        "kerple_log",
-    ): "tests/models/test_zoo.py (transcription of chijames/KERPLE)",
-    (
-        "position family",
-        "kerple_power",
-    ): "tests/models/test_zoo.py (transcription of chijames/KERPLE)",
-    (
-        "position family",
         "fire",
     ): "tests/models/test_zoo.py (transcription of the FIRE paper's code)",
-    (
-        "position family",
-        "sandwich",
-    ): "tests/models/test_zoo.py (transcription of the Sandwich paper)",
     (
         "position family",
         "xpos",
@@ -604,22 +761,6 @@ TESTED_ELSEWHERE = {
     ("position family", "rnope_swa"): "tests/models/test_hybrid.py (dense reference per layer)",
     ("position family", "irope"): "tests/models/test_hybrid.py (transformers Llama 4 attention)",
     ("attention design", "softmax"): "tests/models/test_transformer.py (transformers Llama parity)",
-    (
-        "scaling method",
-        "self_extend",
-    ): "tests/models/test_training_free.py (transcription of the Self-Extend repo)",
-    (
-        "scaling method",
-        "rerope",
-    ): "tests/models/test_training_free.py (transcription of bojone/rerope)",
-    (
-        "scaling method",
-        "leaky_rerope",
-    ): "tests/models/test_training_free.py (transcription of bojone/rerope)",
-    (
-        "scaling method",
-        "streaming",
-    ): "tests/models/test_training_free.py (StreamingLLM's StartRecentKVCache)",
 }
 
 
@@ -654,7 +795,9 @@ def markdown(rows: list[Row]) -> str:
         "difference between lenbench and its oracle on the inputs named, and its negative control's",
         "(one thing deliberately wrong); a row passes at difference <= its tolerance (float32 against",
         f"float64: {TOLERANCE:g}; {ANGLE_TOLERANCE:g} where float32 angles or running sums reach position",
-        f"8K, whose rounding alone is about 8192 x 2^-23 = 1e-3) and control >= {CONTROL_MIN:g}.",
+        f"8K, whose rounding alone is about 8192 x 2^-23 = 1e-3; {PAIR_TOLERANCE:g} for the training-free",
+        "methods' logits, two layers whose weights are scaled by 4) and control >= "
+        f"{CONTROL_MIN:g}.",
         f"Machine of the committed page: {platform.processor() or platform.machine()}, torch {torch.__version__}.",
         "",
         "| kind | name | oracle | inputs | max abs diff | tolerance | control | control diff |",
