@@ -737,30 +737,132 @@ def _sandwich() -> tuple[float, float]:
     return _gap(distance, closed_form(d)), _gap(distance, closed_form(d + 2))
 
 
+@check(
+    "attention design",
+    "softmax",
+    "transformers LlamaForCausalLM carrying our weights (RoPE half layout, SwiGLU, RMSNorm)",
+    "2 layers, width 64, 2 heads, 256 random tokens, logits",
+    "Llama with RoPE base 1e5",
+)
+def _softmax() -> tuple[float, float]:
+    speed = _test_module("perf/train_speed.py")
+    args = argparse.Namespace(layers=2, width=64, heads=2, seq=256, base=BASE)
+    torch.manual_seed(0)
+    ours = speed.build_ours(args).eval()
+    llama = speed.build_llama(args, ours).eval()
+    speed.copy_weights(ours, llama)
+    other = speed.build_llama(argparse.Namespace(**{**vars(args), "base": 1e5}), ours).eval()
+    speed.copy_weights(ours, other)
+    tokens = torch.randint(0, 256, (1, 256), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        mine = ours(tokens).logits
+        return _gap(mine, llama(tokens).logits), _gap(mine, other(tokens).logits)
+
+
+@check(
+    "position family",
+    "learned",
+    "GPT-2's absolute table: row p of the table added at position p",
+    "width 32, a 512-row table, positions 0..511",
+    "rows shifted by one",
+)
+def _learned() -> tuple[float, float]:
+    torch.manual_seed(0)
+    model = DecoderLM(
+        ModelConfig(n_layers=1, d_model=32, n_heads=2), PositionConfig(kind="learned"), 512
+    )
+    table = model.pos_table.detach()  # [512, 32]
+    with torch.no_grad():
+        ours = model.family.embed(model, torch.arange(512)[None], 512)[0]
+    return _gap(ours, table), _gap(ours, table.roll(1, dims=0))
+
+
+@check(
+    "position family",
+    "nope",
+    "the definition: no position signal, so every position id shifted by 1000 gives the same logits",
+    "2 layers, width 32, 4 heads, 128 random tokens",
+    "sinusoidal (absolute) with the same weights, shifted",
+)
+def _nope() -> tuple[float, float]:
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4)
+    tokens = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(9))
+    pos = torch.arange(128)[None]
+    gaps = []
+    for kind in ("nope", "sinusoidal"):
+        torch.manual_seed(0)
+        model = DecoderLM(cfg, PositionConfig(kind=kind), 16).eval()
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.q_proj.weight.normal_(0.0, 0.5)
+                block.attn.kv_proj.weight.normal_(0.0, 0.5)
+            a = model(tokens, position_ids=pos).logits
+            b = model(tokens, position_ids=pos + 1000).logits
+        gaps.append(_gap(a, b))
+    return gaps[0], gaps[1]
+
+
+@check(
+    "position family",
+    "fire",
+    "Li et al. 2024's FIRE: f(psi(i - j) / psi(max(L_thr, i))), psi(x) = log(c x + 1), an MLP, float64",
+    "4 heads, MLP width 32, random parameters, L 16, query and key positions 0..255",
+    "c + 0.2",
+)
+def _fire() -> tuple[float, float]:
+    zoo = _test_module("models/test_zoo.py")
+    model = zoo.zoo_model("fire", train_length=16)
+    size = 256
+    with torch.no_grad():
+        ours = zoo._our_bias(model, size)  # [H, size, size]
+    w1, b1 = model.fire_w1.detach().double(), model.fire_b1.detach().double()
+    w2, b2 = model.fire_w2.detach().double(), model.fire_b2.detach().double()
+    threshold = abs(model.fire_l_multiplier.item()) * 16
+    i = torch.arange(size, dtype=torch.float64)[:, None]
+    j = torch.arange(size, dtype=torch.float64)[None, :]
+
+    def reference(c: float) -> torch.Tensor:
+        x = torch.log(c * (i - j).clamp(min=0) + 1) / torch.log(
+            c * torch.clamp(i, min=threshold) + 1
+        )
+        hidden = torch.relu(x[..., None] * w1 + b1)  # [size, size, width]
+        return (hidden @ w2.T + b2).permute(2, 0, 1)  # [H, size, size]
+
+    c = model.fire_c.item()
+    causal = torch.ones(size, size, dtype=torch.bool).tril()
+    return _gap(ours[:, causal], reference(c)[:, causal]), _gap(
+        ours[:, causal], reference(c + 0.2)[:, causal]
+    )
+
+
+@check(
+    "position family",
+    "irope",
+    "transformers Llama4TextAttention with our weights (a chunked RoPE layer with QK-norm, a NoPE layer with the temperature)",
+    "width 32, 4 heads (2 key heads), 24 random inputs, layers 0 and 3",
+    "our RoPE layer without QK-norm",
+)
+def _irope() -> tuple[float, float]:
+    hybrid = _test_module("models/test_hybrid.py")
+    gaps = []
+    for layer in (0, 3):
+        ours, theirs, _ = hybrid._llama4_attention_pair(True, layer)
+        gaps.append(_gap(ours, theirs))
+    plain = hybrid._llama4_attention_pair(False, 0)[0]
+    normed = hybrid._llama4_attention_pair(True, 0)[1]
+    return max(gaps), _gap(plain, normed)
+
+
 # --------------------------------------------------------------------------- the rest
 
 #: registered names checked by a test rather than measured on this page yet: name -> the test
 TESTED_ELSEWHERE = {
     (
         "position family",
-        "learned",
-    ): "tests/models/test_positions.py (lookup and out-of-range policies)",
-    (
-        "position family",
-        "nope",
-    ): "tests/models/test_transformer.py (no position signal: shift invariance)",
-    (
-        "position family",
-        "fire",
-    ): "tests/models/test_zoo.py (transcription of the FIRE paper's code)",
-    (
-        "position family",
         "xpos",
     ): "tests/models/test_xpos.py (x-transformers and rotary-embedding-torch)",
     ("position family", "cope"): "tests/models/test_cope.py (x-transformers CoPE)",
     ("position family", "rnope_swa"): "tests/models/test_hybrid.py (dense reference per layer)",
-    ("position family", "irope"): "tests/models/test_hybrid.py (transformers Llama 4 attention)",
-    ("attention design", "softmax"): "tests/models/test_transformer.py (transformers Llama parity)",
 }
 
 
