@@ -853,17 +853,60 @@ def _irope() -> tuple[float, float]:
     return max(gaps), _gap(plain, normed)
 
 
+@check(
+    "position family",
+    "rnope_swa",
+    "Yang et al. 2025's RNoPE-SWA layer by layer: RoPE (complex rotation) within a sliding window, then global NoPE, dense float64",
+    "4 layers (swa, swa, swa, nope), width 32, 2 heads, window 16, 96 random inputs",
+    "a window of 8",
+)
+def _rnope_swa() -> tuple[float, float]:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2)
+    model = DecoderLM(cfg, PositionConfig(kind="rnope_swa", window=16), 64).eval()
+    n, d = 96, 16
+    x = torch.randn(1, n, 32, generator=torch.Generator().manual_seed(10))
+    inputs = model._attention_inputs(model._positions(x[..., 0].long(), None, None, None), False)
+    per_layer = model.family.layer_inputs(model, inputs)
+    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
+    pos = torch.arange(n, dtype=torch.float64)
+
+    def reference(attn, rotate_keys: bool, window: int | None) -> torch.Tensor:
+        x64 = x.double()
+        q = (x64 @ attn.q_proj.weight.detach().double().T).view(1, n, 2, d).transpose(1, 2)
+        kv = (x64 @ attn.kv_proj.weight.detach().double().T).view(1, n, 2, 2, d)
+        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+        if rotate_keys:  # half layout: pairs (c, c + d/2), as complex numbers
+            phase = torch.polar(torch.ones(n, d // 2, dtype=torch.float64), pos[:, None] * inv)
+            qc = torch.complex(q[..., : d // 2], q[..., d // 2 :]) * phase
+            kc = torch.complex(k[..., : d // 2], k[..., d // 2 :]) * phase
+            logits = (qc @ kc.conj().transpose(-1, -2)).real
+        else:
+            logits = q @ k.transpose(-1, -2)
+        allowed = torch.ones(n, n, dtype=torch.bool).tril()
+        if window is not None:
+            allowed &= (pos[:, None] - pos[None, :]) < window
+        probs = (logits / math.sqrt(d)).masked_fill(~allowed, -math.inf).softmax(-1)
+        out = (probs @ v).transpose(1, 2).reshape(1, n, 32)
+        return out @ attn.o_proj.weight.detach().double().T
+
+    gaps, controls = [], []
+    with torch.no_grad():
+        for layer, kind in enumerate(("swa", "swa", "swa", "nope")):
+            attn = model.blocks[layer].attn
+            ours = attn(x, per_layer[layer], None)[0]
+            rope = kind == "swa"
+            gaps.append(_gap(ours, reference(attn, rope, 16 if rope else None)))
+            if rope:
+                controls.append(_gap(ours, reference(attn, rope, 8)))
+    return max(gaps), min(controls)
+
+
 # --------------------------------------------------------------------------- the rest
 
-#: registered names checked by a test rather than measured on this page yet: name -> the test
-TESTED_ELSEWHERE = {
-    (
-        "position family",
-        "xpos",
-    ): "tests/models/test_xpos.py (x-transformers and rotary-embedding-torch)",
-    ("position family", "cope"): "tests/models/test_cope.py (x-transformers CoPE)",
-    ("position family", "rnope_swa"): "tests/models/test_hybrid.py (dense reference per layer)",
-}
+#: registered names checked by a test rather than measured on this page: name -> the test (none
+#: now; a new family or method without a check here fails tests/test_conformance_page.py)
+TESTED_ELSEWHERE: dict[tuple[str, str], str] = {}
 
 
 def registered() -> set[tuple[str, str]]:
@@ -910,10 +953,12 @@ def markdown(rows: list[Row]) -> str:
             f"| {r.kind} | {r.name} | {r.oracle} | {r.inputs} | {_number(r.diff)} | {r.tol:g} | "
             f"{r.control_what} | {_number(r.control)} |"
         )
+    rest = sorted((r for r in rows if r.test), key=lambda r: (r.kind, r.name))
+    if not rest:
+        return "\n".join([*lines, "", "Every registered name is measured above."]) + "\n"
     lines += ["", "Checked by a test, not measured on this page yet:", ""]
     lines += ["| kind | name | test |", "|---|---|---|"]
-    for r in sorted((r for r in rows if r.test), key=lambda r: (r.kind, r.name)):
-        lines.append(f"| {r.kind} | {r.name} | {r.test} |")
+    lines += [f"| {r.kind} | {r.name} | {r.test} |" for r in rest]
     return "\n".join(lines) + "\n"
 
 
