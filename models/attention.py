@@ -75,7 +75,9 @@ def attend(
     decay: tuple[torch.Tensor, torch.Tensor] | None = None,
     stick_breaking: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal attention of q [N, H, L, d] over k, v [N, G, S, d'] -> ([N, H, L, d'], entropy [N, H, L] | None).
+    """Causal attention of q [N, H, L, d] over k, v [N, G, S, d'] -> ([N, H, L, d'], stats | None),
+    stats [N, H, L, 2] each query's attention entropy and attention on the first key (when
+    ``inputs.want_entropy``).
 
     Plain causal attention goes straight to the fused kernel (no L x S matrix; flash/efficient
     kernels on CUDA). Padding, a score bias or a cache with several new queries need a mask or a bias: on

@@ -264,13 +264,16 @@ def _t5() -> tuple[float, float]:
     return _gap(ours, theirs), _gap(ours, both)
 
 
-def _layer(kind: str, seed: int = 0, **model) -> DecoderLM:
+def _layer(kind: str, n_layers: int = 1, n_heads: int = 2, seed: int = 0) -> DecoderLM:
+    """A width-32 model of ``kind`` whose q and k projections are redrawn at std 0.5 (logits of
+    order 1, so that a position signal shows)."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(n_layers=1, d_model=32, n_heads=2, **model)
+    cfg = ModelConfig(n_layers=n_layers, d_model=32, n_heads=n_heads)
     out = DecoderLM(cfg, PositionConfig(kind=kind), 16).eval()
     with torch.no_grad():
-        out.blocks[0].attn.q_proj.weight.normal_(0.0, 0.5)
-        out.blocks[0].attn.kv_proj.weight.normal_(0.0, 0.5)
+        for block in out.blocks:
+            block.attn.q_proj.weight.normal_(0.0, 0.5)
+            block.attn.kv_proj.weight.normal_(0.0, 0.5)
     return out
 
 
@@ -552,14 +555,8 @@ def _differential() -> tuple[float, float]:
 def _drope() -> tuple[float, float]:
     from models.scaling_config import ScalingConfig
 
-    torch.manual_seed(0)
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4)
-    rope = DecoderLM(cfg, PositionConfig(kind="rope"), 16).eval()
-    with torch.no_grad():
-        for block in rope.blocks:
-            block.attn.q_proj.weight.normal_(0.0, 0.5)
-            block.attn.kv_proj.weight.normal_(0.0, 0.5)
-    nope = DecoderLM(cfg, PositionConfig(kind="nope"), 16).eval()
+    rope = _layer("rope", n_layers=2, n_heads=4)
+    nope = DecoderLM(rope.model_cfg, PositionConfig(kind="nope"), 16).eval()
     nope.load_state_dict(rope.state_dict())
     tokens = torch.randint(0, 256, (1, 512), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -785,17 +782,12 @@ def _learned() -> tuple[float, float]:
     "sinusoidal (absolute) with the same weights, shifted",
 )
 def _nope() -> tuple[float, float]:
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4)
     tokens = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(9))
     pos = torch.arange(128)[None]
     gaps = []
     for kind in ("nope", "sinusoidal"):
-        torch.manual_seed(0)
-        model = DecoderLM(cfg, PositionConfig(kind=kind), 16).eval()
+        model = _layer(kind, n_layers=2, n_heads=4)
         with torch.no_grad():
-            for block in model.blocks:
-                block.attn.q_proj.weight.normal_(0.0, 0.5)
-                block.attn.kv_proj.weight.normal_(0.0, 0.5)
             a = model(tokens, position_ids=pos).logits
             b = model(tokens, position_ids=pos + 1000).logits
         gaps.append(_gap(a, b))

@@ -28,12 +28,11 @@ from bench.core.stats import Estimate, decide, summarise
 from bench.findings.estimates import (
     FAR,
     difference_estimate,
-    log_ratio_per_seed,
     ppl_ratio,
     ratio_of_ratios,
 )
 from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
-from bench.findings.rows import by_series, col, named, select, window_nll
+from bench.findings.rows import by_series, col, per_seed, select, window_nll
 
 #: N3: "within 1.1x of L" (the issue's bar, fixed before the run).
 STICK_MAX_RATIO = 1.1
@@ -57,14 +56,9 @@ def _paired_ratios(
     """The ratio of perplexity ratios FAR x L / L of every treated series to every baseline
     series (seeds paired), each decided against 1 (below)."""
     est, checks, missing = [], [], []
-    for kt, t in by_series(window_nll(treated)):
-        for ko, o in by_series(window_nll(baseline)):
-            e = ratio_of_ratios(
-                named(name, f"{kt}|{ko}", {}),
-                t,
-                o,
-                per_seed=(log_ratio_per_seed(t), log_ratio_per_seed(o)),
-            )
+    for _, t in by_series(window_nll(treated)):
+        for _, o in by_series(window_nll(baseline)):
+            e = ratio_of_ratios(name, t, o)
             if not math.isnan(e.value):
                 est.append(e)
                 checks.append(decide(e, 1.0, "below"))
@@ -125,8 +119,8 @@ def n2_pope_degrades_less(df: pd.DataFrame) -> FindingResult:
 def n3_stick_breaking_flat(df: pd.DataFrame) -> FindingResult:
     rows = _switched(select(df, "nope"), "attention", "stick_breaking")
     est, checks = [], []
-    for key, g in by_series(window_nll(rows)):
-        e = ppl_ratio(g, named(f"stick-breaking ppl ratio {FAR}L/L", key, {}))
+    for _, g in by_series(window_nll(rows)):
+        e = ppl_ratio(g, f"stick-breaking ppl ratio {FAR}L/L")
         if not math.isnan(e.value):
             est.append(e)
             checks.append(decide(e, STICK_MAX_RATIO, "below"))
@@ -159,20 +153,13 @@ def n4_ssmax_lowers_the_ratio(df: pd.DataFrame) -> FindingResult:
     return FindingResult(status=status([all_of(checks)]), estimates=est, missing=missing)
 
 
-def _per_seed_mean(rows: pd.DataFrame) -> pd.Series:
-    """Token- (or trial-) weighted mean value per seed."""
-    weights = rows["n"].astype(float)
-    return (rows["value"] * weights).groupby(rows["seed"]).sum() / weights.groupby(
-        rows["seed"]
-    ).sum()
-
-
 def _seed_difference(
     name: str, a: pd.DataFrame, b: pd.DataFrame, binomial: bool = False
 ) -> Estimate:
     """Per-seed mean of a minus b, paired on seeds, with the seed t-interval; with one seed, the
     binomial se of two accuracies (``binomial``), else no interval (not decided)."""
-    pa, pb = _per_seed_mean(a), _per_seed_mean(b)
+    # token- (or trial-) weighted mean per seed, at whichever lengths the rows hold
+    pa, pb = (per_seed(r, None).set_index("seed")["value"] for r in (a, b))
     seeds = sorted(set(pa.index) & set(pb.index))
     if not seeds:
         return Estimate(name, math.nan)

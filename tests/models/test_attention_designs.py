@@ -19,7 +19,7 @@ from models.positions import PositionConfig
 from models.tiled_attention import stick_breaking_weights
 from models.transformer import DecoderLM, ModelConfig
 
-from fixtures.decoding import assert_trains_and_decodes
+from fixtures.decoding import assert_trains_and_decodes, attention_output
 
 WIDTH, HEADS = 32, 4
 D = WIDTH // HEADS
@@ -43,13 +43,6 @@ def _projections(attn, x: torch.Tensor):
     kv = (x64 @ attn.kv_proj.weight.double().T).view(*x.shape[:2], 2, HEADS * D)
     k = kv[:, :, 0].view(*x.shape[:2], HEADS, D).transpose(1, 2)
     return q, k, kv[:, :, 1]
-
-
-def _ours(model: DecoderLM, x: torch.Tensor, block: int = 0) -> torch.Tensor:
-    with torch.no_grad():
-        positions = model._positions(x[..., 0].long(), None, None, None)
-        inputs = model._attention_inputs(positions, False)
-        return model.blocks[block].attn(x, inputs, None)[0]
 
 
 # --------------------------------------------------------------------------- stick-breaking
@@ -83,7 +76,7 @@ def test_stick_breaking_equals_its_products_and_leaves_the_query_out():
         return out @ attn.o_proj.weight.double().T
 
     expected = output(_stick_breaking_reference(z, attend_current=False))
-    ours = _ours(model, x).double()
+    ours = attention_output(model, x).double()
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
     # controls: the query's own key taking part, and a softmax over the same logits, differ
     with_self = output(_stick_breaking_reference(z, attend_current=True))
@@ -143,7 +136,7 @@ def test_differential_equals_the_official_forward(layer):
     with torch.no_grad():
         attn.sub_norm.weight.uniform_(0.5, 1.5)  # a norm weight that is not all ones
     assert attn.lambda_init == pytest.approx(differential_lambda_init(layer))
-    ours = _ours(model, x, layer).double()
+    ours = attention_output(model, x, layer).double()
     torch.testing.assert_close(ours, _differential_reference(attn, x, layer), atol=1e-5, rtol=1e-4)
     # control: the wrong layer's lambda_init changes the output
     assert (ours - _differential_reference(attn, x, layer + 1)).abs().max() > 1e-4

@@ -17,7 +17,7 @@ from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS, applicable_methods
 from models.transformer import DecoderLM, ModelConfig
 
-from fixtures.decoding import assert_trains_and_decodes
+from fixtures.decoding import assert_trains_and_decodes, attention_output
 
 x_transformers = pytest.importorskip("x_transformers.x_transformers")
 
@@ -64,12 +64,6 @@ def _reference(model: DecoderLM, x: torch.Tensor, bias: torch.Tensor) -> torch.T
     return out @ attn.o_proj.weight.double().T
 
 
-def _ours(model: DecoderLM, x: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        positions = model._positions(x[..., 0].long(), None, None, None)
-        return model.blocks[0].attn(x, model._attention_inputs(positions, False), None)[0]
-
-
 def test_fox_equals_x_transformers_data_dependent_alibi():
     x = torch.randn(2, 24, WIDTH, generator=torch.Generator().manual_seed(3))
     model = _model()
@@ -83,7 +77,7 @@ def test_fox_equals_x_transformers_data_dependent_alibi():
     torch.testing.assert_close(ours_bias[..., causal], bias[..., causal], atol=1e-5, rtol=1e-5)
     assert bias[..., causal].min() < -5  # the gate forgets: far pairs are pushed well down
     torch.testing.assert_close(
-        _ours(model, x).double(), _reference(model, x, bias), atol=1e-5, rtol=1e-4
+        attention_output(model, x).double(), _reference(model, x, bias), atol=1e-5, rtol=1e-4
     )
 
 
@@ -95,7 +89,7 @@ def test_a_gate_that_forgets_nothing_is_nope_and_one_that_forgets_is_not():
     for bias, same in ((50.0, True), (0.0, False)):
         fox = _model("fox", gate_bias=bias, seed=7)
         fox.load_state_dict(nope.state_dict(), strict=False)  # the gate keeps its own init
-        gap = (_ours(fox, x) - _ours(nope, x)).abs().max()
+        gap = (attention_output(fox, x) - attention_output(nope, x)).abs().max()
         assert (gap < 1e-5) == same, (bias, float(gap))
 
 

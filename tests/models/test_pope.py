@@ -15,7 +15,7 @@ from models.positions import PositionConfig
 from models.scaling import applicable_methods
 from models.transformer import DecoderLM, ModelConfig
 
-from fixtures.decoding import assert_trains_and_decodes
+from fixtures.decoding import assert_trains_and_decodes, attention_output
 
 x_transformers = pytest.importorskip("x_transformers.x_transformers")
 
@@ -57,21 +57,15 @@ def _reference(model: DecoderLM, x: torch.Tensor, with_bias: bool = True) -> tor
     return out @ attn.o_proj.weight.double().T
 
 
-def _ours(model: DecoderLM, x: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        positions = model._positions(x[..., 0].long(), None, None, None)
-        return model.blocks[0].attn(x, model._attention_inputs(positions, False), None)[0]
-
-
 def test_pope_equals_x_transformers_polar_embedding():
     x = torch.randn(2, 14, WIDTH, generator=torch.Generator().manual_seed(3))
     model = _model()
-    ours = _ours(model, x).double()
+    ours = attention_output(model, x).double()
     torch.testing.assert_close(ours, _reference(model, x), atol=1e-5, rtol=1e-4)
     # controls: the phase bias matters, and RoPE with the same weights is another model
     assert (ours - _reference(model, x, with_bias=False)).abs().max() > 1e-3
     rope = _model("rope")
-    assert (ours - _ours(rope, x).double()).abs().max() > 1e-3
+    assert (ours - attention_output(rope, x).double()).abs().max() > 1e-3
 
 
 def test_pope_trains_and_decodes_with_the_cache():

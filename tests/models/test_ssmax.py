@@ -17,7 +17,7 @@ from models.model_config import SSMAX_INIT
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
-from fixtures.decoding import assert_trains_and_decodes
+from fixtures.decoding import assert_trains_and_decodes, attention_output
 
 WIDTH, HEADS = 32, 2
 
@@ -55,25 +55,19 @@ def _reference(model: DecoderLM, x: torch.Tensor, valid: torch.Tensor, count_pad
     return out @ attn.o_proj.weight.double().T
 
 
-def _ours(model: DecoderLM, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        positions = model._positions(x[..., 0].long(), None, valid, None)
-        return model.blocks[0].attn(x, model._attention_inputs(positions, False), None)[0]
-
-
 def test_ssmax_equals_its_formula_and_counts_only_real_keys():
     x = torch.randn(2, 12, WIDTH, generator=torch.Generator().manual_seed(5))
     valid = torch.ones(2, 12, dtype=torch.bool)
     valid[1, :3] = False  # row 1 left-padded by 3
     model = _model()
-    ours = _ours(model, x, valid).double()
+    ours = attention_output(model, x, valid=valid).double()
     expected = _reference(model, x, valid, count_padding=False)
     real = valid[:, :, None].expand_as(ours)
     torch.testing.assert_close(ours[real], expected[real], atol=1e-5, rtol=1e-4)
     # controls: n counted over the padding, and no SSMax at all, give other numbers
     miscounted = _reference(model, x, valid, count_padding=True)
     assert (ours[1, 3:] - miscounted[1, 3:]).abs().max() > 1e-3
-    plain = _ours(_model("none"), x, valid).double()
+    plain = attention_output(_model("none"), x, valid=valid).double()
     assert (plain[real] - ours[real]).abs().max() > 1e-3
 
 

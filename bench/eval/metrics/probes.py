@@ -101,16 +101,23 @@ class ContextNllConfig(BootstrapConfig):
 
 
 @dataclass
-class AttnEntropyConfig(MetricConfig):
-    """``eval.attn_entropy``: mean attention entropy (nats) per layer and query-position bucket."""
+class AttentionProbeConfig(MetricConfig):
+    """The keys of a per-layer, per-query-bucket attention probe (its metric's class sets the
+    defaults); registered through its subclasses only."""
 
-    lengths: Any = field(default_factory=lambda: ["1x", "4x", "16x"])  # eval lengths to run at
     buckets: Any = grid_field("auto")  # bucket edges, as for nll
     max_docs: int = 4  # test documents
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.max_docs = integer(self.key("max_docs"), self.max_docs, 1)
+
+
+@dataclass
+class AttnEntropyConfig(AttentionProbeConfig):
+    """``eval.attn_entropy``: mean attention entropy (nats) per layer and query-position bucket."""
+
+    lengths: Any = field(default_factory=lambda: ["1x", "4x", "16x"])  # eval lengths to run at
 
 
 # --------------------------------------------------------------------------- registered metrics
@@ -169,18 +176,12 @@ def attn_entropy_metric(ctx: EvalContext, cfg: AttnEntropyConfig, docs, length: 
 
 
 @dataclass
-class AttnFirstMassConfig(MetricConfig):
+class AttnFirstMassConfig(AttentionProbeConfig):
     """``eval.attn_first_mass``: mean attention on the window's first token (the attention sink's
     usual place) per layer and query-position bucket; off unless a study asks for it."""
 
     enabled: bool = False
     lengths: Any = field(default_factory=lambda: ["1x", "4x"])  # eval lengths to run at
-    buckets: Any = grid_field("auto")  # bucket edges, as for nll
-    max_docs: int = 4  # test documents
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.max_docs = integer(self.key("max_docs"), self.max_docs, 1)
 
 
 @register_metric("attn_first_mass", config=AttnFirstMassConfig)
