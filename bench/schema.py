@@ -31,7 +31,7 @@ from bench.core.checks import (
     weight_fields,
     weights_dict,
 )
-from bench.core.sections import ModelSchema, PositionSchema, ScalingSchema
+from bench.core.sections import ModelSchema, PositionSchema, ScalingSchema, position_section
 from bench.data.config import DataConfig
 from bench.eval.metrics import EvalConfig, as_eval_config, eval_config_class
 from bench.pretrained.config import PretrainedConfig
@@ -39,6 +39,7 @@ from bench.tasks.passkey import PASSKEY_TEMPLATES, min_passkey_length
 from bench.train.config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
 from models.discovery import load_extensions
 from models.model_config import check_combination
+from models.positions import families
 
 __all__ = [
     "SCHEMA_NAME",
@@ -138,7 +139,9 @@ class JobConfig:
     # imported before the config is checked (models.discovery.load_extensions)
     extensions: list[str] = field(default_factory=list)
     model: ModelSchema = field(default_factory=ModelSchema)
-    position: PositionSchema = field(default_factory=PositionSchema)
+    # the family's own dataclass (models.positions.PositionConfig; Family.config), which
+    # conf/position/<kind>.yaml selects from the ConfigStore (group schema/position)
+    position: Any = None
     scaling: ScalingSchema = field(default_factory=ScalingSchema)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -159,8 +162,8 @@ class JobConfig:
             what = "scaling.target_length"
             tokens = parse_length(self.scaling.target_length, self.train.length, what)
             self.scaling.target_length = integer(what, tokens, 1)
+        self.position = position_section({} if self.position is None else self.position)
         self.position.validate(self.model.head_dim, self.model.d_model)
-        self.position.check_foreign_fields()  # another family's field would change nothing
         check_combination(self.model, self.position)  # else the model's constructor would fail
         probe = getattr(self.eval, "position_probe_r2", None)
         layers = self.model.n_layers
@@ -171,7 +174,7 @@ class JobConfig:
                     f"model.n_layers {layers}; allowed: 0..{layers} (0 = embeddings) or null."
                 )
         length = self.train.length
-        rows = self.position.max_positions
+        rows = getattr(self.position, "max_positions", 0)  # the learned table's rows
         if self.position.kind == "learned" and 0 < rows < length:
             raise ValueError(
                 f"position.max_positions {rows} is smaller than train.length {length}; "
@@ -237,6 +240,14 @@ class JobConfig:
 
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)
+# each family's own dataclass, which its conf/position/<kind>.yaml extends
+# (``defaults: [/schema/position/<kind>@_here_, _self_]``): Hydra then checks that section's
+# types and keys (another family's field is an unknown key). A family of an extension package,
+# registered after composition, is checked by JobConfig (position_section) instead.
+for _kind, _family in families().items():
+    ConfigStore.instance().store(
+        group="schema/position", name=_kind, node=_family.config(kind=_kind)
+    )
 
 
 # --------------------------------------------------------------------------- launchers

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from models.discovery import import_package
@@ -82,59 +82,45 @@ class ContextualBias:
 
 @dataclass
 class PositionConfig:
-    """The position family and every family's fields (a family reads only its ``fields``)."""
+    """The ``position`` section: the family's name, and through the family's own dataclass
+    (``Family.config``, a subclass declared beside the family) the fields that family reads.
+
+    ``PositionConfig(kind=k, **fields)`` builds family ``k``'s dataclass; a field that dataclass
+    does not declare (another family's) is one sentence naming what ``k`` accepts. A family
+    without fields uses :class:`PlainConfig`; this class itself is never instantiated.
+    """
 
     kind: str = "rope"
-    base: float = 10000.0
-    layout: str = "half"
-    rotary_fraction: float = 1.0
-    max_positions: int = 0  # learned only; 0 means "the training length"
-    # the zoo's fields (models.families.zoo); each enters the checkpoint key only for a family that reads it
-    num_buckets: int = field(default=32, metadata={"weights": "if_read"})  # t5
-    max_distance: int = field(default=128, metadata={"weights": "if_read"})  # t5
-    frequency_fraction: float = field(default=0.75, metadata={"weights": "if_read"})  # p_rope
-    fire_width: int = field(default=32, metadata={"weights": "if_read"})  # fire: MLP hidden units
-    fire_c: float = field(default=0.1, metadata={"weights": "if_read"})  # fire: init of c
-    fire_threshold: int = field(default=0, metadata={"weights": "if_read"})  # fire: L_0; 0: L
-    xpos_scale_base: float = field(default=512.0, metadata={"weights": "if_read"})  # xpos: gamma
-    cope_npos_max: int = field(default=64, metadata={"weights": "if_read"})  # cope: positions
-    fox_gate_bias: float = field(default=5.0, metadata={"weights": "if_read"})  # fox: gate bias init
-    # hybrid layer patterns (models.families.hybrid): the pattern repeated over the depth; [] = the family's
-    layers: list[str] = field(default_factory=list, metadata={"weights": "if_read"})
-    window: int = field(default=0, metadata={"weights": "if_read"})  # swa layers; 0: L / 4
-    chunk: int = field(default=0, metadata={"weights": "if_read"})  # chunked layers; 0: L / 4
-    # Llama 4's query temperature in NoPE layers: log1p(floor((p + 1) / floor)) * scale + 1
-    temperature_scale: float = field(default=0.0, metadata={"weights": "if_read"})  # 0: none
-    temperature_floor: int = field(default=0, metadata={"weights": "if_read"})  # 0: the chunk
-    # Llama 4's weightless RMS norm of q and k on the RoPE layers, after the rotation (irope)
-    qk_norm: bool = field(default=True, metadata={"weights": "if_read"})
-    # learned only; read only past the table's end, so not in the checkpoint key (bench.core.checks.WEIGHTS)
-    out_of_range: str = field(default="error", metadata={"weights": False})
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PositionConfig:
+        if cls is not PositionConfig:  # a family's own class (copies, replace, OmegaConf)
+            return super().__new__(cls)
+        kind = kwargs.get("kind", args[0] if args else "rope")
+        target = family(kind).config  # [a family without fields: PlainConfig]
+        unknown = [name for name in kwargs if name not in target.__dataclass_fields__]
+        if unknown:
+            raise ValueError(foreign_field_error(kind, unknown[0], kwargs[unknown[0]]))
+        return super().__new__(target)
 
     def validate(self, head_dim: int, d_model: int) -> None:
-        if self.base <= 1:
-            raise ValueError(f"position.base must be greater than 1, got {self.base}.")
-        family(self.kind).check(self, head_dim, d_model)
+        owner = family(self.kind)
+        if not isinstance(self, owner.config):
+            raise ValueError(
+                f"position.kind {self.kind!r} does not match the fields of "
+                f"{type(self).__name__}; select a family with position={self.kind}, not by "
+                "overriding position.kind."
+            )
+        owner.check(self, head_dim, d_model)
 
-    def check_foreign_fields(self) -> None:
-        """Raise ValueError (one sentence) for a field another family reads that is set to
-        something other than its default: this family would ignore it (and its checkpoint key
-        would too), so the run would be labelled with a setting that changes nothing. A job's
-        config check (``bench.schema.JobConfig``), not :meth:`validate`: a model is still built
-        from a checkpoint whose stored config holds such a field (its key never did)."""
-        read = family(self.kind).fields
-        for f in fields(self):
-            if f.name == "kind" or f.name in read:
-                continue
-            default = f.default_factory() if f.default_factory is not MISSING else f.default
-            value = getattr(self, f.name)
-            if (list(value) if isinstance(value, (list, tuple)) else value) != default:
-                accepted = ", ".join(f"position.{name}" for name in read)
-                accepts = f"accepts: {accepted}" if read else "accepts no position.* field"
-                raise ValueError(
-                    f"position.{f.name}={value!r} means nothing for position={self.kind} (another "
-                    f"family's field, which it would ignore); position={self.kind} {accepts}."
-                )
+    @classmethod
+    def from_stored(cls, values: dict[str, Any]) -> PositionConfig:
+        """The config of a stored checkpoint. Checkpoints written while the section was one flat
+        dataclass hold every family's fields: those of other families never entered the
+        checkpoint key (nor the weights) and are dropped."""
+        target = family(values.get("kind", "rope")).config
+        return PositionConfig(
+            **{k: v for k, v in values.items() if k in target.__dataclass_fields__}
+        )
 
     @property
     def family(self) -> Family:
@@ -143,10 +129,6 @@ class PositionConfig:
     def params(self) -> dict[str, Any]:
         """The fields the family reads (the ``position_params`` column; kind is its own)."""
         return {name: getattr(self, name) for name in family(self.kind).fields}
-
-    def table_rows(self, train_length: int) -> int:
-        """Rows of the learned position table: ``max_positions``, or the training length if 0."""
-        return self.max_positions or int(train_length)
 
     def range_error(
         self,
@@ -170,6 +152,64 @@ class PositionConfig:
         return family(self.kind).acts_on
 
 
+NO_VALUE = object()  # a setting whose value an error cannot know (Hydra's override errors)
+
+#: Fields that entered every family's checkpoint key while the section was one flat dataclass
+#: (before each family owned its fields): a family without them keys these values, so that the
+#: models cached before the split are still found.
+LEGACY_KEYED: dict[str, Any] = {
+    "base": 10000.0,
+    "layout": "half",
+    "rotary_fraction": 1.0,
+    "max_positions": 0,
+}
+
+
+def foreign_field_error(kind: str, name: str, value: Any = NO_VALUE) -> str:
+    """One sentence: ``position.<name>`` (set to ``value``, where known) is not a field of family
+    ``kind``; what it accepts."""
+    read = family(kind).fields
+    accepts = (
+        "accepts: " + ", ".join(f"position.{n}" for n in read)
+        if read
+        else "accepts no position.* field"
+    )
+    setting = f"position.{name}" if value is NO_VALUE else f"position.{name}={value!r}"
+    return (
+        f"{setting} means nothing for position={kind} (not one of its fields; another family's, "
+        f"or none); position={kind} {accepts}."
+    )
+
+
+@dataclass
+class PlainConfig(PositionConfig):
+    """A family that reads no field (ALiBi, NoPE, KERPLE, Sandwich)."""
+
+
+@dataclass
+class FrequencyConfig(PositionConfig):
+    """Families built on inverse frequencies base^(-2i/d) (sinusoidal, PoPE; RoPE's below)."""
+
+    base: float = 10000.0
+
+    def validate(self, head_dim: int, d_model: int) -> None:
+        if self.base <= 1:
+            raise ValueError(f"position.base must be greater than 1, got {self.base}.")
+        super().validate(head_dim, d_model)
+
+
+@dataclass
+class RotaryConfig(FrequencyConfig):
+    """Rotary families: how channels pair into rotations (``ROPE_LAYOUTS``)."""
+
+    layout: str = "half"
+
+    @property
+    def rotary_fraction(self) -> float:
+        """The fraction of each head's channels rotated: all of them (RoPE's config sets it)."""
+        return 1.0
+
+
 class Family:
     """A position encoding: its fields, its checks, where it acts and how.
 
@@ -183,7 +223,10 @@ class Family:
 
     name: str = ""
     acts_on: str = "none"
-    #: PositionConfig fields this family reads: its ``position_params``
+    #: the family's own dataclass (a :class:`PositionConfig` subclass declared beside it)
+    config: type[PositionConfig] = PlainConfig
+    #: the fields it reads, its ``position_params``: ``config``'s fields but ``kind`` (set by
+    #: :func:`register_family`)
     fields: tuple[str, ...] = ()
     #: what eval-time scaling methods can act on (``models.scaling.CAPABILITIES``); a method
     #: applies when the family has everything it acts on
@@ -289,11 +332,12 @@ def register_family(cls: type[Family]) -> type[Family]:
         raise ValueError(
             f"position family {cls.name!r} acts on {cls.acts_on!r}; allowed: {', '.join(ACTS_ON)}."
         )
-    unknown = sorted(set(cls.fields) - set(PositionConfig.__dataclass_fields__))
-    if unknown:
+    if not (isinstance(cls.config, type) and issubclass(cls.config, PositionConfig)):
         raise ValueError(
-            f"position family {cls.name!r} reads fields {unknown} that PositionConfig does not have."
+            f"position family {cls.name!r} has config {cls.config!r}; allowed: a dataclass "
+            "subclass of models.positions.PositionConfig."
         )
+    cls.fields = tuple(f.name for f in fields(cls.config) if f.name != "kind")
     FAMILIES[cls.name] = cls()
     return cls
 

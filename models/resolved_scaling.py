@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from models.lazy import torch
-from models.positions import Family, PositionConfig, RotaryTable
+from models.positions import Family, FrequencyConfig, PositionConfig, RotaryTable
 from models.scaling import (
     AUTO_PROBE_RATIO,
     EVERY_FAMILY,
@@ -226,7 +226,9 @@ def resolve(
 
 
 def _geometry(position_cfg: PositionConfig, train_length: int, seq_len: int) -> RopeGeometry:
-    return RopeGeometry(PROBE_ROTARY_DIM, float(position_cfg.base), train_length, seq_len)
+    # a family without frequencies is probed with the default base
+    base = getattr(position_cfg, "base", FrequencyConfig.base)
+    return RopeGeometry(PROBE_ROTARY_DIM, float(base), train_length, seq_len)
 
 
 def _position_factor(

@@ -453,7 +453,7 @@ class DecoderLM(nn.Module):
         return AttentionInputs(
             cos=cos,
             sin=sin,
-            layout=family.qk_layout or self.position_cfg.layout,
+            layout=family.qk_layout or getattr(self.position_cfg, "layout", "half"),  # none: unused
             score_bias=(
                 family.score_bias(self, int(positions.k_pos.max()) + 1)
                 if family.acts_on == "scores"

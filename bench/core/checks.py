@@ -188,8 +188,6 @@ def check_grid(value: Any, what: str) -> None:
 # this section's other values make the field irrelevant to the weights
 WEIGHTS = "weights"
 NOT_IN_KEY = object()
-# the field enters the key only where the section's position family reads it (Family.fields)
-IF_READ = "if_read"
 # the field enters the key only when it differs from its default (a field added later, so that
 # the keys of models trained before it existed hold)
 IF_SET = "if_set"
@@ -209,8 +207,6 @@ def weights_dict(section: Any) -> dict[str, Any]:
         kinds = f.metadata.get(KINDS)
         if rule is False or (kinds and section.name not in kinds):
             continue
-        if rule == IF_READ and f.name not in section.family.fields:
-            continue  # a field of another position family: not this model's
         if rule == IF_SET and getattr(section, f.name) == field_default(f):
             continue
         value = rule(section) if callable(rule) else getattr(section, f.name)
@@ -257,6 +253,10 @@ def _check_keys(node: DictConfig, where: str) -> None:
     if is_dataclass(schema):
         allowed = [f.name for f in fields(schema)]
         for key in node.keys():
+            if key not in allowed and where == "position":
+                from models.positions import foreign_field_error
+
+                raise ValueError(foreign_field_error(str(node.get("kind")), str(key), node[key]))
             if key not in allowed:
                 raise ValueError(
                     f"{where + '.' if where else ''}{key} is an unknown key; allowed keys: "
@@ -279,6 +279,11 @@ def config_error(exc: BaseException) -> str | None:
     if isinstance(err, MissingMandatoryValue):
         return f"{key} is required; set it, e.g. {key}=<value>."
     if isinstance(err, (ConfigKeyError, ConfigAttributeError)) and schema is not None:
+        from models.positions import PositionConfig, foreign_field_error
+
+        parent = getattr(err, "parent_node", None)
+        if issubclass(schema, PositionConfig) and isinstance(parent, DictConfig):
+            return foreign_field_error(str(parent.get("kind")), name)  # another family's field
         allowed = ", ".join(f.name for f in fields(schema))
         return f"{key} is an unknown key; allowed keys: {allowed}."
     if isinstance(err, ValidationError) and schema is not None:

@@ -9,9 +9,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.core.checks import boolean, choice, integer, number, parse_length
+from bench.core.checks import (
+    boolean,
+    choice,
+    integer,
+    number,
+    parse_length,
+    parse_section,
+    weights_dict,
+)
 from models.model_config import ModelConfig
-from models.positions import PositionConfig
+from models.positions import LEGACY_KEYED, PositionConfig, family, foreign_field_error
 from models.scaling import SCALING_METHODS
 from models.scaling_config import ScalingConfig
 
@@ -35,11 +43,32 @@ class ModelSchema(ModelConfig):
             raise ValueError(f"model.{exc}") from None
 
 
-#: The ``position`` group is :class:`models.positions.PositionConfig` itself: each family declares
-#: the fields it reads (``Family.fields``, the ``position_params`` column) and the fields carry
-#: their checkpoint-key metadata. Its checks need the model's head size, so :class:`JobConfig`
-#: runs them (``validate``).
+#: The ``position`` group is :class:`models.positions.PositionConfig`: each family's own dataclass
+#: (``Family.config``; its fields are the ``position_params`` column). Its checks need the model's
+#: head size, so :class:`bench.schema.JobConfig` runs them (``validate``).
 PositionSchema = PositionConfig
+
+
+def position_weights(cfg: PositionConfig) -> dict[str, Any]:
+    """The position section as it enters the checkpoint key: the family's fields (their
+    ``weights`` metadata applied) and, for a family without them, the fields every key held
+    while the section was one flat dataclass (``models.positions.LEGACY_KEYED``)."""
+    return {**LEGACY_KEYED, **weights_dict(cfg)}
+
+
+def position_section(values: Any) -> PositionConfig:
+    """The ``position`` section from plain data or a Hydra node: its family's dataclass, checked
+    as Hydra checks a section (types, unknown keys: one sentence naming what the family accepts)."""
+    if isinstance(values, PositionConfig):
+        return values
+    kind = values.get("kind", "rope") if hasattr(values, "get") else None
+    if not isinstance(kind, str):
+        raise ValueError(f"position.kind {kind!r} is invalid; allowed: a family name.")
+    schema = family(kind).config
+    for name in values:
+        if name not in schema.__dataclass_fields__:
+            raise ValueError(foreign_field_error(kind, str(name), values[name]))
+    return parse_section(schema, values, key="position")
 
 
 @dataclass

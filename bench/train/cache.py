@@ -41,6 +41,7 @@ import torch
 
 from bench.core.checks import weights_dict
 from bench.core.runtime import use_cpu_backend
+from bench.core.sections import position_weights
 from bench.data.corpora import Corpus
 from bench.tasks.passkey import passkey_template
 from bench.tasks.ruler import ruler_text
@@ -101,7 +102,7 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
     out: dict[str, Any] = {
         "code_salt": CODE_SALT,
         "model": weights_dict(job.model),
-        "position": weights_dict(job.position),
+        "position": position_weights(job.position),
         "data": weights_dict(job.data),
         "train": weights_dict(job.train),
         "seed": job.seed,

@@ -17,7 +17,7 @@ import torch
 
 from bench.core.checks import weights_dict
 from bench.core.rows import canonical_json
-from bench.core.sections import ModelSchema, PositionSchema
+from bench.core.sections import ModelSchema, position_weights
 from bench.train.resume import RESUME_FILE, atomic_write
 from bench.train.stats import TrainStats
 from models.positions import PositionConfig
@@ -123,7 +123,7 @@ def _check_model_matches(
     # both sides as they enter the key (a field added later is absent from older configs)
     model_cfg = weights_dict(ModelSchema(**model_cfg))
     want_model = weights_dict(ModelSchema(**want_model))
-    position = weights_dict(PositionSchema(**position_cfg))
+    position = position_weights(PositionConfig.from_stored(position_cfg))
     if (
         canonical_json(model_cfg) != canonical_json(want_model)
         or canonical_json(position) != canonical_json(want_position)
@@ -329,7 +329,7 @@ def load_model(
     key, stored = _verified_config(directory, done, payload, expected_config)
     model = DecoderLM(
         ModelConfig(**payload["model_cfg"]),
-        PositionConfig(**payload["position_cfg"]),
+        PositionConfig.from_stored(payload["position_cfg"]),
         int(payload["train_length"]),
     )
     model.load_state_dict(payload["state_dict"])

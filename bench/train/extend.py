@@ -40,9 +40,10 @@ def base_job(job: JobConfig) -> JobConfig:
 
 def _rotary_dim(job: JobConfig) -> int:
     """r of the frequencies the scaling changes: rotated channels per head, or the sinusoid's width."""
-    if job.position.kind == "sinusoidal":
-        return job.model.d_model
-    return int(job.model.head_dim * job.position.rotary_fraction)
+    position = job.position
+    dims = position.family.frequency_dims(position, job.model.head_dim, job.model.d_model)
+    dim, fraction = dims if dims is not None else (job.model.head_dim, 1.0)
+    return int(dim * fraction)
 
 
 def finetune_scaling(job: JobConfig) -> ScalingConfig:

@@ -4,6 +4,7 @@ NoPE (their pure functions are in :mod:`models.positions`)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from models.lazy import torch
@@ -11,7 +12,9 @@ from models.positions import (
     OUT_OF_RANGE_POLICIES,
     ROPE_LAYOUTS,
     Family,
+    FrequencyConfig,
     PositionConfig,
+    RotaryConfig,
     ScoreBias,
     alibi_bias,
     alibi_slopes,
@@ -87,6 +90,28 @@ def learned_lookup(table: torch.Tensor, positions: torch.Tensor, out_of_range: s
     return table[lower] * (1 - weight) + table[upper] * weight
 
 
+@dataclass
+class RopeConfig(RotaryConfig):
+    """RoPE's fields: ``base``, ``layout`` and the fraction of each head's channels it rotates."""
+
+    kind: str = "rope"
+    rotary_fraction: float = 1.0
+
+
+@dataclass
+class LearnedConfig(PositionConfig):
+    """The learned table's rows (0: the training length) and what a position past it does."""
+
+    kind: str = "learned"
+    max_positions: int = 0
+    # read only past the table's end, so not in the checkpoint key (bench.core.checks.WEIGHTS)
+    out_of_range: str = field(default="error", metadata={"weights": False})
+
+    def table_rows(self, train_length: int) -> int:
+        """Rows of the table: ``max_positions``, or the training length if 0."""
+        return self.max_positions or int(train_length)
+
+
 class _FrequencyFamily(Family):
     """A family built on inverse frequencies, which the scaling methods rewrite."""
 
@@ -99,7 +124,7 @@ class Rope(_FrequencyFamily):
     """Rotary position embedding (Su et al.): rotates the first r channels of q and k per layer."""
 
     name, acts_on = "rope", "qk"
-    fields = ("base", "layout", "rotary_fraction")
+    config = RopeConfig
     # rotation_only: the rotation is its whole position signal (DroPE drops it)
     capabilities = ("positions", "frequencies", "rotary", "pairs", "rotation_only")
 
@@ -133,7 +158,7 @@ class Sinusoidal(_FrequencyFamily):
     """Vaswani et al.'s fixed sinusoids, added to the token embeddings."""
 
     name, acts_on = "sinusoidal", "input"
-    fields = ("base",)
+    config = FrequencyConfig
     # per-dimension methods (YaRN, Llama-3, LongRoPE) are defined per rotary pair
     capabilities = ("positions", "frequencies")
 
@@ -155,7 +180,7 @@ class Learned(Family):
     """A learned table of absolute positions (GPT-2), added to the token embeddings."""
 
     name, acts_on = "learned", "input"
-    fields = ("max_positions", "out_of_range")
+    config = LearnedConfig
     capabilities = ("positions",)  # a position transform stretches the table
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:

@@ -9,10 +9,20 @@ Tested against x-transformers' CoPE (tests/models/test_cope.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from models.lazy import nn, torch
 from models.positions import ContextualBias, Family, PositionConfig, register_family
+
+
+@dataclass
+class CopeConfig(PositionConfig):
+    """CoPE's field: how many positions its table holds (counts are capped below it)."""
+
+    kind: str = "cope"
+    cope_npos_max: int = 64
+
 
 # --------------------------------------------------------------------------- CoPE
 
@@ -46,7 +56,7 @@ class CoPE(Family):
     (no flex or fused kernel)."""
 
     name, acts_on = "cope", "contextual"
-    fields = ("cope_npos_max",)
+    config = CopeConfig
     capabilities = ("positions",)  # a position transform divides the counted positions
     reads_position_ids = False  # positions are counted over the content
 

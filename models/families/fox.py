@@ -10,8 +10,17 @@ the family only declares it. Tested against x-transformers' ``DataDependentAlibi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from models.positions import Family, PositionConfig, register_family
+
+
+@dataclass
+class FoxConfig(PositionConfig):
+    """FoX's field: the forget gate's initial bias."""
+
+    kind: str = "fox"
+    fox_gate_bias: float = 5.0
 
 
 @register_family
@@ -22,7 +31,7 @@ class FoX(Family):
     the tiled attention path (no fused or flex kernel)."""
 
     name, acts_on = "fox", "none"
-    fields = ("fox_gate_bias",)
+    config = FoxConfig
     capabilities = ("pairs",)  # as NoPE: nothing to re-position, a windowed method only masks
     reads_position_ids = False  # the decay counts tokens, not position ids
     forget_gate = True

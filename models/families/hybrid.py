@@ -19,10 +19,10 @@ cancels on its RoPE layers, as in transformers' Llama 4; log-n scales the query 
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from models.families.classic import Rope
+from models.families.classic import Rope, RopeConfig
 from models.positions import PositionConfig, llama4_query_temperature, register_family
 
 __all__ = ["LAYER_KINDS", "LLAMA4_QK_NORM_EPS", "layer_pattern", "llama4_query_temperature"]
@@ -45,6 +45,29 @@ def layer_pattern(cfg: PositionConfig, default: tuple[str, ...], n_layers: int) 
     """What each of ``n_layers`` layers does: ``cfg.layers`` (or ``default``) repeated."""
     pattern = list(cfg.layers) or list(default)
     return list(itertools.islice(itertools.cycle(pattern), n_layers))
+
+
+@dataclass
+class RnopeSwaConfig(RopeConfig):
+    """RNoPE-SWA's fields: the layer pattern ([] = the family's) and the window (0: L / 4)."""
+
+    kind: str = "rnope_swa"
+    layers: list[str] = field(default_factory=list)
+    window: int = 0
+
+
+@dataclass
+class IropeConfig(RopeConfig):
+    """iRoPE's fields: the layer pattern, the chunk (0: L / 4), Llama 4's query temperature
+    log1p(floor((p + 1) / floor)) * scale + 1 on the NoPE layers (scale 0: none; floor 0: the
+    chunk) and its weightless QK-norm on the RoPE layers."""
+
+    kind: str = "irope"
+    layers: list[str] = field(default_factory=list)
+    chunk: int = 0
+    temperature_scale: float = 0.0
+    temperature_floor: int = 0
+    qk_norm: bool = True
 
 
 class _Hybrid(Rope):
@@ -84,7 +107,7 @@ class _Hybrid(Rope):
     def spans(self, cfg: PositionConfig, train_length: int) -> tuple[int, int]:
         """(window, chunk) in tokens: the configured ones, a quarter of L where 0."""
         quarter = max(1, train_length // DEFAULT_SPAN_DIVISOR)
-        return cfg.window or quarter, cfg.chunk or quarter
+        return getattr(cfg, "window", 0) or quarter, getattr(cfg, "chunk", 0) or quarter
 
     def layer_inputs(self, model: Any, inputs: Any) -> list[Any]:
         cfg = model.position_cfg
@@ -124,7 +147,7 @@ class RnopeSwa(_Hybrid):
     """RNoPE-SWA (Yang et al. 2025): RoPE layers with a sliding window, every 4th layer global NoPE."""
 
     name = "rnope_swa"
-    fields = ("base", "layout", "rotary_fraction", "layers", "window")
+    config = RnopeSwaConfig
     default_layers = ("swa", "swa", "swa", "nope")
     layer_kinds = ("rope", "swa", "nope")
 
@@ -136,15 +159,6 @@ class Irope(_Hybrid):
     NoPE with a query temperature."""
 
     name = "irope"
-    fields = (
-        "base",
-        "layout",
-        "rotary_fraction",
-        "layers",
-        "chunk",
-        "temperature_scale",
-        "temperature_floor",
-        "qk_norm",
-    )
+    config = IropeConfig
     default_layers = ("chunked", "chunked", "chunked", "nope")
     layer_kinds = ("rope", "chunked", "nope")

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from models.lazy import nn, torch
-from models.positions import Family, PositionConfig, register_family
+from models.positions import Family, FrequencyConfig, PositionConfig, register_family
 
 
 @register_family
@@ -23,7 +23,7 @@ class PoPE(Family):
     x-transformers' ``PolarEmbedding`` keeps it) starts at 0."""
 
     name, acts_on = "pope", "qk"
-    fields = ("base",)
+    config = FrequencyConfig
     # its phases are RoPE's table (attention factor included): every frequency method applies;
     # a pair method would rotate pairs as RoPE's, which PoPE's phases are not: no "pairs"
     capabilities = ("positions", "frequencies", "rotary", "rotation_only")

@@ -13,13 +13,30 @@ Tested against independent evaluations (tests/models/test_zoo.py, test_hope.py, 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from models.families.classic import Rope
 from models.lazy import torch
-from models.positions import PositionConfig, register_family
+from models.positions import PositionConfig, RotaryConfig, register_family
 
 # --------------------------------------------------------------------------- p-RoPE
+
+
+@dataclass
+class PRopeConfig(RotaryConfig):
+    """p-RoPE's fields: the fraction of frequencies it keeps rotating (the highest)."""
+
+    kind: str = "p_rope"
+    frequency_fraction: float = 0.75
+
+
+@dataclass
+class XPosConfig(RotaryConfig):
+    """xPos's fields: its decay's scale gamma."""
+
+    kind: str = "xpos"
+    xpos_scale_base: float = 512.0
 
 
 @register_family
@@ -28,14 +45,9 @@ class PRope(Rope):
     (inverse frequency 0), p = ``frequency_fraction``; int(p x pairs) pairs keep theirs."""
 
     name = "p_rope"
-    fields = ("base", "layout", "frequency_fraction")
+    config = PRopeConfig
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.rotary_fraction != 1.0:
-            raise ValueError(
-                f"p_rope keeps a fraction of RoPE's frequencies (position.frequency_fraction); "
-                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
-            )
         if not 0 <= cfg.frequency_fraction <= 1:
             raise ValueError(
                 f"position.frequency_fraction must be in [0, 1], got {cfg.frequency_fraction}."
@@ -69,15 +81,8 @@ class HoPE(Rope):
     base, so an eval-time scaling rescales the kept pairs and never moves the cut (as p-RoPE's)."""
 
     name = "hope"
-    fields = ("base", "layout")
-
-    def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.rotary_fraction != 1.0:
-            raise ValueError(
-                "hope keeps RoPE's pairs whose period fits the training length; "
-                f"position.rotary_fraction must stay 1.0, got {cfg.rotary_fraction}."
-            )
-        super().check(cfg, head_dim, d_model)
+    # the split rule has no parameter, and every channel pairs (no position.rotary_fraction)
+    config = RotaryConfig
 
     def adjust_frequencies(
         self, cfg: PositionConfig, inv_freq: torch.Tensor, train_length: int
@@ -126,16 +131,11 @@ class XPos(Rope):
     only (through its frequencies)."""
 
     name = "xpos"
-    fields = ("base", "layout", "xpos_scale_base")
+    config = XPosConfig
     # no "pairs": a pair's decay follows its key's own position, which a rotation cannot move
     capabilities = ("positions", "frequencies", "rotary")
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
-        if cfg.rotary_fraction != 1.0:
-            raise ValueError(
-                f"xpos rotates every channel; position.rotary_fraction must stay 1.0, got "
-                f"{cfg.rotary_fraction}."
-            )
         if cfg.xpos_scale_base <= 0:
             raise ValueError(f"position.xpos_scale_base must be > 0, got {cfg.xpos_scale_base}.")
         super().check(cfg, head_dim, d_model)

@@ -25,11 +25,32 @@ against an independent evaluation (tests/models/test_zoo.py, tests/models/test_x
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from models.lazy import nn, torch
 from models.positions import Family, PositionConfig, ScoreBias, register_family
+
+
+@dataclass
+class T5Config(PositionConfig):
+    """T5's buckets: how many, and the distance past which they are all one."""
+
+    kind: str = "t5"
+    num_buckets: int = 32
+    max_distance: int = 128
+
+
+@dataclass
+class FireConfig(PositionConfig):
+    """FIRE's MLP width, the initial c and L_0 (0: the training length)."""
+
+    kind: str = "fire"
+    fire_width: int = 32
+    fire_c: float = 0.1
+    fire_threshold: int = 0
+
 
 # KERPLE keeps r1, r2 >= this (its reference clamps the parameters at 1e-2)
 KERPLE_EPS = 1e-2
@@ -92,7 +113,7 @@ class T5(_BiasFamily):
     """T5's relative position bias: a learned [H, num_buckets] table, one bias per bucket."""
 
     name = "t5"
-    fields = ("num_buckets", "max_distance")
+    config = T5Config
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         if cfg.num_buckets < 2:
@@ -225,7 +246,7 @@ class Fire(_BiasFamily):
     by about lr, nothing at L_0 in the hundreds)."""
 
     name = "fire"
-    fields = ("fire_width", "fire_c", "fire_threshold")
+    config = FireConfig
     # the threshold became a multiplier of L_0 (issue 50): retrain cached weights
     weights_revision = 1
 

@@ -76,6 +76,7 @@ __all__ = [
 ]
 
 from models.scaling import frequencies, training_free  # noqa: E402, F401, I001  (built-ins first, in order)
+
 import_package(__name__)  # the methods: every module of this folder
 
 from models.scaling.frequencies import ntk_base  # noqa: E402  (a method's helper, public)

@@ -375,8 +375,8 @@ BAD_OVERRIDES = [
         ["train.passkey_fraction=0.2", "train.length=128", "train.passkey_template=landmark"],
         "train.length 128 is too short for passkey",
     ),
-    (["position.bogus=1"], "position.bogus is an unknown key; allowed keys: kind, base"),
-    (["+position.bogus=1"], "position.bogus is an unknown key; allowed keys: kind, base"),
+    (["position.bogus=1"], "position.bogus means nothing for position=rope (not one of its"),
+    (["+position.bogus=1"], "position.bogus=1 means nothing for position=rope (not one of its"),
     (["+bogus=1"], "bogus is an unknown key; allowed keys: experiment_name, seed"),
     (["train.steps=0"], "train.steps must be an integer >= 1, got 0."),
     # the four: wrong type, wrong type, out of range, out of range shared by a sweep
@@ -404,17 +404,17 @@ BAD_OVERRIDES = [
     # the trained range or whose window is one token
     (
         ["position=kerple_log", "position.layout=bogus"],
-        "position.layout='bogus' means nothing for position=kerple_log (another family's field, "
-        "which it would ignore); position=kerple_log accepts no position.* field.",
+        "position.layout means nothing for position=kerple_log (not one of its fields; another "
+        "family's, or none); position=kerple_log accepts no position.* field.",
     ),
     (
         ["position=sandwich", "position.num_buckets=0"],
-        "position.num_buckets=0 means nothing for position=sandwich",
+        "position.num_buckets means nothing for position=sandwich",
     ),
     (
         ["position=rnope_swa", "position.chunk=16"],
-        "position.chunk=16 means nothing for position=rnope_swa (another family's field, which it "
-        "would ignore); position=rnope_swa accepts: position.base, position.layout, "
+        "position.chunk means nothing for position=rnope_swa (not one of its fields; another "
+        "family's, or none); position=rnope_swa accepts: position.base, position.layout, "
         "position.rotary_fraction, position.layers, position.window.",
     ),
     (

@@ -149,3 +149,67 @@ def test_a_run_uses_a_method_and_a_metric_of_the_users_package(tmp_path):
     at = nll.pivot_table(index="eval_length", columns="scaling", values="value")
     assert at["ext_pi"].sub(at["none"]).abs().max() > 1e-6  # the method changes the model's nll
     assert (tmp_path / "rep" / "smoke" / "report.md").is_file()
+
+
+FAMILY = '''
+from dataclasses import dataclass
+
+from models.positions import Family, PositionConfig, ScoreBias, register_family
+
+
+def scaled_distance(head, q_pos, k_pos, slope):
+    return -slope * (q_pos - k_pos).clamp(min=0).float()
+
+
+@dataclass
+class SlopeConfig(PositionConfig):
+    slope: float = 0.5
+
+
+@register_family
+class OneSlope(Family):
+    """ALiBi with one slope for every head: the family's own field, declared beside it."""
+
+    name, acts_on, config = "{name}", "scores", SlopeConfig
+
+    def score_bias(self, model, length):
+        return ScoreBias(scaled_distance, (float(model.position_cfg.slope),))
+'''
+
+
+def test_a_family_of_the_users_package_brings_its_own_fields(tmp_path, monkeypatch):
+    """Issue #52 item 3: a family with a parameter is one class and its dataclass in the user's
+    package plus one YAML, no edit of lenbench; its field is checked and reaches the model, and
+    another family's field is refused for it (and its field for another family)."""
+    from models.positions import FAMILIES
+    from models.transformer import DecoderLM, ModelConfig
+
+    pkg = tmp_path / "ext_family"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "families.py").write_text(FAMILY.format(name="one_slope"))
+    conf = tmp_path / "user_conf" / "position"
+    conf.mkdir(parents=True)
+    (conf / "one_slope.yaml").write_text("kind: one_slope\nslope: 0.25\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = [f"hydra.searchpath=[file://{tmp_path / 'user_conf'}]", "extensions=[ext_family]"]
+    try:
+        with initialize_config_module("conf", version_base="1.3"):
+            cfg = compose("config", overrides=[*base, "position=one_slope", "position.slope=2.0"])
+            foreign = compose("config", overrides=[*base, "position=one_slope", "+position.base=5"])
+            rope = compose("config", overrides=[*base, "+position.slope=2.0"])
+        job = JobConfig.from_hydra(cfg)
+        assert type(job.position).__name__ == "SlopeConfig" and job.position.slope == 2.0
+        assert job.position.params() == {"slope": 2.0}
+        with pytest.raises(ValueError, match=r"position\.base=5 means nothing for position=one_slope"):
+            JobConfig.from_hydra(foreign)
+        with pytest.raises(ValueError, match=r"position\.slope=2\.0 means nothing for position=rope"):
+            JobConfig.from_hydra(rope)
+        model = DecoderLM(ModelConfig(n_layers=1, d_model=16, n_heads=2), job.position, 16)
+        assert model.position_cfg.slope == 2.0
+        bias = model.position_cfg.family.score_bias(model, 4)
+        assert bias.args == (2.0,)  # control of the field's path: the configured slope, not 0.5
+    finally:
+        FAMILIES.pop("one_slope", None)
+        for name in [m for m in sys.modules if m.startswith("ext_family")]:
+            sys.modules.pop(name)

@@ -38,7 +38,7 @@ def run_cli(*argv: str) -> tuple[int, list[str], str]:
 BAD_SETTINGS = [
     (("train.lr=-1",), "train.lr must be a number >= 0, got -1.0."),
     (("position=bogus",), "position 'bogus' is unknown; allowed: "),
-    (("position=kerple_log", "position.layout=bogus"), "position.layout='bogus' means nothing"),
+    (("position=kerple_log", "position.layout=bogus"), "position.layout means nothing"),
     (("position=cope", "model.attention_sink=learned"), "does not combine with position=cope"),
     (("position=cope", "train.position_sampling=randomized"), "means nothing for position=cope"),
     (("position=alibi", "scaling=yarn"), "does not apply to position alibi"),

@@ -78,6 +78,8 @@ def test_linear_pi_rescales_the_kept_pairs_and_keeps_the_cut():
 
 def test_hope_refuses_a_rotary_fraction():
     with pytest.raises(
-        ValueError, match=r"^hope keeps .*position\.rotary_fraction must stay 1\.0, got 0\.5\.$"
+        ValueError,
+        match=r"^position\.rotary_fraction=0\.5 means nothing for position=hope .*"
+        r"accepts: position\.base, position\.layout\.$",
     ):
         DecoderLM(ModelConfig(**CFG), PositionConfig(kind="hope", rotary_fraction=0.5), 64)

@@ -301,7 +301,8 @@ def test_nope_layers_ignore_positions_and_rope_layers_do_not():
 def test_the_cache_honours_windows_and_chunks(kind):
     """Decoding token by token with the KV cache gives the full pass's logits (the span masks
     the cached keys by position), also where the sequence is many windows long."""
-    model = _model(kind, window=5, chunk=6, temperature_scale=0.1 if kind == "irope" else 0.0)
+    span = {"chunk": 6, "temperature_scale": 0.1} if kind == "irope" else {"window": 5}
+    model = _model(kind, **span)
     model.eval()
     x = torch.randint(0, 259, (2, 30))
     full = model(x).logits

@@ -26,7 +26,7 @@ from models.transformer import DecoderLM, ModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-#: a non-default value of every PositionConfig field that some family reads
+#: a non-default value of every field of every family's config
 OTHER_VALUES = {
     "base": 500.0,
     "layout": "interleaved",
@@ -47,6 +47,15 @@ OTHER_VALUES = {
     "temperature_scale": 0.2,
     "temperature_floor": 8,
     "out_of_range": "clamp",
+    "qk_norm": False,
+}
+
+#: every family's config fields (but kind) and their defaults
+ALL_FIELDS = {
+    f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    for fam in families().values()
+    for f in dataclasses.fields(fam.config)
+    if f.name != "kind"
 }
 
 
@@ -56,34 +65,45 @@ def job(**sections) -> JobConfig:
 
 
 def other_value(name: str):
-    """A value of field ``name`` other than its default (a switch flipped)."""
-    default = PositionConfig.__dataclass_fields__[name].default
-    return (not default) if isinstance(default, bool) else OTHER_VALUES[name]
+    """A value of field ``name`` other than its default."""
+    return OTHER_VALUES[name]
 
 
 def test_every_field_has_another_value_here():
-    for f in dataclasses.fields(PositionConfig):
-        if f.name != "kind":
-            assert other_value(f.name) != getattr(PositionConfig(), f.name), f.name
+    assert set(OTHER_VALUES) == set(ALL_FIELDS)
+    for name, default in ALL_FIELDS.items():
+        assert other_value(name) != default, name
+
+
+def test_each_family_owns_a_dataclass_whose_fields_are_its_position_params():
+    for kind, fam in families().items():
+        cfg = PositionConfig(kind=kind)
+        assert type(cfg) is fam.config and cfg.kind == kind
+        assert tuple(cfg.params()) == fam.fields
+        assert [f.name for f in dataclasses.fields(cfg)] == ["kind", *fam.fields]
+    # control: the flat section is gone; rope's dataclass holds no other family's field
+    assert not hasattr(PositionConfig(kind="rope"), "num_buckets")
 
 
 @pytest.mark.parametrize("kind", sorted(families()))
 def test_another_familys_field_is_refused_naming_field_family_and_accepted_fields(kind):
     family = families()[kind]
-    for name in (f.name for f in dataclasses.fields(PositionConfig) if f.name != "kind"):
-        cfg = PositionConfig(kind=kind, **{name: other_value(name)})
+    for name in ALL_FIELDS:
         if name in family.fields:
             continue  # its own field: checked by the family (the controls below)
-        with pytest.raises(ValueError) as err:
-            cfg.check_foreign_fields()
-        message = str(err.value)
-        assert message.startswith(f"position.{name}=") and f"position={kind}" in message
-        accepted = ", ".join(f"position.{f}" for f in family.fields)
-        assert (accepted if family.fields else "accepts no position.* field") in message
-    # controls: the defaults and each of the family's own fields pass this check
-    PositionConfig(kind=kind).check_foreign_fields()
+        for value in (other_value(name), ALL_FIELDS[name]):  # at its default too: not a field
+            with pytest.raises(ValueError) as err:
+                PositionConfig(kind=kind, **{name: value})
+            message = str(err.value)
+            assert message.startswith(f"position.{name}=") and f"position={kind}" in message
+            accepted = ", ".join(f"position.{f}" for f in family.fields)
+            assert (accepted if family.fields else "accepts no position.* field") in message
+    # controls: the defaults and each of the family's own fields are accepted
+    assert PositionConfig(kind=kind).kind == kind
     for name in family.fields:
-        PositionConfig(kind=kind, **{name: other_value(name)}).check_foreign_fields()
+        assert getattr(PositionConfig(kind=kind, **{name: other_value(name)}), name) == other_value(
+            name
+        )
 
 
 def test_the_issues_examples_are_refused_and_their_own_fields_accepted():
@@ -100,11 +120,17 @@ def test_the_issues_examples_are_refused_and_their_own_fields_accepted():
 
 
 def test_a_model_is_still_built_from_a_stored_config_with_another_familys_field():
-    """The check is the job's: a checkpoint trained before it (alibi with position.base=500, the
-    same key as alibi's) still loads, its stored config rebuilding the model."""
-    DecoderLM(ModelConfig(n_layers=1, d_model=32, n_heads=2), PositionConfig("alibi", 500.0), 16)
+    """A checkpoint written while the section was flat (alibi's stored config holds every
+    family's fields, base=500 among them: the same key as alibi's) still loads: the fields
+    alibi does not own are dropped, never read."""
+    flat = {"kind": "alibi", **ALL_FIELDS, "base": 500.0}
+    stored = PositionConfig.from_stored(flat)
+    assert dataclasses.asdict(stored) == {"kind": "alibi"}
+    DecoderLM(ModelConfig(n_layers=1, d_model=32, n_heads=2), stored, 16)
+    rope = PositionConfig.from_stored({**flat, "kind": "rope"})  # control: rope keeps its base
+    assert rope.base == 500.0 and not hasattr(rope, "num_buckets")
     with pytest.raises(ValueError, match="position.base=500.0 means nothing for position=alibi"):
-        job(position={"kind": "alibi", "base": 500.0})
+        job(position={"kind": "alibi", "base": 500.0})  # a job's config: refused
 
 
 # --------------------------------------------------------------------------- position ids

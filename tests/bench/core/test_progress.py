@@ -128,7 +128,9 @@ def test_training_in_a_log_writes_plain_lines(tmp_path, every_update, monkeypatc
     from bench.train.trainer import train_model
 
     for i in range(12):
-        text = (ROOT / "bench" / "core" / "progress.py").read_text(encoding="utf-8")[i * 300 : i * 300 + 900]
+        text = (ROOT / "bench" / "core" / "progress.py").read_text(encoding="utf-8")[
+            i * 300 : i * 300 + 900
+        ]
         (tmp_path / f"doc{i:02d}.txt").write_text(text, encoding="utf-8")
     corpus = load_corpus(DataConfig(name="text", paths=[str(tmp_path)]))
     job = JobConfig.from_hydra(

@@ -113,7 +113,9 @@ def test_n5_needs_less_first_token_mass_and_no_worse_perplexity():
 
 def test_n6_reads_passkey_beyond_l_only():
     rope = metric_rows("rope", "passkey_acc", {L: 0.95, 2 * L: 0.8, 4 * L: 0.6}, 200)
-    lower = metric_rows("rope", "passkey_acc", {L: 0.95, 2 * L: 0.3, 4 * L: 0.1}, 200, qk_norm="rms")
+    lower = metric_rows(
+        "rope", "passkey_acc", {L: 0.95, 2 * L: 0.3, 4 * L: 0.1}, 200, qk_norm="rms"
+    )
     assert statuses(rope + lower)["N6"] == HOLDS
     higher = metric_rows(
         "rope", "passkey_acc", {L: 0.2, 2 * L: 0.95, 4 * L: 0.9}, 200, qk_norm="rms"

@@ -524,15 +524,16 @@ def test_harness_passkey_uses_the_checkpoints_training_template(tmp_path):
     """A checkpoint trained with the short template: run_harness and lenbench-harness give its
     passkey tasks short-template prompts (the native metric's), unless the metadata names one;
     the harness verdicts equal the native ones on the same examples."""
+    from bench.core.sections import position_weights
     from bench.harness.cli import _with_training_template
-    from bench.schema import PositionSchema, weights_dict
+    from bench.schema import PositionSchema
     from bench.train.checkpoints import key_of, save_checkpoint
 
     model = tiny_model(seed=3)
     position = dataclasses.asdict(model.position_cfg)
     config = {
         "model": dataclasses.asdict(model.model_cfg),
-        "position": weights_dict(PositionSchema(**position)),
+        "position": position_weights(PositionSchema.from_stored(position)),
         "train": {"length": model.train_length, "passkey_template": "short"},
     }
     key = key_of(config)
@@ -707,13 +708,14 @@ def save_tiny_checkpoint(model: DecoderLM, cache_root: Path) -> str:
     """Store ``model`` in a checkpoint cache through bench.train.checkpoints; return its key."""
     from dataclasses import asdict
 
-    from bench.schema import PositionSchema, weights_dict
+    from bench.core.sections import position_weights
+    from bench.schema import PositionSchema
     from bench.train.checkpoints import key_of, save_checkpoint
 
     position = asdict(model.position_cfg)
     config = {
         "model": asdict(model.model_cfg),
-        "position": weights_dict(PositionSchema(**position)),
+        "position": position_weights(PositionSchema.from_stored(position)),
         "train": {"length": model.train_length},
         "note": "bench.harness test checkpoint",
     }
@@ -1064,7 +1066,9 @@ def test_ruler_docs_match_the_native_grid():
         native = [e for x in (256, 512) for e in ruler_grid([task], [x], [0.0, 1.0], 2, 4)]
         assert [d["prompt"] for d in docs] == [bytes(e.prompt_ids).decode() for e in native]
         assert [d["answer"] for d in docs] == [e.answer_text for e in native]
-        assert [d["eval_length"] for d in docs] == [len(e.prompt_ids) + len(e.answer_ids) for e in native]
+        assert [d["eval_length"] for d in docs] == [
+            len(e.prompt_ids) + len(e.answer_ids) for e in native
+        ]
     other = ruler_docs(task="niah_multikey", lengths=[512], params={"keys": 2})
     assert len(re.findall(r"\n[a-z]{4}:\d{5}\.\n", other[0]["prompt"])) == 2  # two needles
 
@@ -1074,7 +1078,9 @@ def test_a_ruler_length_without_its_metric_is_refused_in_one_sentence():
     before any example is built (control: a declared length works)."""
     from bench.harness import ruler_docs
 
-    with pytest.raises(ValueError, match=r"^ruler length 300 has no per-length metric.*allowed: 64,"):
+    with pytest.raises(
+        ValueError, match=r"^ruler length 300 has no per-length metric.*allowed: 64,"
+    ):
         ruler_docs(task="vt", lengths=[256, 300])
     assert ruler_docs(task="vt", lengths=256, depths=1, trials=1)
 
@@ -1128,16 +1134,16 @@ def test_harness_ruler_scores_equal_native():
 def test_harness_ruler_on_a_checkpoint_equals_native(tmp_path):
     """A saved lenbench checkpoint (a real network, through the cache) scored by lm-eval and by
     the native greedy path: the same acc and match per example."""
+    from bench.core.sections import position_weights
     from bench.eval.metrics.context import EvalContext
     from bench.eval.metrics.ruler import generated_scores
-    from bench.schema import PositionSchema, weights_dict
     from bench.tasks.ruler import ruler_grid
     from bench.train.checkpoints import key_of, save_checkpoint
 
     model = tiny_model(seed=5, train_length=256)
     config = {
         "model": dataclasses.asdict(model.model_cfg),
-        "position": weights_dict(PositionSchema(**dataclasses.asdict(model.position_cfg))),
+        "position": position_weights(model.position_cfg),
         "train": {"length": model.train_length},
     }
     key = key_of(config)
@@ -1176,5 +1182,7 @@ def test_one_ruler_task_reports_each_length_as_its_own_rows():
         assert vt[length]["value"] == pytest.approx(np.mean(at))
     assert vt[None]["n"] == 6
     assert not [r for r in rows if "/n_" in r["metric"] or r["metric"].endswith("_256")]
-    other = harness_rows({"results": {"x": {"acc_5,none": 0.5}}, "n-samples": {"x": {"effective": 2}}})
+    other = harness_rows(
+        {"results": {"x": {"acc_5,none": 0.5}}, "n-samples": {"x": {"effective": 2}}}
+    )
     assert other == [{"metric": "harness/x/acc_5", "value": 0.5, "n": 2, "eval_length": None}]

@@ -91,30 +91,28 @@ def test_key_ignores_eval_time_settings() -> None:
     assert weights_key(eval_time) == key
     # the learned table's out_of_range policy is read at evaluation only (another family's
     # field is refused before it could reach a key: tests/bench/core/test_checks.py)
-    learned = replace(job, position=replace(job.position, kind="learned"))
+    learned = replace(job, position=PositionSchema(kind="learned"))
     clamp = replace(learned, position=replace(learned.position, out_of_range="clamp"))
     assert weights_key(clamp) == weights_key(learned)
 
 
 def test_weights_fields_are_declared_on_the_schema() -> None:
-    from bench.schema import TrainConfig, weight_fields, weights_dict
+    from bench.core.sections import position_weights
+    from bench.schema import TrainConfig, weight_fields
+    from models.positions import families
 
-    position = {"kind", "base", "layout", "rotary_fraction", "max_positions"}
-    zoo = {"num_buckets", "max_distance", "frequency_fraction", "fire_width", "fire_c"}
-    zoo |= {
-        "fire_threshold",
-        "xpos_scale_base",
-        "cope_npos_max",
-        "fox_gate_bias",
-    }  # each only for the family reading it (models/families/)
-    zoo |= {"layers", "window", "chunk", "temperature_scale", "temperature_floor"}  # hybrid
-    zoo |= {"qk_norm"}  # irope: Llama 4's QK-norm (issue 50), so older irope keys change
-    assert set(weight_fields(PositionSchema)) == position | zoo  # not out_of_range
-    assert set(weights_dict(PositionSchema(kind="rope"))) == position
-    assert set(weights_dict(PositionSchema(kind="t5"))) == position | {
+    # every key held these while the section was one flat dataclass (keys of cached models hold)
+    legacy = {"kind", "base", "layout", "rotary_fraction", "max_positions"}
+    for kind, family in families().items():  # each family's own fields, but out_of_range
+        keyed = legacy | (set(family.fields) - {"out_of_range"})
+        assert set(position_weights(PositionSchema(kind=kind))) == keyed, kind
+    assert set(position_weights(PositionSchema(kind="t5"))) == legacy | {
         "num_buckets",
         "max_distance",
     }
+    # control: the learned table's eval-time policy is its field but not in its key
+    assert "out_of_range" in families()["learned"].fields
+    assert set(position_weights(PositionSchema(kind="learned"))) == legacy
     train = {f.name for f in dataclasses.fields(TrainConfig)} - set(weight_fields(TrainConfig))
     assert train == {
         "min_lr_ratio",
@@ -166,6 +164,8 @@ def test_key_changes_with_what_changes_the_weights(section: str, field: str, val
     raw = raw_cfg(length=256)  # long enough for passkey rows (checked with the config)
     changed = json.loads(json.dumps(raw))
     changed[section][field] = value
+    if (section, field) == ("position", "kind"):
+        changed["position"] = {"kind": value}  # another family: its own fields only
     assert weights_key(JobConfig.from_hydra(changed)) != weights_key(JobConfig.from_hydra(raw))
 
 
