@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention_inputs import AttentionInputs, fused_plain
+from models.attention_inputs import AttentionInputs, PairInputs, fused_plain
 from models.flex import attend_flex, use_flex
 from models.model_config import SSMAX_INIT, differential_lambda_init
 from models.positions import rotate
@@ -70,7 +70,7 @@ def attend(
     v: torch.Tensor,
     inputs: AttentionInputs,
     layer: int = 0,
-    far: tuple[torch.Tensor, torch.Tensor] | None = None,
+    far: tuple[torch.Tensor, ...] | None = None,
     sink: torch.Tensor | None = None,
     decay: tuple[torch.Tensor, torch.Tensor] | None = None,
     stick_breaking: bool = False,
@@ -222,14 +222,8 @@ class Attention(nn.Module):
         if cached is not None:
             k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
             v = torch.cat((cached[1], v), dim=2)
-        pairs, far = inputs.pairs, None
-        if pairs is not None and pairs.q_cos is not None:
-            # a training-free method's far pairs: rotated on from their own positions (the cache
-            # keeps keys at their own), so every key is moved again at each step
-            q_far = rotate(
-                q, pairs.q_cos[:, :, query_from:], pairs.q_sin[:, :, query_from:], inputs.layout
-            )
-            far = q_far, rotate(k, pairs.k_cos, pairs.k_sin, inputs.layout)  # [N, G, S, d]
+        pairs = inputs.pairs
+        far = _far_pairs(q, k, pairs, query_from, inputs.layout) if pairs is not None else None
         if query_from:
             if inputs.want_entropy:
                 raise ValueError("attention entropy needs every query: query_from must be 0.")
@@ -256,3 +250,16 @@ class Attention(nn.Module):
             out = out * torch.sigmoid(self.gate_proj(x[:, query_from:]))
         kept = (k, v) if decay is None else (k, v, decay[1])
         return self.o_proj(out), kept, entropy
+
+
+def _far_pairs(
+    q: torch.Tensor, k: torch.Tensor, pairs: PairInputs, query_from: int, layout: str
+) -> tuple[torch.Tensor, ...] | None:
+    """A training-free method's far pairs: (queries, keys, queries of regimes 2, 3, ...) rotated
+    on from their own positions (the cache keeps keys at their own, so every key is moved again
+    at each step); None where the method rotates nothing (a score-bias family)."""
+    if pairs.q_cos is None:
+        return None
+    rotations = [(pairs.q_cos, pairs.q_sin), *((c, s) for _, c, s in pairs.more)]
+    q_fars = [rotate(q, c[:, :, query_from:], s[:, :, query_from:], layout) for c, s in rotations]
+    return q_fars[0], rotate(k, pairs.k_cos, pairs.k_sin, layout), *q_fars[1:]  # k: [N, G, S, d]

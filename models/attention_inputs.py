@@ -36,7 +36,10 @@ class PairInputs:
     ``anchored`` (StreamingLLM): q_far and k_far are positions in the cache, counted from each
     row's first real token, and the query stands at q_far for every pair, as the repo's pos_shift
     puts it: a near pair is scored with the key at the same distance from there, and whatever
-    reads the query's position (a score bias's i, log-n) reads q_far (:meth:`query_positions`)."""
+    reads the query's position (a score bias's i, log-n) reads q_far (:meth:`query_positions`).
+
+    ``regions`` (Dual Chunk Attention): each pair's regime from its positions, 0 own positions,
+    1 the query at q_far, r >= 2 at ``more[r - 2]`` = (q_far, q_cos, q_sin); None: the window's."""
 
     window: int
     sink_end: torch.Tensor | None  # [N, 1, 1, 1] the first position id after each row's sinks
@@ -47,6 +50,14 @@ class PairInputs:
     q_sin: torch.Tensor | None = None
     k_cos: torch.Tensor | None = None  # [N, 1, S, r/2] float32: rotation by k_far - k_pos
     k_sin: torch.Tensor | None = None
+    regions: Any = None  # Callable[[q_pos, k_pos], int64 regime] | None
+    more: tuple[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None], ...] = ()
+
+    def region(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Each pair's regime (int64, broadcast): 0 its own positions, r >= 1 the r-th far query."""
+        if self.regions is None:
+            return (q_pos - k_pos >= self.window).long()
+        return self.regions(q_pos, k_pos).long()
 
     def queries_from(self, start: int) -> PairInputs:
         """The same pairs for the queries ``start``.. only (the keys unchanged)."""
@@ -56,6 +67,14 @@ class PairInputs:
             q_far=self.q_far[:, start:],
             q_cos=self.q_cos[:, :, start:] if rotated else None,
             q_sin=self.q_sin[:, :, start:] if rotated else None,
+            more=tuple(
+                (
+                    q[:, start:],
+                    c[:, :, start:] if rotated else None,
+                    s[:, :, start:] if rotated else None,
+                )
+                for q, c, s in self.more
+            ),
         )
 
     def query_positions(self, q_pos: torch.Tensor) -> torch.Tensor:
@@ -88,22 +107,28 @@ def pair_inputs(
         real = k64 if k_valid is None else torch.where(k_valid, k64, math.inf)
         start = real.min(dim=1, keepdim=True).values
     offset = 0.0 if spec.anchored else start  # an anchored method's stay in the cache
-    q_far = spec.far_query(q64 - start) + offset  # [N, L]
+    q_fars = [query(q64 - start) + offset for query in spec.far_queries()]  # each [N, L]
     k_far = spec.far_key(k64 - start) + offset  # [N, S]
     sink_end = None if spec.sinks is None else (start + spec.sinks)[:, :, None, None]
-    pairs = PairInputs(
-        spec.window, sink_end, _whole_or_float(q_far), _whole_or_float(k_far), spec.anchored
-    )
-    if inv_freq is None:
-        return pairs
-    q_cos, q_sin = rope_cos_sin(q_far - q_pos, inv_freq.to(q_pos.device))  # [N, L, r/2]
-    k_cos, k_sin = rope_cos_sin(k_far - k_pos, inv_freq.to(q_pos.device))  # [N, S, r/2]
-    return replace(
-        pairs,
-        q_cos=q_cos[:, None],
-        q_sin=q_sin[:, None],
-        k_cos=k_cos[:, None],
-        k_sin=k_sin[:, None],
+    rotations: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * len(q_fars)
+    k_cos = k_sin = None
+    if inv_freq is not None:  # RoPE: the rotation from each own position to each far one
+        freq = inv_freq.to(q_pos.device)
+        rotations = [tuple(t[:, None] for t in rope_cos_sin(q - q_pos, freq)) for q in q_fars]
+        k_cos, k_sin = (t[:, None] for t in rope_cos_sin(k_far - k_pos, freq))  # [N, 1, S, r/2]
+    (q_cos, q_sin), more = rotations[0], rotations[1:]  # each [N, 1, L, r/2]
+    return PairInputs(
+        spec.window,
+        sink_end,
+        _whole_or_float(q_fars[0]),
+        _whole_or_float(k_far),
+        spec.anchored,
+        q_cos,
+        q_sin,
+        k_cos,
+        k_sin,
+        regions=spec.regions,
+        more=tuple((_whole_or_float(q), c, s) for q, (c, s) in zip(q_fars[1:], more, strict=True)),
     )
 
 

@@ -99,8 +99,8 @@ def _tile_bias(
     """The additive logit bias of queries start..stop-1 over keys first..visible-1: -inf where
     masked (causal, padding, the layer's span, a training-free method's sinks), plus the family's
     score bias (at far positions for far pairs; an anchored method's every pair at its query's
-    cache position); [N|1, 1|H, T, S'] float32. And which pairs are near (a training-free
-    method's; None without one)."""
+    cache position); [N|1, 1|H, T, S'] float32. And each pair's regime (a training-free
+    method's, 0 = its own positions; None without one)."""
     device, pairs = inputs.q_pos.device, inputs.pairs
     keys = slice(first, visible)
     k_index = torch.arange(first, visible, device=device)
@@ -114,9 +114,10 @@ def _tile_bias(
         allowed = allowed & (inputs.k_valid[:, None, None, keys] | is_self)
     if inputs.window is not None or inputs.chunk is not None:  # the layer's window or chunk
         allowed = allowed & (span_mask(q_pos, k_pos, inputs.window, inputs.chunk) | is_self)
-    near = None
+    near = region = None
     if pairs is not None:  # which pairs keep their own positions; sinks mask the rest
-        near = q_pos - k_pos < pairs.window  # [N, 1, T, S']
+        region = pairs.region(q_pos, k_pos)  # [N, 1, T, S']
+        near = region == 0
         if pairs.sink_end is not None:
             allowed = allowed & (near | (k_pos < pairs.sink_end))
     bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device)
@@ -134,8 +135,13 @@ def _tile_bias(
                 heads, pairs.q_far[:, None, start:stop, None], pairs.k_far[:, None, None, keys]
             )
             family_bias = torch.where(near, family_bias, far_bias)
+            for r, (q_at, _, _) in enumerate(pairs.more, 2):  # more regimes (DCA)
+                far_bias = inputs.score_bias(
+                    heads, q_at[:, None, start:stop, None], pairs.k_far[:, None, None, keys]
+                )
+                family_bias = torch.where(region == r, far_bias, family_bias)
         bias = bias + family_bias
-    return bias, near
+    return bias, region
 
 
 def _tile_queries(entries_per_query: int, inputs: AttentionInputs, pairs: bool, stick: bool) -> int:
@@ -172,6 +178,22 @@ def _weights(
     return (probs[..., :-1] if sunk else probs), stats
 
 
+def _with_far_pairs(
+    logits: torch.Tensor,
+    region: torch.Tensor,
+    q_fars: tuple[torch.Tensor, ...],
+    k_far: torch.Tensor,
+    start: int,
+    stop: int,
+) -> torch.Tensor:
+    """A tile's logits [N, H, T, S'] with each pair of regime r >= 1 scored by the r-th far
+    queries ``q_fars[r - 1]`` [N, H, L, d] and the far keys ``k_far`` [N, H, S', d]."""
+    for r, q_r in enumerate(q_fars, 1):
+        far_logits = torch.einsum("nhtd,nhsd->nhts", q_r[:, :, start:stop].float(), k_far.float())
+        logits = torch.where(region == r, far_logits, logits)
+    return logits
+
+
 def attend_tiled(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -189,10 +211,11 @@ def attend_tiled(
     attention sink); ``decay`` = (F_q [N, H, L], F_k [N, H, S]) adds F_i - F_j to the logit of
     query i and key j (FoX's forget gates; per layer, so never in the shared tile cache);
     ``stick_breaking`` replaces the softmax by :func:`stick_breaking_weights` (its entropy is that
-    of the weights and the leftover stick, which sum to 1)."""
+    of the weights and the leftover stick, which sum to 1). ``far`` = (queries, keys, queries of
+    regimes 2, 3, ...) rotated to a training-free method's far positions."""
     n, h, length, _ = q.shape
     s = k.shape[2]
-    q_far, k_far = far if far is not None else (None, None)
+    q_far, k_far, *q_more = far if far is not None else (None, None)
     if h != k.shape[1]:
         k = k.repeat_interleave(h // k.shape[1], dim=1)
         v = v.repeat_interleave(h // v.shape[1], dim=1)
@@ -209,7 +232,7 @@ def attend_tiled(
         first = _first_key_in_span(inputs, start, stop, visible) if spanned else 0
         keys = slice(first, visible)
         k_tile, v_tile = k[:, :, keys], v[:, :, keys]
-        bias, near = _cached_tile_bias(inputs, h, start, stop, first, visible)
+        bias, region = _cached_tile_bias(inputs, h, start, stop, first, visible)
         if decay is not None:  # [N, H, T, S']: differences of running sums, in float32
             bias = bias + (decay[0][:, :, start:stop, None] - decay[1][:, :, None, keys])
         q_tile = q[:, :, start:stop]
@@ -218,10 +241,9 @@ def attend_tiled(
             q32 = q_tile.float()
             logits = torch.einsum("nhtd,nhsd->nhts", q32, k_tile.float())
             if q_far is not None:  # far pairs: queries and keys rotated to their far positions
-                far_logits = torch.einsum(
-                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far[:, :, keys].float()
+                logits = _with_far_pairs(
+                    logits, region, (q_far, *q_more), k_far[:, :, keys], start, stop
                 )
-                logits = torch.where(near, logits, far_logits)
             logits = logits * inputs.scale + bias
             if inputs.contextual_bias is not None:
                 logits = logits + inputs.contextual_bias(layer, q32, logits, inputs.scale)

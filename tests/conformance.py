@@ -684,6 +684,30 @@ check(
 )(_pair_check("streaming", {"sink_tokens": 4, "window": 16}, _rel, _wrong_rel, _vis, _wrong_vis))
 
 
+def _dca_check() -> tuple[float, float]:
+    from models.scaling_config import ScalingConfig
+
+    dca = _test_module("models/test_dca.py")
+    model = dca._model()
+    ours = dca._logits(
+        model, dca.IDS, ScalingConfig("dca", "dca", {"chunk_size": 24, "local_window": 4})
+    )
+    expected = dca.reference_logits(model, dca.IDS, 24, 4)
+    other = dca.reference_logits(model, dca.IDS, 26, 4)
+    return _gap(ours, expected), _gap(ours, other)
+
+
+check(
+    "scaling method",
+    "dca",
+    "HKUNLP/ChunkLlama's prefill (chunked flash attention merged by log-sum-exp), transcribed, float64",
+    "RoPE, 2 layers, width 32, 4 heads (2 key heads), weights x 4, 90 tokens at L 32, logits; "
+    "chunk_size 24, local_window 4 (chunks of 20: intra, successive and inter regimes)",
+    "chunk_size 26",
+    PAIR_TOLERANCE,
+)(_dca_check)
+
+
 def _kerple_check(kind: str) -> Callable[[], tuple[float, float]]:
     def run() -> tuple[float, float]:
         zoo = _test_module("models/test_zoo.py")

@@ -40,13 +40,14 @@ def _tiled_attention(
     """Attention of q [N, H, L, d] over k, v [N, G, S, d] in query tiles (memory linear in
     length) -> ([N, H, L, d], entropy [N, H, L] nats float32 | None), under transformers'
     ``attention_mask`` (bool or additive; None = plain causal, the queries the last L of S).
-    ``pairs`` = (q_far, k_far, q_pos, k_pos, PairInputs): a training-free method's far pairs
-    are scored with the far queries and keys, and its sinks mask the far keys past them."""
+    ``pairs`` = (q_fars, k_far, q_pos, k_pos, PairInputs): a training-free method's far pairs
+    are scored with the far queries of their regime (q_fars: one per regime 1, 2, ...) and the
+    far keys, and its sinks mask the far keys past them."""
     n, h, length, _ = query.shape
     s = key.shape[2]
     repeat = h // key.shape[1]
     if pairs is not None:
-        q_far, k_far, q_pos, k_pos, spec = pairs
+        q_fars, k_far, q_pos, k_pos, spec = pairs
         k_far = k_far.repeat_interleave(repeat, dim=1) if repeat > 1 else k_far
     if repeat > 1:
         key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
@@ -58,9 +59,13 @@ def _tiled_attention(
         stop = min(start + tile, length)
         logits = torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), key.float())
         if pairs is not None:
-            near = (q_pos[:, None, start:stop, None] - k_pos[:, None, None, :]) < spec.window
-            far = torch.einsum("nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far.float())
-            logits = torch.where(near, logits, far)  # [N, H, T, S]
+            region = spec.region(q_pos[:, None, start:stop, None], k_pos[:, None, None, :])
+            near = region == 0
+            for r, q_far in enumerate(q_fars, 1):
+                far = torch.einsum(
+                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far.float()
+                )
+                logits = torch.where(region == r, far, logits)  # [N, H, T, S]
         logits = logits * scale
         if softcap:
             logits = softcap * torch.tanh(logits / softcap)
@@ -139,12 +144,13 @@ def _pair_attention(module, query, key, value, attention_mask, scaling=None, dro
     if logn:  # at each query's position (StreamingLLM's: in its cache)
         factor = logn_query_scale(pairs.query_positions(q_pos), train_length)[:, None, :, None]
         query = (query.float() * factor).to(query.dtype)
-    q_far = rotate(query, pairs.q_cos, pairs.q_sin, "half")
+    rotations = [(pairs.q_cos, pairs.q_sin), *((c, s) for _, c, s in pairs.more)]
+    q_fars = [rotate(query, cos, sin, "half") for cos, sin in rotations]  # one per far regime
     k_far = rotate(key, pairs.k_cos, pairs.k_sin, "half")
     scale = d**-0.5 if scaling is None else float(scaling)
     out, entropy = _tiled_attention(
         query, key, value, attention_mask, scale, kwargs.get("softcap"), want_entropy,
-        pairs=(q_far, k_far, q_pos, k_pos, pairs),
+        pairs=(q_fars, k_far, q_pos, k_pos, pairs),
     )  # fmt: skip
     if want_entropy:
         module._lenbench_entropy = entropy

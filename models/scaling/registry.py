@@ -347,6 +347,10 @@ class PairPositions:
     reads the query's position (a score bias's i such as FIRE's normaliser, log-n) reads that one;
     otherwise they are the position ids themselves (Self-Extend and ReRoPE group or clip the ids
     they are given, as their reference patches do, and near pairs keep them).
+
+    A method with more than two regimes (Dual Chunk Attention) sets ``regions(i, j)``, each
+    pair's regime as an integer tensor (0: own positions, 1: ``far_query``, r >= 2:
+    ``more_far_queries[r - 2]``; the key always at ``far_key``) in place of the window's two.
     """
 
     window: int
@@ -354,17 +358,38 @@ class PairPositions:
     far_key: Callable[[torch.Tensor], torch.Tensor]
     sinks: int | None = None
     anchored: bool = False
+    regions: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    more_far_queries: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.regions is not None and self.anchored:  # regions read position ids, not cache slots
+            raise ValueError("PairPositions: a method with regions cannot be anchored.")
+        if self.more_far_queries and self.regions is None:
+            raise ValueError("PairPositions: more far queries need regions to choose them.")
+
+    def region(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Each pair's regime (int64, broadcast of q_pos - k_pos): 0 scored at its own positions,
+        r >= 1 with the query at the r-th far query (module doc)."""
+        if self.regions is None:
+            return (q_pos - k_pos >= self.window).long()
+        return self.regions(q_pos, k_pos).long()
+
+    def far_queries(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        """The query's far position in regime 1, 2, ... (in that order)."""
+        return (self.far_query, *self.more_far_queries)
 
     def relative(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """The relative position each pair is scored at, float64, broadcast of q_pos - k_pos
         (the dense reference of tests and docs; masked pairs included)."""
         q64, k64 = q_pos.to(torch.float64), k_pos.to(torch.float64)
-        far = self.far_query(q64) - self.far_key(k64)
-        return torch.where(q64 - k64 < self.window, q64 - k64, far)
+        region, out = self.region(q64, k64), q64 - k64
+        for r, query in enumerate(self.far_queries(), 1):
+            out = torch.where(region == r, query(q64) - self.far_key(k64), out)
+        return out
 
     def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Whether each (causal) pair may attend: always, except far pairs past the sinks."""
-        near = q_pos - k_pos < self.window
+        near = self.region(q_pos, k_pos) == 0
         if self.sinks is None:
             return torch.ones_like(near)
         return near | (k_pos < self.sinks)

@@ -1,6 +1,6 @@
-"""The training-free methods: Self-Extend, ReRoPE, Leaky ReRoPE and StreamingLLM. Each returns a
-:class:`~models.scaling.registry.PairPositions` (where a query-key pair beyond its window is
-scored) instead of frequencies; the attention applies it (``tests/models/test_training_free.py``
+"""The training-free methods: Self-Extend, ReRoPE, Leaky ReRoPE, StreamingLLM and Dual Chunk
+Attention. Each returns a :class:`~models.scaling.registry.PairPositions` (where a query-key pair
+beyond its window, or outside its chunk, is scored) instead of frequencies; the attention applies it (``tests/models/test_training_free.py``
 compares each with its reference code)."""
 
 from __future__ import annotations
@@ -182,3 +182,66 @@ def _streaming(train_length: int, *, window: int, sink_tokens: int = 4) -> PairP
 
 def _identity(positions: torch.Tensor) -> torch.Tensor:
     return positions
+
+
+def _dca_auto(params: dict, target: int, train_length: int) -> dict:
+    """chunk_size auto: 3/4 of L; local_window auto: L / 8 (ChunkLlama's
+    ``replace_with_chunkllama(pretraining_length)``: ``pretraining_length * 3 // 4`` and ``// 8``)."""
+    if params.get("chunk_size") == "auto":
+        params["chunk_size"] = max(2, train_length * 3 // 4)
+    if params.get("local_window") == "auto":
+        params["local_window"] = train_length // 8
+    return params
+
+
+def _chunk_regions(q_pos: torch.Tensor, k_pos: torch.Tensor, chunk: int) -> torch.Tensor:
+    """0 in the query's chunk, 1 in the chunk before, 2 in any earlier one (chunks of ``chunk``
+    positions from position 0)."""
+    return (_group_floor(q_pos, chunk) - _group_floor(k_pos, chunk)).clamp(0, 2)
+
+
+def _successive_query(positions: torch.Tensor, chunk: int, cap: int) -> torch.Tensor:
+    return (torch.remainder(positions, chunk) + chunk).clamp(max=cap)
+
+
+@register_scaling(
+    "dca",
+    applies_to=("rotary", "pairs"),
+    auto_keys=("chunk_size", "local_window"),
+    pair_method=True,
+    auto_rule=_dca_auto,
+)
+def _dca(train_length: int, *, chunk_size: int, local_window: int) -> PairPositions:
+    """Dual Chunk Attention (An et al., ICML 2024; HKUNLP/ChunkLlama ``chunkllama_attn_replace``):
+    positions are cut into chunks of c = ``chunk_size`` - ``local_window`` and every key stands
+    at its position within its chunk, j mod c. A query i scores the keys of its own chunk at
+    i mod c (intra-chunk: their own distance i - j), those of the chunk before at
+    min(i mod c + c, chunk_size) (successive chunks keep their local distances, capped), and all
+    earlier ones at min(2c - 1, chunk_size) (inter-chunk). So no relative position exceeds
+    ``chunk_size``, which must be below the training length. The repo's current code also
+    multiplies cos and sin by 0.05 ln(T / L) + 1 past L (YaRN's mscale; its comment: the paper's
+    results did not use it): not applied here."""
+    for key, value in (("chunk_size", chunk_size), ("local_window", local_window)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+            raise ValueError(f"dca: {key} must be an integer >= 0 (tokens), got {value!r}.")
+    size, local = int(chunk_size), int(local_window)
+    if not 0 <= local < size:
+        raise ValueError(
+            f"dca: local_window {local} must be below chunk_size {size} (the chunk is "
+            "chunk_size - local_window positions)."
+        )
+    if size >= train_length:
+        raise ValueError(
+            f"dca: chunk_size {size} must be below the training length {train_length} (the "
+            "largest relative position it assigns is chunk_size)."
+        )
+    chunk = size - local
+    return PairPositions(
+        chunk,  # unused: the chunks decide each pair's regime
+        functools.partial(_successive_query, chunk=chunk, cap=size),
+        functools.partial(torch.remainder, other=chunk),
+        regions=functools.partial(_chunk_regions, chunk=chunk),
+        more_far_queries=(
+            functools.partial(_affine, slope=0.0, shift=float(min(2 * chunk - 1, size))),
+        ),
+    )

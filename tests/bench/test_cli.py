@@ -43,6 +43,7 @@ GROUPS = {
         "rerope",
         "leaky_rerope",
         "streaming",
+        "dca",
         "drope",
     ],
     "data": ["pycorpus", "text", "hf"],

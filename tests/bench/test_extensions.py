@@ -201,9 +201,13 @@ def test_a_family_of_the_users_package_brings_its_own_fields(tmp_path, monkeypat
         job = JobConfig.from_hydra(cfg)
         assert type(job.position).__name__ == "SlopeConfig" and job.position.slope == 2.0
         assert job.position.params() == {"slope": 2.0}
-        with pytest.raises(ValueError, match=r"position\.base=5 means nothing for position=one_slope"):
+        with pytest.raises(
+            ValueError, match=r"position\.base=5 means nothing for position=one_slope"
+        ):
             JobConfig.from_hydra(foreign)
-        with pytest.raises(ValueError, match=r"position\.slope=2\.0 means nothing for position=rope"):
+        with pytest.raises(
+            ValueError, match=r"position\.slope=2\.0 means nothing for position=rope"
+        ):
             JobConfig.from_hydra(rope)
         model = DecoderLM(ModelConfig(n_layers=1, d_model=16, n_heads=2), job.position, 16)
         assert model.position_cfg.slope == 2.0

@@ -57,7 +57,7 @@ def test_xpos_fields_and_scalings():
         "xpos_scale_base": 512.0,
     }
     # every frequency method; no training-free pair method (a key's decay follows its own position)
-    pair_methods = {"self_extend", "rerope", "leaky_rerope", "streaming"}
+    pair_methods = {"self_extend", "rerope", "leaky_rerope", "streaming", "dca"}
     # nor DroPE: zero frequencies would leave xPos's scales, so its encoding would not be dropped
     expected = set(applicable_methods("rope")) - pair_methods - {"drope"}
     assert set(applicable_methods("xpos")) == expected

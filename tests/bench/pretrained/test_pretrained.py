@@ -76,6 +76,10 @@ SCALINGS = {
     "streaming": ScalingConfig(
         name="streaming", method="streaming", params={"sink_tokens": 4, "window": 12}
     ),
+    # three regimes per pair (intra, successive, inter chunk)
+    "dca": ScalingConfig(
+        name="dca", method="dca", params={"chunk_size": "auto", "local_window": "auto"}
+    ),
 }
 
 
@@ -559,7 +563,7 @@ def test_parity_decoderlm_and_llama_give_the_same_rows(scaling, hf_text_docs):
         assert abs(row["value"] - other["value"]) <= tol, (key, row["value"], other["value"])
 
 
-@pytest.mark.parametrize("scaling", ["none", "self_extend", "streaming"])
+@pytest.mark.parametrize("scaling", ["none", "self_extend", "streaming", "dca"])
 def test_parity_greedy_generations_are_identical(scaling, hf_text_docs):
     """The passkey verdicts of both paths come from the same continuations (a stronger check than
     their accuracy, which a random model keeps at 0), decoded with each path's KV cache."""
