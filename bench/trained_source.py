@@ -194,7 +194,7 @@ class TrainedSource:
         return [{**row, "eval_length": row["eval_length"] or 0} for row in harness_rows(results)]
 
     def columns(self, model: SourceModel, corpus: Corpus) -> dict[str, Any]:
-        from bench.train.cache import curve_job, model_config_id, weights_key
+        from bench.train.cache import curve_job, model_config_id, recipe_id, weights_key
 
         job = self.job
         columns = {
@@ -202,6 +202,7 @@ class TrainedSource:
             "position_params": canonical_json(job.position.params()),  # kind: its own column
             "train_length": job.train.length,
             "model_config_id": model_config_id(job, corpus),
+            "recipe": recipe_id(job, corpus),
         }
         if job.train.position_sampling != "contiguous":  # how its training windows were positioned
             columns["position_sampling"] = job.train.position_sampling

@@ -55,6 +55,10 @@ ARM_COLUMN = "arm"
 #: named columns, ``bench.core.series``), and the passkey template a ``passkey_acc`` row measured.
 MODEL_CONFIG_COLUMN = "model_config_id"
 TEMPLATE_COLUMN = "template"
+#: Optional column: the training recipe (``bench.train.cache.recipe_id``: what determines the
+#: weights but the position family, the model switches, the seed and a fine-tune), equal for
+#: every design trained alike; the leaderboard ranks only rows of one recipe together.
+RECIPE_COLUMN = "recipe"
 #: Optional columns of RULER rows (``bench.eval.metrics.ruler``): the task a row measured, and its
 #: parameters as canonical JSON (for ``effective_length`` rows: the score and the rule used).
 TASK_COLUMNS = ["task", "task_params"]

@@ -117,4 +117,6 @@ class PretrainedSource:
             "train_length": lm.train_length,
             # one pretrained model = one configuration; seeds sample the eval
             "model_config_id": model_id(self.cfg),
+            # its own recipe: ranked only against itself (other scalings of the same model)
+            "recipe": f"pretrained:{model_id(self.cfg)}",
         }

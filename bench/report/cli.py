@@ -1,5 +1,8 @@
-"""``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check]``: arguments, default paths,
-one-line errors.
+"""``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check] [--leaderboard]``: arguments, default
+paths, one-line errors.
+
+``--leaderboard`` writes the leaderboard of the given rows instead (``reports/leaderboard/`` by
+default: report.md, heatmaps, index.html; :mod:`bench.report.leaderboard_report`).
 
 With no RESULTS_DIR it reports on the most recently modified experiment under ``results/`` and
 writes to ``reports/<experiment>/``. ``--check`` writes nothing: it prints the findings table
@@ -86,6 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"hold, {NOTHING_CHECKED} if no finding could be measured, else 0",
     )
     parser.add_argument(
+        "--leaderboard",
+        action="store_true",
+        help="write the leaderboard of these rows (every series ranked per recipe; default --out "
+        "reports/leaderboard) instead of a study report",
+    )
+    parser.add_argument(
         "--extension",
         action="append",
         default=[],
@@ -94,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "as the run's extensions: [...]",
     )
     args = parser.parse_args(argv)
+    if args.check and args.leaderboard:
+        parser.error("--leaderboard writes a page and --check writes nothing; choose one.")
     if args.check and args.out is not None:
         parser.error(
             f"--out {str(args.out)!r} has no use with --check, which writes nothing; run "
@@ -111,8 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not results:
                 print("No registered finding is about these rows (none of their series here).")
             return NOTHING_CHECKED if all(r.status == NOT_MEASURED for r in results) else 0
-        out = args.out if args.out is not None else Path("reports") / _experiment_name(df)
-        report = render(df, paths, out)
+        if args.leaderboard:
+            from bench.report.leaderboard_report import write_leaderboard
+
+            out = args.out if args.out is not None else Path("reports") / "leaderboard"
+            sources = ", ".join(f"`{p}`" for p in paths)
+            write_leaderboard(df, out, sources)
+            report = out / "report.md"
+        else:
+            out = args.out if args.out is not None else Path("reports") / _experiment_name(df)
+            report = render(df, paths, out)
     except ValueError as exc:
         parser.error(str(exc))
     except OSError as exc:  # an output directory that cannot be written, a full disk

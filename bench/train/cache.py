@@ -132,6 +132,23 @@ def model_config_id(job: JobConfig, corpus: Corpus | str | None = None) -> str:
     return weights_key(replace(job, seed=0), corpus)
 
 
+#: model switches that name a design compared on one recipe (``bench.core.series.SWITCH_COLUMNS``
+#: and the attention sink), left out of :func:`recipe_id`
+DESIGN_SWITCHES = ("qk_norm", "output_gate", "attn_scale", "attention", "attention_sink")
+
+
+def recipe_id(job: JobConfig, corpus: Corpus | str | None = None) -> str:
+    """The training recipe of a job's model: the weights config of the model it starts from (a
+    fine-tune's base) with the seed, the position section, the family's revision and the design
+    switches left out; equal for every position family and attention design trained alike (the
+    ``recipe`` column, which the leaderboard never ranks across)."""
+    config = weights_config(replace(base_job(job), seed=0), corpus)
+    for key in ("seed", "position", "position_revision"):
+        config.pop(key, None)
+    config["model"] = {k: v for k, v in config["model"].items() if k not in DESIGN_SWITCHES}
+    return key_of(config)
+
+
 # --------------------------------------------------------------------------- paths
 
 

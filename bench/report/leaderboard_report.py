@@ -1,0 +1,181 @@
+"""``lenbench-report --leaderboard``: report.md, one heatmap per metric, tables/leaderboard.csv
+and index.html (:mod:`bench.report.leaderboard_page`), all from one table
+(:func:`bench.report.leaderboard.leaderboard_table`), so the page shows the numbers report.md
+shows (the same :func:`cell_text`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bench.findings.leaderboard import METRICS, PPL_FLAT
+from bench.report.leaderboard import METRIC_TITLES, RULES, labelled, leaderboard_table
+from bench.report.markdown import markdown_table
+
+__all__ = ["cell_text", "display_table", "write_leaderboard"]
+
+#: marks a series whose perplexity at L exceeds PPL_FLAT x its recipe's best: its effective lengths
+#: are measured against a value that is already bad
+BAD_AT_L = "†"
+
+
+def cell_text(row: pd.Series, metric: str) -> str:
+    """One metric's cell: effective length in tokens (its interval over seeds) and its rank."""
+    eff = row.get(f"{metric}_eff", math.nan)
+    if eff is None or not np.isfinite(eff):
+        return "–"
+    lo, hi, rank = row[f"{metric}_lo"], row[f"{metric}_hi"], row[f"{metric}_rank"]
+    if _fails_at_l(row, metric):
+        return f"fails at L #{int(rank)}"
+    span = "" if round(lo) == round(hi) else f" ({lo:.0f}–{hi:.0f})"
+    # every seed passes at the longest length measured: at least that long
+    at_least = "≥" if round(lo) == round(hi) == row[f"{metric}_max"] else ""
+    return f"{at_least}{eff:.0f}{span} #{int(rank)}"
+
+
+def _fails_at_l(row: pd.Series, metric: str) -> bool:
+    """Every seed's effective length is 0 (it fails at the shortest length, L)."""
+    return all(int(x) == 0 for x in str(row[f"{metric}_seeds"]).split(","))
+
+
+def _length_text(row: pd.Series, metric: str) -> str:
+    if _fails_at_l(row, metric):
+        return "fails at L"
+    eff, length = row[f"{metric}_eff"], row["train_length"]
+    return f"{eff:.0f} tokens ({eff / length:.1f} L)"
+
+
+def _bad_at_l(table: pd.DataFrame) -> pd.Series:
+    best = table.groupby("recipe")["ppl_at_L"].transform("min")
+    return table["ppl_at_L"] > PPL_FLAT * best
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The ranked table as text, one column per metric present (what report.md and the page show)."""
+    metrics = [m for m in METRICS if f"{m}_eff" in table]
+    bad = _bad_at_l(table)
+    out = pd.DataFrame(
+        {
+            "recipe": table["recipe"],
+            "overall": table["overall_rank"].map(lambda r: f"{r:.2f}"),
+            "design": table["design"],
+            "method": table["method"],
+            "fine-tune": table["finetune"],
+            "seeds": table["seeds"],
+            "ppl at L": [
+                "–" if not np.isfinite(v) else f"{v:.2f}{BAD_AT_L if b else ''}"
+                for v, b in zip(table["ppl_at_L"], bad, strict=True)
+            ],
+        }
+    )
+    for m in metrics:
+        out[METRIC_TITLES[m]] = [cell_text(row, m) for _, row in table.iterrows()]
+    return out
+
+
+def _paragraph(table: pd.DataFrame, metric: str) -> str:
+    """What the metric shows, per recipe: the longest and shortest effective lengths and who."""
+    lines = [f"**{METRIC_TITLES[metric]}** ({RULES[metric]})."]
+    if f"{metric}_eff" not in table:
+        return lines[0] + " No series of these rows has it."
+    for recipe, block in table.groupby("recipe", sort=True):
+        block = block[np.isfinite(block[f"{metric}_eff"])]
+        if block.empty:
+            continue
+        best = block[block[f"{metric}_rank"] == 1]
+        worst = block[block[f"{metric}_eff"] == block[f"{metric}_eff"].min()].iloc[0]
+        top = block.loc[best[f"{metric}_eff"].idxmax()]
+        length = int(block["train_length"].iloc[0])
+        names = ", ".join(f"{r.design} {r.method}" + (f" ({r.finetune})" if r.finetune != "none" else "")
+                          for r in best.itertuples())  # fmt: skip
+        lines.append(
+            f"In `{recipe}` (L = {length}), {len(block)} series: rank 1 ({len(best)} tied, "
+            f"intervals overlapping) is {names}, up to {_length_text(top, metric)}; the shortest "
+            f"is {worst['design']} {worst['method']}: {_length_text(worst, metric)}."
+        )
+    return " ".join(lines)
+
+
+def heatmap(table: pd.DataFrame, metric: str, path: Path) -> bool:
+    """Design (with recipe and fine-tune) x method, colour = log2(effective length / L); False when
+    no series has the metric."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if f"{metric}_eff" not in table:
+        return False
+    t = table[np.isfinite(table[f"{metric}_eff"])]
+    if t.empty:
+        return False
+    rows = t["design"] + " · " + t["finetune"] + " · " + t["recipe"]
+    values = np.log2(t[f"{metric}_eff"] / t["train_length"])
+    grid = pd.DataFrame({"row": rows, "method": t["method"], "v": values}).pivot_table(
+        index="row", columns="method", values="v", aggfunc="first"
+    )
+    fig, ax = plt.subplots(figsize=(2 + 0.9 * grid.shape[1], 1 + 0.35 * grid.shape[0]))
+    image = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis", aspect="auto")
+    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=45, ha="right")
+    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=7)
+    for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
+        if np.isfinite(v):
+            ax.text(j, i, f"{v:.1f}", ha="center", va="center", color="w", fontsize=7)
+    fig.colorbar(image, ax=ax, label="log2(effective length / L)")
+    ax.set_title(f"{METRIC_TITLES[metric]}: effective length ({RULES[metric][:60]}...)", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # the long row labels whole
+    plt.close(fig)
+    return True
+
+
+def _report_md(table: pd.DataFrame, shown: pd.DataFrame, maps: list[str], sources: str) -> str:
+    parts = [
+        "# Leaderboard: which design and method keeps working past the training length",
+        "",
+        f"Generated by `lenbench-report --leaderboard` from {sources} (do not edit). One block per "
+        "training recipe: rows of different recipes are never ranked together. Each metric's "
+        "cell: the effective length in tokens (2 to the mean over seeds of log2(eff / L), times "
+        "L; ≥ where every seed passes at the longest length measured), its 95% t-interval over "
+        "seeds, and its rank (1 + the series whose interval lies "
+        "entirely above; ties where intervals overlap; an effective length of 0, failing at the "
+        "shortest length, counts as L / 2). Overall: the mean rank over the metrics a series has. "
+        f"{BAD_AT_L}: perplexity at L above {PPL_FLAT} x its recipe's best, so its flat "
+        "perplexity past L is measured from an already bad value (`bench/findings/leaderboard.py`).",
+        "",
+        "## Rules",
+        "",
+        *[f"- {METRIC_TITLES[m]}: {RULES[m]}." for m in METRICS],
+        "",
+        "## Ranked",
+        "",
+        markdown_table(shown),
+        "",
+        "## What each metric shows",
+        "",
+    ]
+    parts += [_paragraph(table, m) + "\n" for m in METRICS]
+    parts += ["## Heatmaps", ""] + [f"![{m}](heatmaps/{m}.png)" for m in maps]
+    return "\n".join(parts) + "\n"
+
+
+def write_leaderboard(df: pd.DataFrame, out: Path, sources: str) -> pd.DataFrame:
+    """Write ``out``/report.md, heatmaps/<metric>.png, tables/leaderboard.csv and index.html from
+    the result rows ``df``; return the leaderboard table."""
+    from bench.report.leaderboard_page import write_page
+
+    table = leaderboard_table(df)
+    if table.empty:
+        raise ValueError("no series with a leaderboard metric (nll, longppl, passkey, RULER) here.")
+    out.mkdir(parents=True, exist_ok=True)
+    maps = [m for m in METRICS if heatmap(table, m, out / "heatmaps" / f"{m}.png")]
+    shown = display_table(table)
+    (out / "tables").mkdir(exist_ok=True)
+    table.drop(columns=["series"]).to_csv(out / "tables" / "leaderboard.csv", index=False)
+    (out / "report.md").write_text(_report_md(table, shown, maps, sources))
+    write_page(out / "index.html", table, shown, labelled(df), maps, out / "heatmaps")
+    return table

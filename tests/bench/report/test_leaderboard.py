@@ -1,0 +1,111 @@
+"""The leaderboard table and report (issue #56 items 2, 4, 6): the rules on hand-built rows, recipes
+never ranked together, the committed report regenerated identically from the committed rows, and a
+changed-cell control (a row edited in a copy changes the rank it should, and only that series'
+effective length)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.core.results import load_results
+from bench.report.cli import main as report_main
+from bench.report.leaderboard import leaderboard_table
+from bench.report.leaderboard_report import display_table, write_leaderboard
+
+ROOT = Path(__file__).resolve().parents[3]
+COMMITTED = ROOT / "reports" / "leaderboard"
+#: what reports/leaderboard is generated from (its README says so)
+SOURCES = ["results/zoo", "results/zoo_2025", "results/training_free", "results/ruler"]
+
+
+def _nll_row(seed: int, length: int, ppl: float, **extra) -> dict:
+    base = {
+        "experiment": "hand", "arm": "lm", "position": "rope", "position_params": "{}",
+        "scaling": "none", "scaling_params": "{}", "train_length": 64, "eval_length": length,
+        "metric": "nll", "value": math.log(ppl), "n": 1000, "seed": seed, "corpus": "c",
+        "corpus_fingerprint": "f", "model_config_id": "m", "run_id": f"r{seed}",
+    }  # fmt: skip
+    return {**base, **extra}
+
+
+def test_effective_lengths_follow_the_rules_on_hand_built_rows():
+    """Seed 1 stays within 1.1 x its perplexity at L up to 2L, seed 2 up to 4L: effective lengths
+    128 and 256, mean log2 ratio 1.5 -> 64 x 2^1.5 = 181 tokens; a series flat nowhere past L
+    ranks below it once their intervals are apart."""
+    rows = []
+    for seed, ppls in ((1, (10.0, 10.5, 12.0)), (2, (10.0, 10.9, 10.95))):
+        rows += [_nll_row(seed, x, p) for x, p in zip((64, 128, 256), ppls, strict=True)]
+    for seed in (1, 2):  # another method of the same recipe: breaks at 2L on both seeds
+        rows += [
+            _nll_row(seed, x, p, scaling="ntk") for x, p in ((64, 10.0), (128, 20.0), (256, 30.0))
+        ]
+    table = leaderboard_table(pd.DataFrame(rows)).set_index("method")
+    assert table.loc["none", "ppl_seeds"] == "128,256"
+    assert table.loc["none", "ppl_eff"] == pytest.approx(64 * 2**1.5)
+    assert table.loc["ntk", "ppl_seeds"] == "64,64"
+    # two seeds 1 log2 apart: a t-interval (df 1) wide enough to overlap ntk's, so they tie
+    assert table.loc["none", "ppl_rank"] == 1 and table.loc["ntk", "ppl_rank"] == 1
+    assert table.loc["none", "ppl_at_L"] == pytest.approx(10.0)
+    # seed 1 flat to 4L too: both seeds 256, an interval above ntk's: ntk ranks 2
+    rows[2] = _nll_row(1, 256, 10.9)
+    ranked = leaderboard_table(pd.DataFrame(rows)).set_index("method")
+    assert ranked.loc["none", "ppl_seeds"] == "256,256" and ranked.loc["ntk", "ppl_rank"] == 2
+    # control: a perplexity of 11.1 at 2L (1.11 x) breaks seed 1 at L
+    rows[1] = _nll_row(1, 128, 11.1)
+    assert (
+        leaderboard_table(pd.DataFrame(rows)).set_index("method").loc["none", "ppl_seeds"]
+        == "64,256"
+    )
+
+
+def test_recipes_are_never_ranked_together():
+    """The same rows under two recipe values: two blocks, each ranked on its own (both rank 1);
+    rows without the column fall back to their study (experiment, arm, L)."""
+    a = [_nll_row(s, x, p, recipe="A") for s in (1, 2) for x, p in ((64, 10.0), (128, 10.0))]
+    b = [_nll_row(s, x, p, recipe="B") for s in (1, 2) for x, p in ((64, 10.0), (128, 30.0))]
+    table = leaderboard_table(pd.DataFrame(a + b))
+    assert list(table["recipe"]) == ["A", "B"] and list(table["ppl_rank"]) == [1, 1]
+    one = leaderboard_table(pd.DataFrame([{**r, "recipe": "A"} for r in a + b]))
+    assert len(one) == 1  # control: one recipe, one series (its rows pooled per seed)
+    old = leaderboard_table(
+        pd.DataFrame([{k: v for k, v in r.items() if k != "recipe"} for r in a])
+    )
+    assert list(old["recipe"]) == ["study:hand/lm/L=64"]
+
+
+def test_the_committed_leaderboard_regenerates_identically(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert report_main(["--leaderboard", *SOURCES, "--out", str(tmp_path)]) == 0
+    for name in ("report.md", "tables/leaderboard.csv"):
+        assert (tmp_path / name).read_text() == (COMMITTED / name).read_text(), name
+    assert (COMMITTED / "index.html").is_file()
+
+
+def test_a_changed_cell_changes_the_rank_it_should(tmp_path):
+    """In a copy of the RULER study's rows, the raw model's passkey accuracy at 2L and 4L set to
+    1.0 on every seed: its passkey cell becomes >= 4L at rank 1; every other series' passkey
+    effective length stays as it was."""
+    rows = load_results([ROOT / "results" / "ruler"])
+    before = leaderboard_table(rows)
+    raw = (
+        (rows["metric"] == "passkey_acc") & (rows["scaling"] == "none")
+        & rows["finetune_method"].isna() & (rows["eval_length"] > 256)
+    )  # fmt: skip
+    edited = rows.copy()
+    edited.loc[raw, "value"] = 1.0
+    after = leaderboard_table(edited)
+    key = ["design", "method", "finetune"]
+    b, a = before.set_index(key), after.set_index(key)
+    series = ("rope", "none", "none")
+    assert b.loc[series, "passkey_seeds"] == "256,256,256"
+    assert a.loc[series, "passkey_seeds"] == "1024,1024,1024" and a.loc[series, "passkey_rank"] == 1
+    others = b.index.drop(series)
+    pd.testing.assert_series_equal(b.loc[others, "passkey_eff"], a.loc[others, "passkey_eff"])
+    shown = display_table(after).set_index(["design", "method", "fine-tune"])
+    assert shown.loc[series, "passkey"] == "≥1024 #1"
+    write_leaderboard(edited, tmp_path, "edited copy")  # the edit reaches report.md too
+    assert "≥1024 #1" in (tmp_path / "report.md").read_text()
