@@ -60,8 +60,7 @@ def _experiment_name(df: pd.DataFrame) -> str:
     return name.replace(os.sep, "_").replace("/", "_") or "report"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check] [--extension M]``."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lenbench-report",
         description="Regenerate tables, plots and report.md from stored lenbench result tables.",
@@ -95,6 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reports/leaderboard) instead of a study report",
     )
     parser.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="with --leaderboard: also rewrite the leaderboard block of this README",
+    )
+    parser.add_argument(
         "--extension",
         action="append",
         default=[],
@@ -102,9 +108,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a module or package of your own to import first (its findings, metrics); repeatable, "
         "as the run's extensions: [...]",
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``lenbench-report [RESULTS_DIR ...] [--out DIR] [--check] [--leaderboard
+    [--readme PATH]] [--extension M]``."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.check and args.leaderboard:
         parser.error("--leaderboard writes a page and --check writes nothing; choose one.")
+    if args.readme is not None and not args.leaderboard:
+        parser.error(f"--readme {str(args.readme)!r} is written by --leaderboard only; add it.")
     if args.check and args.out is not None:
         parser.error(
             f"--out {str(args.out)!r} has no use with --check, which writes nothing; run "
@@ -127,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             out = args.out if args.out is not None else Path("reports") / "leaderboard"
             sources = ", ".join(f"`{p}`" for p in paths)
-            write_leaderboard(df, out, sources)
+            table = write_leaderboard(df, out, sources)
+            if args.readme is not None:
+                from bench.report.leaderboard_report import readme_block, update_readme
+
+                update_readme(args.readme, readme_block(table, out.as_posix()))
             report = out / "report.md"
         else:
             out = args.out if args.out is not None else Path("reports") / _experiment_name(df)

@@ -109,3 +109,32 @@ def test_a_changed_cell_changes_the_rank_it_should(tmp_path):
     assert shown.loc[series, "passkey"] == "≥1024 #1"
     write_leaderboard(edited, tmp_path, "edited copy")  # the edit reaches report.md too
     assert "≥1024 #1" in (tmp_path / "report.md").read_text()
+
+
+def test_the_readmes_block_is_generated_from_the_committed_rows(tmp_path):
+    """README.md opens with the leaderboard's rank-1 rows per metric: the block between its markers
+    is exactly what --readme writes from the committed rows (not hand-written); a changed row
+    changes it (control); a README without the markers is one sentence."""
+    from bench.report.leaderboard_report import (
+        README_END,
+        README_START,
+        readme_block,
+        update_readme,
+    )
+
+    rows = load_results([ROOT / p for p in SOURCES])
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(README_START, 1)[1].split(README_END, 1)[0]
+    expected = readme_block(leaderboard_table(rows))
+    assert README_START + block + README_END == expected
+    copy = tmp_path / "README.md"
+    copy.write_text(readme)
+    edited = rows.copy()
+    raw = (edited["experiment"] == "ruler") & (edited["metric"] == "passkey_acc")
+    raw &= (edited["scaling"] == "none") & edited["finetune_method"].isna()
+    edited.loc[raw & (edited["eval_length"] > 256), "value"] = 1.0
+    update_readme(copy, readme_block(leaderboard_table(edited)))
+    assert copy.read_text() != readme and "rope none" in copy.read_text().split(README_END)[0]
+    (tmp_path / "plain.md").write_text("# no block\n")
+    with pytest.raises(ValueError, match="has no leaderboard block"):
+        update_readme(tmp_path / "plain.md", expected)
