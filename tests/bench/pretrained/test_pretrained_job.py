@@ -84,6 +84,14 @@ def test_job_writes_rows_that_the_report_draws(hf_model_dirs, tmp_path):
     text = report.read_text()
     assert "llama" in text and "gpt2" in text  # each model is its own series
     assert any((tmp_path / "report" / "plots").glob("ppl_vs_length*.png"))
+    # the leaderboard ranks a pretrained model's methods against each other only (its own recipe)
+    from bench.core.results import load_results
+    from bench.report.leaderboard import leaderboard_table
+
+    table = leaderboard_table(load_results([tmp_path / "results" / "pretrained_test"]))
+    llama = f"pretrained:{model_id(PretrainedConfig(path=str(hf_model_dirs['llama'])))}"
+    assert set(table.loc[table["recipe"] == llama, "method"]) == {"none", "yarn"}
+    assert table["recipe"].nunique() == 2  # control: gpt2 is another recipe, never ranked with it
 
 
 def test_job_statuses_for_bad_input_and_inapplicable_scaling(hf_model_dirs, tmp_path):
