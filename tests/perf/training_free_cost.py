@@ -41,6 +41,7 @@ METHODS = {
     "rerope": ("rerope", {"window": "auto"}),
     "leaky_rerope": ("leaky_rerope", {"window": "auto", "slope": "auto"}),
     "streaming": ("streaming", {"sink_tokens": 4, "window": "auto"}),
+    "dca": ("dca", {"chunk_size": "auto", "local_window": "auto"}),
 }
 DECODE_STEPS = 32
 
