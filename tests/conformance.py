@@ -594,8 +594,10 @@ def _pair_check(
         from models.scaling_config import ScalingConfig
 
         tf = _test_module("models/test_training_free.py")
+        from fixtures.decoding import scaled_logits
+
         model = tf._model()
-        ours = tf._logits(model, tf.IDS, ScalingConfig(method, method, params))
+        ours = scaled_logits(model, tf.IDS, ScalingConfig(method, method, params))
         expected = tf.reference_logits(
             model, tf.IDS, relative(tf), (visible or (lambda tf: tf.ALWAYS))(tf)
         )
@@ -688,8 +690,10 @@ def _dca_check() -> tuple[float, float]:
     from models.scaling_config import ScalingConfig
 
     dca = _test_module("models/test_dca.py")
+    from fixtures.decoding import scaled_logits
+
     model = dca._model()
-    ours = dca._logits(
+    ours = scaled_logits(
         model, dca.IDS, ScalingConfig("dca", "dca", {"chunk_size": 24, "local_window": 4})
     )
     expected = dca.reference_logits(model, dca.IDS, 24, 4)

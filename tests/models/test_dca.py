@@ -15,6 +15,8 @@ from models.scaling import default_inv_freq, pair_positions
 from models.scaling_config import ScalingConfig
 from models.transformer import DecoderLM, ModelConfig
 
+from fixtures.decoding import scaled_decoded, scaled_logits
+
 TRAIN = 32
 IDS = torch.randint(0, 40, (2, 90), generator=torch.Generator().manual_seed(3))
 
@@ -118,22 +120,6 @@ def reference_logits(model: DecoderLM, ids, chunk_size, local_window):
     return m.lm_head(m.final_norm(x)).float()
 
 
-def _logits(model, ids, scaling):
-    with model.scaled(scaling, ids.shape[1]):
-        return model(ids).logits
-
-
-def _decoded(model, ids, scaling, prefill: int):
-    with model.scaled(scaling, ids.shape[1]):
-        out = model(ids[:, :prefill], use_cache=True)
-        logits, past = [out.logits], out.past
-        for t in range(prefill, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past=past, use_cache=True)
-            logits.append(out.logits)
-            past = out.past
-    return torch.cat(logits, dim=1)
-
-
 def dca(chunk_size, local_window) -> ScalingConfig:
     return ScalingConfig("dca", "dca", {"chunk_size": chunk_size, "local_window": local_window})
 
@@ -144,9 +130,9 @@ def test_dca_equals_chunkllamas_reference(chunk_size, local_window):
     inter) is used; the prefill and a token-by-token KV-cache decode both equal the reference."""
     model = _model()
     expected = reference_logits(model, IDS, chunk_size, local_window)
-    ours = _logits(model, IDS, dca(chunk_size, local_window))
+    ours = scaled_logits(model, IDS, dca(chunk_size, local_window))
     assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
-    decoded = _decoded(model, IDS, dca(chunk_size, local_window), prefill=30)
+    decoded = scaled_decoded(model, IDS, dca(chunk_size, local_window), prefill=30)
     assert torch.allclose(decoded, expected, atol=2e-3, rtol=1e-3)
     # negative controls: another chunk, another window, and the raw model differ
     for other in ((chunk_size + 2, local_window), (chunk_size, local_window + 2)):

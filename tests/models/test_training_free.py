@@ -21,6 +21,8 @@ from models.scaling import default_inv_freq, pair_positions, scaling_method
 from models.scaling_config import ScalingConfig, run_scaling
 from models.transformer import DecoderLM, ModelConfig
 
+from fixtures.decoding import scaled_decoded, scaled_logits
+
 TRAIN = 32
 
 
@@ -97,23 +99,6 @@ def reference_logits(model: DecoderLM, ids: torch.Tensor, relative, visible) -> 
     return m.lm_head(m.final_norm(x)).float()
 
 
-def _logits(model, ids, scaling, **kwargs):
-    with model.scaled(scaling, ids.shape[1]):
-        return model(ids, **kwargs).logits
-
-
-def _decoded(model, ids, scaling, prefill: int):
-    """Prefill ``prefill`` tokens, then one token at a time with the KV cache: every logit."""
-    with model.scaled(scaling, ids.shape[1]):
-        out = model(ids[:, :prefill], use_cache=True)
-        logits, past = [out.logits], out.past
-        for t in range(prefill, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past=past, use_cache=True)
-            logits.append(out.logits)
-            past = out.past
-    return torch.cat(logits, dim=1)
-
-
 IDS = torch.randint(0, 40, (2, 72), generator=torch.Generator().manual_seed(1))
 ALWAYS = lambda i, j: True  # noqa: E731
 
@@ -123,12 +108,12 @@ ALWAYS = lambda i, j: True  # noqa: E731
 def test_self_extend_equals_the_dense_reference(layout, group, window):
     model = _model(layout=layout)
     scaling = ScalingConfig("self_extend", "self_extend", {"group_size": group, "window": window})
-    ours = _logits(model, IDS, scaling)
+    ours = scaled_logits(model, IDS, scaling)
     expected = reference_logits(
         model, IDS, lambda i, j: self_extend_relative(i, j, group, window), ALWAYS
     )
     assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
-    decoded = _decoded(model, IDS, scaling, prefill=20)
+    decoded = scaled_decoded(model, IDS, scaling, prefill=20)
     assert torch.allclose(decoded, expected, atol=2e-3, rtol=1e-3)
     for wrong in ((group + 1, window), (group, window + 1)):  # negative controls
         other = reference_logits(
@@ -144,12 +129,14 @@ def test_rerope_equals_the_dense_reference(method, window, slope):
     model = _model()
     params = {"window": window} if method == "rerope" else {"window": window, "slope": slope}
     scaling = ScalingConfig(method, method, params)
-    ours = _logits(model, IDS, scaling)
+    ours = scaled_logits(model, IDS, scaling)
     expected = reference_logits(
         model, IDS, lambda i, j: leaky_rerope_relative(i, j, window, slope), ALWAYS
     )
     assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
-    assert torch.allclose(_decoded(model, IDS, scaling, prefill=9), expected, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(
+        scaled_decoded(model, IDS, scaling, prefill=9), expected, atol=2e-3, rtol=1e-3
+    )
     other = reference_logits(
         model, IDS, lambda i, j: leaky_rerope_relative(i, j, window + 1, slope), ALWAYS
     )
@@ -170,10 +157,12 @@ def test_streaming_equals_the_repo_procedure(kind, sinks, window):
     def in_cache(i, j):
         return j in streaming_cache(i, sinks, window)
 
-    ours = _logits(model, IDS, scaling)
+    ours = scaled_logits(model, IDS, scaling)
     expected = reference_logits(model, IDS, cache_relative, in_cache)
     assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
-    assert torch.allclose(_decoded(model, IDS, scaling, prefill=5), expected, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(
+        scaled_decoded(model, IDS, scaling, prefill=5), expected, atol=2e-3, rtol=1e-3
+    )
     other_sinks = sinks + 1
     other = reference_logits(
         model, IDS, cache_relative, lambda i, j: j in streaming_cache(i, other_sinks, window)
@@ -197,23 +186,23 @@ def test_exact_where_every_pair_keeps_its_positions(scaling):
     """A window as long as the input (or group 1, slope 1) is the raw model, to float32 rounding."""
     model = _model()
     raw = model(IDS).logits
-    assert torch.allclose(_logits(model, IDS, scaling), raw, atol=1e-5)
+    assert torch.allclose(scaled_logits(model, IDS, scaling), raw, atol=1e-5)
     shorter = ScalingConfig("re", "rerope", {"window": 40})  # negative control
-    assert not torch.allclose(_logits(model, IDS, shorter), raw, atol=1e-3)
+    assert not torch.allclose(scaled_logits(model, IDS, shorter), raw, atol=1e-3)
 
 
 def test_left_padding_and_entropy():
     model = _model()
     scaling = ScalingConfig("se", "self_extend", {"group_size": 3, "window": 8})
-    plain = _logits(model, IDS[:1, 6:], scaling)
+    plain = scaled_logits(model, IDS[:1, 6:], scaling)
     padded = torch.cat((torch.zeros(1, 6, dtype=torch.long), IDS[:1, 6:]), dim=1)
     mask = torch.ones_like(padded)
     mask[:, :6] = 0
-    out = _logits(model, padded, scaling, attention_mask=mask)
+    out = scaled_logits(model, padded, scaling, attention_mask=mask)
     assert torch.allclose(out[:, 6:], plain, atol=1e-5)
     with model.scaled(scaling, IDS.shape[1]):
         traced = model(IDS, output_attn_entropy=True)
-    assert torch.allclose(traced.logits, _logits(model, IDS, scaling), atol=1e-5)
+    assert torch.allclose(traced.logits, scaled_logits(model, IDS, scaling), atol=1e-5)
     assert all(e.shape == (2, 4, 72) and bool(e.isfinite().all()) for e in traced.attn_entropy)
 
 
@@ -285,7 +274,7 @@ def test_streaming_last_token_equals_the_raw_model_on_its_evicted_cache(kind):
     sinks, window, length = 3, 9, 40
     ids = IDS[:, :length]
     scaling = ScalingConfig("streaming", "streaming", {"sink_tokens": sinks, "window": window})
-    last = _logits(model, ids, scaling)[:, -1]
+    last = scaled_logits(model, ids, scaling)[:, -1]
     kept = streaming_cache(length - 1, sinks, window)
     assert len(kept) == sinks + window
     assert torch.allclose(last, model(ids[:, kept]).logits[:, -1], atol=1e-4)
@@ -300,19 +289,19 @@ def test_streaming_counts_from_the_first_token_whatever_its_position_id():
     model = _model()
     streaming = ScalingConfig("st", "streaming", {"sink_tokens": 3, "window": 10})
     positions = torch.arange(IDS.shape[1])[None]
-    here = _logits(model, IDS, streaming, position_ids=positions)
+    here = scaled_logits(model, IDS, streaming, position_ids=positions)
     assert torch.allclose(
-        _logits(model, IDS, streaming, position_ids=positions + 13), here, atol=1e-5
+        scaled_logits(model, IDS, streaming, position_ids=positions + 13), here, atol=1e-5
     )
     grouped = ScalingConfig("se", "self_extend", {"group_size": 3, "window": 8})
-    moved = _logits(model, IDS, grouped, position_ids=positions + 13)
+    moved = scaled_logits(model, IDS, grouped, position_ids=positions + 13)
     assert not torch.allclose(
-        moved, _logits(model, IDS, grouped, position_ids=positions), atol=1e-4
+        moved, scaled_logits(model, IDS, grouped, position_ids=positions), atol=1e-4
     )
     padded = torch.cat((torch.zeros(1, 5, dtype=torch.long), IDS[:1]), dim=1)
     mask = torch.ones_like(padded)
     mask[:, :5] = 0
-    out = _logits(
+    out = scaled_logits(
         model, padded, streaming, attention_mask=mask, position_ids=torch.arange(77)[None]
     )
     assert torch.allclose(out[:, 5:], here[:1], atol=1e-5)
@@ -408,12 +397,14 @@ def test_streaming_puts_every_query_term_at_its_cache_position(kind, logn):
     )
     ids = IDS[:, :64]
     expected = streaming_pos_shift_reference(model, ids, sinks, window, logn)
-    ours = _logits(model, ids, scaling)
+    ours = scaled_logits(model, ids, scaling)
     assert torch.allclose(ours, expected, atol=2e-3, rtol=1e-3)
-    assert torch.allclose(_decoded(model, ids, scaling, prefill=6), expected, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(
+        scaled_decoded(model, ids, scaling, prefill=6), expected, atol=2e-3, rtol=1e-3
+    )
     # the repo's positions are the cache's: position ids offset by 13 change nothing
     offset = torch.arange(ids.shape[1])[None] + 13
-    assert torch.allclose(_logits(model, ids, scaling, position_ids=offset), ours, atol=1e-4)
+    assert torch.allclose(scaled_logits(model, ids, scaling, position_ids=offset), ours, atol=1e-4)
     mixed = streaming_pos_shift_reference(model, ids, sinks, window, logn, mixed=True)
     assert (mixed - expected).abs().max() > 0.05  # the control sees the difference
     assert not torch.allclose(ours, mixed, atol=1e-2)
@@ -448,7 +439,7 @@ def test_streaming_evicts_a_needle_only_beyond_layers_times_window():
     sinks, window = 2, 10
     streaming = ScalingConfig("st", "streaming", {"sink_tokens": sinks, "window": window})
     length = IDS.shape[1]
-    last = _logits(model, IDS, streaming)[:, -1]
+    last = scaled_logits(model, IDS, streaming)[:, -1]
 
     def changed_at(where: slice) -> torch.Tensor:
         ids = IDS.clone()
@@ -456,7 +447,7 @@ def test_streaming_evicts_a_needle_only_beyond_layers_times_window():
         return ids
 
     far = changed_at(slice(sinks + 3, length - 2 * window - 3))  # beyond 2 layers x window
-    assert torch.equal(_logits(model, far, streaming)[:, -1], last)
+    assert torch.equal(scaled_logits(model, far, streaming)[:, -1], last)
     assert not torch.allclose(model(far).logits[:, -1], model(IDS).logits[:, -1], atol=1e-3)
     relayed = changed_at(slice(length - 2 * window + 2, length - window - 2))  # one hop away
-    assert not torch.allclose(_logits(model, relayed, streaming)[:, -1], last, atol=1e-4)
+    assert not torch.allclose(scaled_logits(model, relayed, streaming)[:, -1], last, atol=1e-4)
