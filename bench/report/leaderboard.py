@@ -57,6 +57,16 @@ def recipe_of(df: pd.DataFrame) -> pd.Series:
     return col(df, "recipe").astype(object).fillna(study + "/L=" + df["train_length"].astype(str))
 
 
+def recipe_label(recipe: str, rows: pd.DataFrame) -> str:
+    """A recipe as a reader names it: a study fallback or pretrained id as it is; a recipe id as
+    its experiments, arms and L, with the id's first 8 characters."""
+    if recipe.startswith(("study:", "pretrained:")):
+        return recipe
+    experiments = "+".join(sorted(rows["experiment"].astype(str).unique()))
+    arms = "+".join(sorted(col(rows, "arm").dropna().astype(str).unique())) or "-"
+    return f"{experiments}/{arms}/L={int(rows['train_length'].iloc[0])} ({recipe[:8]})"
+
+
 def _design(df: pd.DataFrame) -> pd.Series:
     """Position family plus the attention switches that are on (``rope+attention=differential``)."""
     out = df["position"].astype(str)
@@ -205,11 +215,13 @@ def leaderboard_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=KEY_COLUMNS)
     df = labelled(df)
     out = []
-    for _, block in df.groupby("recipe", sort=True):
+    for recipe, block in df.groupby("recipe", sort=True):
+        label = recipe_label(str(recipe), block)
         rows, summaries = [], {}
         for key, g in block.groupby(KEY_COLUMNS, sort=True):
             row, summary = _series_row(key, g)
             if summary:
+                row["recipe_label"] = label
                 rows.append(row)
                 summaries[row["series"]] = summary
         per_metric = {

@@ -156,7 +156,7 @@ def _rows_html(table: pd.DataFrame, labelled_rows: pd.DataFrame) -> str:
     parts = []
     for i, row in enumerate(table.itertuples()):
         rows = series_rows(labelled_rows, row.series)
-        title = f"{row.design} · {row.method} · fine-tune {row.finetune} · {row.recipe}"
+        title = f"{row.design} · {row.method} · fine-tune {row.finetune} · {row.recipe_label}"
         lines = "".join(
             f"<tr><td>{html.escape(str(r.metric))}</td><td>{int(r.seed)}</td>"
             f"<td>{int(r.eval_length)}</td><td>{r.value:.4g}</td><td>{int(r.n)}</td>"

@@ -59,7 +59,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     bad = _bad_at_l(table)
     out = pd.DataFrame(
         {
-            "recipe": table["recipe"],
+            "recipe": table["recipe_label"],
             "overall": table["overall_rank"].map(lambda r: f"{r:.2f}"),
             "design": table["design"],
             "method": table["method"],
@@ -81,7 +81,8 @@ def _paragraph(table: pd.DataFrame, metric: str) -> str:
     lines = [f"**{METRIC_TITLES[metric]}** ({RULES[metric]})."]
     if f"{metric}_eff" not in table:
         return lines[0] + " No series of these rows has it."
-    for recipe, block in table.groupby("recipe", sort=True):
+    for _, block in table.groupby("recipe", sort=True):
+        recipe = block["recipe_label"].iloc[0]
         block = block[np.isfinite(block[f"{metric}_eff"])]
         if block.empty:
             continue
@@ -112,7 +113,7 @@ def heatmap(table: pd.DataFrame, metric: str, path: Path) -> bool:
     t = table[np.isfinite(table[f"{metric}_eff"])]
     if t.empty:
         return False
-    rows = t["design"] + " · " + t["finetune"] + " · " + t["recipe"]
+    rows = t["design"] + " · " + t["finetune"] + " · " + t["recipe_label"]
     values = np.log2(t[f"{metric}_eff"] / t["train_length"])
     grid = pd.DataFrame({"row": rows, "method": t["method"], "v": values}).pivot_table(
         index="row", columns="method", values="v", aggfunc="first"
@@ -207,7 +208,8 @@ def readme_block(table: pd.DataFrame, page: str = "reports/leaderboard") -> str:
     for metric in METRICS:
         if f"{metric}_rank" not in table:
             continue
-        for recipe, block in table.groupby("recipe", sort=True):
+        for _, block in table.groupby("recipe", sort=True):
+            recipe = block["recipe_label"].iloc[0]
             top = block[block[f"{metric}_rank"] == 1]
             if top.empty:
                 continue
