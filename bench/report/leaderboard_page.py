@@ -54,18 +54,20 @@ SCRIPT = """
     });
   });
   function apply(){
+    const recipe = document.getElementById('f-recipe').value;
     const design = document.getElementById('f-design').value;
     const method = document.getElementById('f-method').value;
     const metric = document.getElementById('f-metric').value;
     Array.from(body.rows).forEach(function(r){
-      const hide = (design && r.dataset.design !== design) || (method && r.dataset.method !== method);
+      const hide = (recipe && r.dataset.recipe !== recipe) || (design && r.dataset.design !== design)
+        || (method && r.dataset.method !== method);
       r.classList.toggle('hidden', Boolean(hide));
     });
     document.querySelectorAll('[data-metric]').forEach(function(c){
       c.classList.toggle('metric-hidden', Boolean(metric) && c.dataset.metric !== metric);
     });
   }
-  ['f-design', 'f-method', 'f-metric'].forEach(function(id){
+  ['f-recipe', 'f-design', 'f-method', 'f-metric'].forEach(function(id){
     document.getElementById(id).addEventListener('change', apply);
   });
   function openTarget(){
@@ -136,7 +138,8 @@ def _table_html(table: pd.DataFrame, shown: pd.DataFrame) -> str:
                 sort_value = getattr(row, NUMERIC[name]) if name in NUMERIC else value
                 cells.append(_cell(value, sort_value, None, anchor))
         body.append(
-            f'<tr data-design="{html.escape(row.design)}" data-method="{html.escape(row.method)}">'
+            f'<tr data-recipe="{html.escape(row.recipe_label)}" data-design="{html.escape(row.design)}" '
+            f'data-method="{html.escape(row.method)}">'
             + "".join(cells) + "</tr>"
         )  # fmt: skip
     return (
@@ -181,6 +184,7 @@ def write_page(
 ) -> None:
     """Write the self-contained page (module doc) for the leaderboard ``table``, shown as
     ``shown`` (:func:`bench.report.leaderboard_report.display_table`)."""
+    recipes = [(r, r) for r in sorted(table["recipe_label"].unique())]
     designs = [(d, d) for d in sorted(table["design"].unique())]
     methods = [(m, m) for m in sorted(table["method"].unique())]
     metrics = [(m, METRIC_TITLES[m]) for m in METRIC_TITLES if f"{m}_eff" in table]
@@ -201,7 +205,7 @@ together. Same numbers as report.md. Click a column to sort, a cell for its rows
 seed passes at the longest length measured; "fails at L": every seed fails at L; †: perplexity at L
 above 1.1 x the recipe's best (its flat perplexity past L starts from a bad value).</p>
 <ul>{rules}</ul>
-<div id="filters">{_select("f-design", "family", designs)}{_select("f-method", "method", methods)}{_select("f-metric", "metric", metrics)}</div>
+<div id="filters">{_select("f-recipe", "recipe", recipes)}{_select("f-design", "family", designs)}{_select("f-method", "method", methods)}{_select("f-metric", "metric", metrics)}</div>
 {_table_html(table, shown)}
 <h2>Heatmaps</h2>{images}
 <h2>Rows</h2>{_rows_html(table, labelled_rows)}

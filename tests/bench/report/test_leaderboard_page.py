@@ -102,6 +102,11 @@ def test_filters_hide_the_other_rows_and_metrics(page):
     assert {row[names.index("method")] for row in shown} == {"yarn"}
     method.select_by_value("")  # control: all rows again
     assert len(_visible_rows(driver)) == len(table)
+    recipe = Select(driver.find_element(By.ID, "f-recipe"))  # one recipe's block alone
+    one = sorted(table["recipe_label"].unique())[0]
+    recipe.select_by_value(one)
+    assert len(_visible_rows(driver)) == int((table["recipe_label"] == one).sum()) < len(table)
+    recipe.select_by_value("")
     metric = Select(driver.find_element(By.ID, "f-metric"))
     metric.select_by_value("passkey")
     heads = driver.find_elements(By.CSS_SELECTOR, "#board thead th")
