@@ -5,8 +5,6 @@ prefill branch of ``forward``, flash attention written out as a softmax with its
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -15,7 +13,7 @@ from models.scaling import default_inv_freq, pair_positions
 from models.scaling_config import ScalingConfig
 from models.transformer import DecoderLM, ModelConfig
 
-from fixtures.decoding import scaled_decoded, scaled_logits
+from fixtures.decoding import logits_with_attention, scaled_decoded, scaled_logits
 
 TRAIN = 32
 IDS = torch.randint(0, 40, (2, 90), generator=torch.Generator().manual_seed(3))
@@ -94,30 +92,19 @@ def chunkllama_attention(q, k, v, chunk_size, local_window, inv_freq):
 
 def reference_logits(model: DecoderLM, ids, chunk_size, local_window):
     """Our model's logits with every attention replaced by the reference's, in float64."""
-    m = copy.deepcopy(model).double()
-    n, length = ids.shape
-    cfg = m.model_cfg
-    h, g, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-    inv_freq = default_inv_freq(d, m.position_cfg.base).double()
-    x = m.tok_emb(ids)
-    for block in m.blocks:
-        a = block.attn
-        hidden = block.attn_norm(x)
-        q = a.q_proj(hidden).view(n, length, h, d)
-        k, v = a.kv_proj(hidden).view(n, length, 2, g, d).unbind(2)
-        k, v = k.repeat_interleave(h // g, dim=2), v.repeat_interleave(h // g, dim=2)
-        out = torch.stack(
-            [
-                chunkllama_attention(
-                    q[i].transpose(0, 1), k[i].transpose(0, 1), v[i].transpose(0, 1),
-                    chunk_size, local_window, inv_freq,
-                ).transpose(0, 1)  # [L, H, d]
-                for i in range(n)
-            ]
-        )  # fmt: skip
-        x = x + a.o_proj(out.reshape(n, length, -1))
-        x = x + block.mlp(block.mlp_norm(x))
-    return m.lm_head(m.final_norm(x)).float()
+    inv_freq = default_inv_freq(model.model_cfg.head_dim, model.position_cfg.base).double()
+
+    def attention(q, k, v):  # each [N, L, H, d]; the reference runs one row at a time
+        rows = [
+            chunkllama_attention(
+                q[i].transpose(0, 1), k[i].transpose(0, 1), v[i].transpose(0, 1),
+                chunk_size, local_window, inv_freq,
+            ).transpose(0, 1)  # [L, H, d]
+            for i in range(q.shape[0])
+        ]  # fmt: skip
+        return torch.stack(rows)
+
+    return logits_with_attention(model, ids, attention)
 
 
 def dca(chunk_size, local_window) -> ScalingConfig:

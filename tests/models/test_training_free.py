@@ -21,7 +21,7 @@ from models.scaling import default_inv_freq, pair_positions, scaling_method
 from models.scaling_config import ScalingConfig, run_scaling
 from models.transformer import DecoderLM, ModelConfig
 
-from fixtures.decoding import scaled_decoded, scaled_logits
+from fixtures.decoding import logits_with_attention, scaled_decoded, scaled_logits
 
 TRAIN = 32
 
@@ -62,41 +62,34 @@ def reference_logits(model: DecoderLM, ids: torch.Tensor, relative, visible) -> 
     """The model's logits with attention per pair in float64: logit(i, j) = Re(sum_c q_c conj(k_c)
     exp(i theta_c relative(i, j))) / sqrt(d) (+ ALiBi's -m_h relative(i, j)), pairs with
     visible(i, j) False or j > i masked."""
-    m = copy.deepcopy(model).double()
-    n, length = ids.shape
-    cfg = m.model_cfg
-    h, g, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    length = ids.shape[1]
+    cfg, position = model.model_cfg, model.position_cfg
+    h, d = cfg.n_heads, cfg.head_dim
     rel = torch.tensor(
         [[float(relative(i, j)) if j <= i else 0.0 for j in range(length)] for i in range(length)],
         dtype=torch.float64,
     )  # [L, L]
     seen = torch.tensor([[j <= i and visible(i, j) for j in range(length)] for i in range(length)])
-    x = m.tok_emb(ids)  # [N, L, D]
-    for block in m.blocks:
-        a = block.attn
-        hidden = block.attn_norm(x)
-        q = a.q_proj(hidden).view(n, length, h, d)
-        k, v = a.kv_proj(hidden).view(n, length, 2, g, d).unbind(2)
-        k, v = k.repeat_interleave(h // g, dim=2), v.repeat_interleave(h // g, dim=2)
-        if m.position_cfg.kind == "rope":
-            if m.position_cfg.layout == "half":
+
+    def attention(q, k, v):  # each [N, L, H, d]
+        if position.kind == "rope":
+            if position.layout == "half":
                 qc = torch.complex(q[..., : d // 2], q[..., d // 2 :])
                 kc = torch.complex(k[..., : d // 2], k[..., d // 2 :])
             else:
                 qc = torch.complex(q[..., 0::2], q[..., 1::2])
                 kc = torch.complex(k[..., 0::2], k[..., 1::2])
-            phase = torch.exp(1j * rel[..., None] * default_inv_freq(d, m.position_cfg.base))
+            phase = torch.exp(1j * rel[..., None] * default_inv_freq(d, position.base))
             logits = torch.einsum("nihc,njhc,ijc->nhij", qc, kc.conj(), phase).real
         else:
             logits = torch.einsum("nihc,njhc->nhij", q, k)
         logits = logits / d**0.5
-        if m.position_cfg.kind == "alibi":
+        if position.kind == "alibi":
             logits = logits - alibi_slopes(h).double()[:, None, None] * rel
         probs = logits.masked_fill(~seen, float("-inf")).softmax(-1)  # [N, H, L, L]
-        out = torch.einsum("nhij,njhd->nihd", probs, v).reshape(n, length, -1)
-        x = x + a.o_proj(out)
-        x = x + block.mlp(block.mlp_norm(x))
-    return m.lm_head(m.final_norm(x)).float()
+        return torch.einsum("nhij,njhd->nihd", probs, v)
+
+    return logits_with_attention(model, ids, attention)
 
 
 IDS = torch.randint(0, 40, (2, 72), generator=torch.Generator().manual_seed(1))
