@@ -18,53 +18,43 @@ SEEDS = (4, 5, 6)
 
 def nll_rows(position: str, nll_l: float, nll_4l: float, **switches) -> list[dict]:
     """Whole-window NLL at L and 4L of one model per seed (seed noise +-0.01), with stored CIs."""
-    out = []
+    return metric_rows(position, "nll", {L: nll_l, 4 * L: nll_4l}, 1024, ci=0.02, **switches)
+
+
+def metric_rows(
+    position: str,
+    metric: str,
+    values: dict[int, float],
+    n: int,
+    ci: float | None = None,
+    **switches,
+) -> list[dict]:
+    """One row per seed and eval length of ``metric`` (``values``: eval length -> value; seed
+    noise +-0.01), with a stored CI of +-``ci`` where given."""
     tag = "-".join(f"{k}{v}" for k, v in switches.items())
+    out = []
     for i, seed in enumerate(SEEDS):
-        for length, value in ((L, nll_l), (4 * L, nll_4l)):
+        for length, value in values.items():
             v = value + 0.01 * (i - 1)
+            bounds = {} if ci is None else {"ci_lo": v - ci, "ci_hi": v + ci}
             out.append(
                 row(
                     experiment="zoo_2025",
-                    run_id=f"{position}{tag}-s{seed}",
+                    run_id=f"{position}{tag}-{metric}-s{seed}",
                     model_id=f"m-{position}{tag}-s{seed}",
                     position=position,
                     position_params={},
                     train_length=L,
                     eval_length=length,
                     seed=seed,
+                    metric=metric,
                     value=v,
-                    ci_lo=v - 0.02,
-                    ci_hi=v + 0.02,
+                    n=n,
+                    **bounds,
                     **switches,
                 )
             )
     return out
-
-
-def metric_rows(
-    position: str, metric: str, values: dict[int, float], n: int, **switches
-) -> list[dict]:
-    """One row per seed and eval length of ``metric`` (``values``: eval length -> value)."""
-    tag = "-".join(f"{k}{v}" for k, v in switches.items())
-    return [
-        row(
-            experiment="zoo_2025",
-            run_id=f"{position}{tag}-{metric}-s{seed}",
-            model_id=f"m-{position}{tag}-s{seed}",
-            position=position,
-            position_params={},
-            train_length=L,
-            eval_length=length,
-            seed=seed,
-            metric=metric,
-            value=value + 0.01 * (i - 1),
-            n=n,
-            **switches,
-        )
-        for i, seed in enumerate(SEEDS)
-        for length, value in values.items()
-    ]
 
 
 def statuses(rows: list[dict]) -> dict[str, str]:
