@@ -96,15 +96,12 @@ class PositionConfig:
         if cls is not PositionConfig:  # a family's own class (copies, replace, OmegaConf)
             return super().__new__(cls)
         kind = kwargs.get("kind", args[0] if args else "rope")
-        target = family(kind).config  # [a family without fields: PlainConfig]
-        unknown = [name for name in kwargs if name not in target.__dataclass_fields__]
-        if unknown:
-            raise ValueError(foreign_field_error(kind, unknown[0], kwargs[unknown[0]]))
-        return super().__new__(target)
+        refuse_foreign_fields(kind, kwargs)
+        return super().__new__(family(kind).config)
 
     def validate(self, head_dim: int, d_model: int) -> None:
         owner = family(self.kind)
-        if not isinstance(self, owner.config):
+        if type(self) is not owner.config:  # exact: another family's class may subclass it
             raise ValueError(
                 f"position.kind {self.kind!r} does not match the fields of "
                 f"{type(self).__name__}; select a family with position={self.kind}, not by "
@@ -163,6 +160,15 @@ LEGACY_KEYED: dict[str, Any] = {
     "rotary_fraction": 1.0,
     "max_positions": 0,
 }
+
+
+def refuse_foreign_fields(kind: str, values: Any) -> None:
+    """Raise ValueError (:func:`foreign_field_error`) for the first key of ``values`` (a mapping
+    of field names) that family ``kind``'s dataclass does not declare."""
+    own = family(kind).config.__dataclass_fields__
+    for name in values:
+        if name not in own:
+            raise ValueError(foreign_field_error(kind, str(name), values[name]))
 
 
 def foreign_field_error(kind: str, name: str, value: Any = NO_VALUE) -> str:

@@ -19,7 +19,7 @@ from bench.core.checks import (
     weights_dict,
 )
 from models.model_config import ModelConfig
-from models.positions import LEGACY_KEYED, PositionConfig, family, foreign_field_error
+from models.positions import LEGACY_KEYED, PositionConfig, family, refuse_foreign_fields
 from models.scaling import SCALING_METHODS
 from models.scaling_config import ScalingConfig
 
@@ -64,11 +64,8 @@ def position_section(values: Any) -> PositionConfig:
     kind = values.get("kind", "rope") if hasattr(values, "get") else None
     if not isinstance(kind, str):
         raise ValueError(f"position.kind {kind!r} is invalid; allowed: a family name.")
-    schema = family(kind).config
-    for name in values:
-        if name not in schema.__dataclass_fields__:
-            raise ValueError(foreign_field_error(kind, str(name), values[name]))
-    return parse_section(schema, values, key="position")
+    refuse_foreign_fields(kind, values)
+    return parse_section(family(kind).config, values, key="position")
 
 
 @dataclass

@@ -106,6 +106,24 @@ def test_another_familys_field_is_refused_naming_field_family_and_accepted_field
         )
 
 
+def compose_job(overrides: list[str]) -> JobConfig:
+    from hydra import compose, initialize_config_module
+
+    model = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2"]
+    with initialize_config_module("conf", version_base="1.3"):
+        return JobConfig.from_hydra(compose("config", overrides=[*model, *overrides]))
+
+
+def test_a_kind_overridden_onto_another_familys_fields_is_refused():
+    """position=irope position.kind=rope would label rope a model built from iRoPE's fields
+    (IropeConfig subclasses RopeConfig): refused; control: irope itself passes."""
+    with pytest.raises(
+        ValueError, match="position.kind 'rope' does not match the fields of IropeConfig"
+    ):
+        compose_job(["position=irope", "position.kind=rope"])
+    assert type(compose_job(["position=irope"]).position).__name__ == "IropeConfig"
+
+
 def test_the_issues_examples_are_refused_and_their_own_fields_accepted():
     with pytest.raises(ValueError, match="position.layout='bogus' means nothing"):
         job(position={"kind": "kerple_log", "layout": "bogus"})
