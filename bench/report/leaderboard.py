@@ -209,11 +209,13 @@ def _series_row(key: tuple, rows: pd.DataFrame) -> tuple[dict, dict[str, SeedSum
 def leaderboard_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per series (recipe x design x method x fine-tune): effective lengths in tokens per
     metric (``<metric>_eff``: 2 to the mean log2 over seeds, times L; ``_lo``/``_hi`` its
-    interval; ``_seeds`` the per-seed lengths; ``_max`` the longest length evaluated), ``<metric>_rank``, ``overall_rank``, ``ppl_at_L``;
-    sorted by recipe, overall rank, then design and method."""
+    interval; ``_seeds`` the per-seed lengths; ``_max`` the longest length evaluated),
+    ``<metric>_rank``, ``overall_rank``, ``ppl_at_L``; sorted by recipe, overall rank, then
+    design and method. ``df`` may already be :func:`labelled` (it is labelled once)."""
     if df.empty:
         return pd.DataFrame(columns=KEY_COLUMNS)
-    df = labelled(df)
+    if "design" not in df.columns:  # raw result rows
+        df = labelled(df)
     out = []
     for recipe, block in df.groupby("recipe", sort=True):
         label = recipe_label(str(recipe), block)

@@ -169,7 +169,8 @@ def write_leaderboard(df: pd.DataFrame, out: Path, sources: str) -> pd.DataFrame
     the result rows ``df``; return the leaderboard table."""
     from bench.report.leaderboard_page import write_page
 
-    table = leaderboard_table(df)
+    rows = labelled(df)  # once: the table and the page's rows read the same keys
+    table = leaderboard_table(rows)
     if table.empty:
         raise ValueError("no series with a leaderboard metric (nll, longppl, passkey, RULER) here.")
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +179,7 @@ def write_leaderboard(df: pd.DataFrame, out: Path, sources: str) -> pd.DataFrame
     (out / "tables").mkdir(exist_ok=True)
     table.drop(columns=["series"]).to_csv(out / "tables" / "leaderboard.csv", index=False)
     (out / "report.md").write_text(_report_md(table, shown, maps, sources))
-    write_page(out / "index.html", table, shown, labelled(df), maps, out / "heatmaps")
+    write_page(out / "index.html", table, shown, rows, maps, out / "heatmaps")
     return table
 
 
