@@ -44,7 +44,7 @@ METRIC_TITLES = {"ppl": "perplexity", "longppl": "LongPPL", "passkey": "passkey"
 #: each metric's rule in one line (report.md and the page say it beside the numbers)
 RULES = {
     "ppl": f"largest length with perplexity <= {PPL_FLAT} x its value at L (every shorter too)",
-    "longppl": f"the same rule on LongPPL, against its value at its shortest length ({PPL_FLAT} x)",
+    "longppl": f"the same rule on LongPPL: <= {PPL_FLAT} x its LongPPL at L (none without one at L)",
     "passkey": f"largest length whose accuracy's Wilson 95% lower end is >= {PASSKEY_MIN}",
     "ruler": f"largest length whose RULER tasks' exact mean is >= {RULER_RELATIVE} x its mean at L",
 }
@@ -110,12 +110,15 @@ def _ppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
     return out
 
 
-def _longppl_lengths(rows: pd.DataFrame) -> dict[int, int]:
+def _longppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
+    """Per seed: the LongPPL rule's effective length against LongPPL at L (none where the seed
+    has no LongPPL at L: a later length is no baseline, the series may fail before it)."""
     lp = rows[(rows["metric"] == "longppl") & (rows["n"] > 0)]
     out = {}
     for seed, g in lp.groupby("seed"):
         values = {int(x): float(v) for x, v in zip(g["eval_length"], g["value"], strict=True)}
-        out[int(seed)] = ratio_rule(values, values[min(values)], PPL_FLAT)
+        if train_length in values:
+            out[int(seed)] = ratio_rule(values, values[train_length], PPL_FLAT)
     return out
 
 
@@ -165,7 +168,7 @@ def seed_lengths(rows: pd.DataFrame, train_length: int) -> dict[str, dict[int, i
     """Per metric (those the series has): each seed's effective length in tokens."""
     found = {
         "ppl": _ppl_lengths(rows, train_length),
-        "longppl": _longppl_lengths(rows),
+        "longppl": _longppl_lengths(rows, train_length),
         "passkey": _passkey_lengths(rows),
         "ruler": _ruler_lengths(rows, train_length),
     }

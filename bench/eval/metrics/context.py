@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.core.checks import integer
 from bench.core.progress import progress_bar
 from bench.core.runtime import autocast, forward_takes
 from bench.data.corpora import Document
@@ -37,6 +38,7 @@ __all__ = [
     "run_documents",
     "select_documents",
     "warn_no_docs",
+    "windows_setting",
 ]
 
 logger = logging.getLogger(__name__)
@@ -367,6 +369,16 @@ def select_documents(
         return eligible, n
     count = int(count)
     return [eligible[(i * n) // count] for i in range(count)], n
+
+
+def windows_setting(key: str, value: Any) -> str | int:
+    """A ``max_windows`` field: "fill" (consecutive windows over the longest length's tokens, the
+    same text at every length) or an integer N >= 1 (each document's first N windows)."""
+    if value == "fill":
+        return value
+    if isinstance(value, str):
+        raise ValueError(f"{key} must be 'fill' or an integer >= 1, got {value!r}.")
+    return integer(key, value, 1)
 
 
 def first_windows(docs: Sequence[Document], width: int) -> torch.Tensor:

@@ -8,7 +8,12 @@ log-probability exceeds the short one by more than ``alpha`` (LSD) and is above 
 ``nll_short - nll_full > alpha`` and ``nll_full < -beta``, as the reference's ``find_key_token``
 (tested against the ``longppl`` package). The judged model's LongPPL at that length is
 ``exp(mean NLL over the key tokens)`` of every selected document, pooled (tokens, not documents,
-weigh alike, as perplexity does).
+weigh alike, as perplexity does). With ``max_windows: fill`` (the default, as ``nll``'s) each
+document's first S tokens (S the longest LongPPL length) are read as consecutive windows of the
+length, so every length judges the same text and a ratio between two lengths measures the
+window, not which tokens were scored (where the length does not divide S, the last window ends
+at S and counts only the targets the windows before it left); ``max_windows: 1`` reads each
+document's first window only.
 
 The key tokens are chosen once per document, length and evaluator, so every series of a study is
 scored on the same tokens: the evaluator is one model for all of them (``evaluator: auto``: the
@@ -17,8 +22,8 @@ longest LongPPL length, from the checkpoint cache; or the key of a checkpoint in
 never a series it judges; for a pretrained model, ``evaluator_pretrained`` names a transformers
 model with the same tokenizer, whose maximum length must cover the LongPPL lengths. Defaults: alpha 2, beta -2 (the paper's), K the training length (the
 paper: 4K of 32K), W = K / 4 (the paper: 1024 of 4096). Rows: ``value`` the LongPPL, ``n`` the
-key tokens, ``task_params`` the evaluator's checkpoint key, alpha, beta, K, W and the targets
-judged; a length with no key token writes no row (a warning says so).
+key tokens, ``task_params`` the evaluator's checkpoint key, alpha, beta, K, W, the windows and the
+targets judged; a length with no key token writes no row (a warning says so).
 """
 
 from __future__ import annotations
@@ -34,11 +39,11 @@ from typing import Any
 from bench.core.checks import integer, number, parse_length
 from bench.core.rows import canonical_json
 from bench.data.corpora import Document
-from bench.eval.metrics.context import EvalContext, first_windows, make_row, select_documents
+from bench.eval.metrics.context import EvalContext, make_row, select_documents, windows_setting
 from bench.eval.metrics.registry import MetricConfig, register_metric
 from models.lazy import torch
 
-__all__ = ["Evaluator", "LongPPLConfig", "key_token_mask", "longppl_value"]
+__all__ = ["Evaluator", "LongPPLConfig", "key_token_mask", "longppl_value", "tiled_windows"]
 
 logger = logging.getLogger(__name__)
 AUTO = "auto"
@@ -51,7 +56,10 @@ class LongPPLConfig(MetricConfig):
     ``eval.longppl.enabled=true``); lengths default to the eval lengths above ``short_context``."""
 
     enabled: bool = False
-    max_docs: int = 4  # test documents per length (their first `length` tokens)
+    max_docs: int = 4  # test documents per length
+    # consecutive windows per document: "fill" = as many as fit in the longest LongPPL length (the
+    # same text at every length, as nll's); N = at most N from the start (1 = the first window)
+    max_windows: Any = "fill"
     alpha: float = 2.0  # LSD threshold: nll_short - nll_full > alpha (nats)
     beta: float = -2.0  # LCL threshold: full-context log-probability > beta
     short_context: Any = "1x"  # K: tokens the short read keeps (tokens or "<m>x" of L)
@@ -68,6 +76,7 @@ class LongPPLConfig(MetricConfig):
         self.alpha = number(self.key("alpha"), self.alpha, 0.0)  # nats the long context gains
         self.beta = number(self.key("beta"), self.beta, -math.inf, 0.0)  # a log-probability
         self.evaluator_seed = integer(self.key("evaluator_seed"), self.evaluator_seed, 0)
+        self.max_windows = windows_setting(self.key("max_windows"), self.max_windows)
         if not isinstance(self.evaluator, str) or not (
             self.evaluator == AUTO or _KEY.fullmatch(self.evaluator)
         ):
@@ -94,6 +103,13 @@ class LongPPLConfig(MetricConfig):
                 f"there has more context than K; allowed: lengths above {short}."
             )
         return replace(out, short_context=short, window=window)
+
+    def span_at(self, length: int) -> int:
+        """The tokens of each document read at ``length``: S (the longest LongPPL length) under
+        ``fill``, else ``max_windows`` windows of the length."""
+        if self.max_windows == "fill":
+            return max(self.lengths or [length])
+        return int(self.max_windows) * int(length)
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,29 @@ def longppl_value(nll: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
     return math.exp(float(nll[mask].double().mean())), count
 
 
+def tiled_windows(
+    docs: Sequence[Document], length: int, span: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each document's first ``span`` tokens as consecutive windows of ``length`` (the last one
+    ending at ``span`` where ``length`` does not divide it). Returns the windows [N, length] and
+    which of their targets count [N, length - 1] (column j is token j + 1; False where an earlier
+    window of the document already judged that token)."""
+    starts = list(range(0, span - length + 1, length))
+    if starts[-1] != span - length:
+        starts.append(span - length)
+    windows, counted = [], []
+    for doc in docs:
+        judged_until = 0  # tokens [0, judged_until) of the document are judged already
+        for start in starts:
+            windows.append(doc.tensor(start, start + length))
+            target = torch.arange(start + 1, start + length)  # [length - 1] document positions
+            counted.append(target >= max(judged_until, start + 1))
+            judged_until = start + length
+    if not windows:
+        return torch.empty(0, length, dtype=torch.long), torch.empty(0, length - 1, dtype=torch.bool)
+    return torch.stack(windows), torch.stack(counted)
+
+
 _MASKS: dict[tuple, torch.Tensor] = {}  # key tokens per evaluator, windows and rule
 
 
@@ -156,7 +195,9 @@ def _batched(ctx: EvalContext, length: int) -> Callable[[torch.Tensor], torch.Te
 def _key_tokens(ctx: EvalContext, windows: torch.Tensor, cfg: LongPPLConfig) -> torch.Tensor:
     evaluator: Evaluator = ctx.evaluator
     digest = hashlib.sha256(windows.numpy().tobytes()).hexdigest()
-    memo = (evaluator.identity, digest, cfg.short_context, cfg.window, cfg.alpha, cfg.beta)
+    # the shape too: tiled windows of two lengths hold the same tokens in the same order
+    memo = (evaluator.identity, digest, tuple(windows.shape), cfg.short_context, cfg.window,
+            cfg.alpha, cfg.beta)  # fmt: skip
     if memo not in _MASKS:
         ev_ctx = replace(ctx, model=evaluator.model, evaluator=None)
         evaluator.model.eval()
@@ -183,11 +224,12 @@ def longppl_metric(
             f"{ctx.evaluator.train_length} tokens and cannot score length {length}; allowed: "
             "an evaluator trained at the longest LongPPL length or longer (evaluator: auto)."
         )
-    selected, _ = select_documents(docs, length, cfg.max_docs)
+    span = cfg.span_at(length)
+    selected, _ = select_documents(docs, span, cfg.max_docs)
     if not selected:
         return []
-    windows = first_windows(selected, length)  # [D, length]
-    mask = _key_tokens(ctx, windows, cfg)
+    windows, counted = tiled_windows(selected, length, span)  # [N, length], [N, length - 1]
+    mask = _key_tokens(ctx, windows, cfg) & counted
     nll = _batched(ctx, length)(windows)  # [D, length - 1], the judged model
     value, count = longppl_value(nll, mask)
     if count == 0:
@@ -199,6 +241,7 @@ def longppl_metric(
         "beta": cfg.beta,
         "short_context": cfg.short_context,
         "window": cfg.window,
-        "targets": int(mask.numel()),
+        "windows": int(windows.shape[0]),
+        "targets": int(counted.sum()),
     }
     return [make_row("longppl", value, count, length, task_params=canonical_json(params))]

@@ -45,6 +45,7 @@ from bench.eval.metrics.context import (
     ci_bounds,
     make_row,
     select_documents,
+    windows_setting,
 )
 from bench.eval.metrics.registry import BootstrapConfig, grid_field, register_metric
 from models.lazy import torch
@@ -74,13 +75,7 @@ class NllConfig(BootstrapConfig):
         super().__post_init__()
         self.protocol = choice(self.key("protocol"), self.protocol, NLL_PROTOCOLS)
         self.stride = integer(self.key("stride"), self.stride, 1)
-        if self.max_windows != "fill":
-            if isinstance(self.max_windows, str):
-                raise ValueError(
-                    f"{self.key('max_windows')} must be 'fill' or an integer >= 1, got "
-                    f"{self.max_windows!r}."
-                )
-            self.max_windows = integer(self.key("max_windows"), self.max_windows, 1)
+        self.max_windows = windows_setting(self.key("max_windows"), self.max_windows)
 
     def span_at(self, length: int) -> int | None:
         """Under ``fill``: S, the tokens of each document scored at every length (the longest

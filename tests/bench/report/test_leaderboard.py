@@ -62,6 +62,23 @@ def test_effective_lengths_follow_the_rules_on_hand_built_rows():
     )
 
 
+def test_the_longppl_rule_reads_longppl_at_l():
+    """LongPPL's effective length is the perplexity rule on LongPPL against its value at L:
+    8.0 at L, 8.5 at 2L (1.06 x), 9.0 at 4L (1.125 x) -> 2L on both seeds. Control: a series
+    whose LongPPL starts at 4L (no key token before) has no LongPPL length at all, not one
+    measured from 4L (which would read as flat from 4L on, whatever it did at 2L)."""
+    rows = [_nll_row(s, x, 10.0) for s in (1, 2) for x in (64, 128, 256)]
+    longppl = {"metric": "longppl"}
+    rows += [{**_nll_row(s, x, 1.0), **longppl, "value": v, "n": 30}
+             for s in (1, 2) for x, v in ((64, 8.0), (128, 8.5), (256, 9.0))]  # fmt: skip
+    table = leaderboard_table(pd.DataFrame(rows)).set_index("method")
+    assert table.loc["none", "longppl_seeds"] == "128,128"
+    late = [r for r in rows if not (r["metric"] == "longppl" and r["eval_length"] < 256)]
+    table = leaderboard_table(pd.DataFrame(late)).set_index("method")
+    assert "longppl_seeds" not in table.columns or pd.isna(table.loc["none", "longppl_seeds"])
+    assert table.loc["none", "ppl_seeds"] == "256,256"
+
+
 def test_recipes_are_never_ranked_together():
     """The same rows under two recipe values: two blocks, each ranked on its own (both rank 1);
     rows without the column fall back to their study (experiment, arm, L)."""

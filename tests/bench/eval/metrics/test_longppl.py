@@ -16,7 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.eval.metrics.longppl import LongPPLConfig, key_token_mask, longppl_value
+import numpy as np
+
+from bench.data.corpora import Document
+from bench.eval.metrics.longppl import LongPPLConfig, key_token_mask, longppl_value, tiled_windows
 
 from fixtures.hf import _llama, _training_text, train_bpe_tokenizer
 
@@ -120,6 +123,36 @@ def test_the_key_tokens_of_a_copied_span_are_that_span():
     assert value == pytest.approx(256.0)
 
 
+def judged_positions(doc: Document, length: int, span: int) -> list[int]:
+    """The document positions each window judges, in reading order (one entry per judged target)."""
+    windows, counted = tiled_windows([doc], length, span)
+    out = []
+    for window, keep in zip(windows, counted, strict=True):
+        start = next(  # where the window sits in the document (its tokens are unique)
+            s for s in range(len(doc) - length + 1) if torch.equal(doc.tensor(s, s + length), window)
+        )
+        out += [start + 1 + j for j in torch.nonzero(keep).flatten().tolist()]
+    return out
+
+
+def test_fill_judges_the_same_text_at_every_length():
+    """Under ``max_windows: fill`` a document's first S tokens are read as consecutive windows at
+    every length: each target of the span is judged once (a window's first token has no context,
+    so it is no target), also when the length does not divide S (the last window ends at S and
+    counts only what the windows before it left). Control: ``max_windows: 1`` reads one window."""
+    doc = Document("d", np.arange(100, dtype=np.int16))  # unique tokens: positions are findable
+    span = 64
+    for length, starts in [(64, [0]), (16, [0, 16, 32, 48]), (24, [0, 24])]:
+        judged = judged_positions(doc, length, span)
+        assert len(judged) == len(set(judged)) and max(judged) == span - 1
+        assert set(judged) == set(range(1, span)) - set(starts), length
+    assert len(tiled_windows([doc], 24, span)[0]) == 3  # starts 0, 24 and 40 (ends at S)
+    cfg = LongPPLConfig(enabled=True).resolve(16, [16, 32, 64])
+    assert cfg.max_windows == "fill" and cfg.span_at(32) == cfg.span_at(64) == 64
+    first = LongPPLConfig(enabled=True, max_windows=1).resolve(16, [16, 32, 64])
+    assert first.span_at(32) == 32 and len(tiled_windows([doc], 32, first.span_at(32))[0]) == 1
+
+
 def test_config_refusals_are_one_sentence():
     cfg = LongPPLConfig(enabled=True)
     resolved = cfg.resolve(64, [64, 128, 256])
@@ -134,6 +167,10 @@ def test_config_refusals_are_one_sentence():
         LongPPLConfig(evaluator="gpt2")
     with pytest.raises(ValueError, match=r"eval.longppl.alpha must be a number >= 0, got -1"):
         LongPPLConfig(alpha=-1)
+    with pytest.raises(
+        ValueError, match=r"eval.longppl.max_windows must be 'fill' or an integer >= 1, got 'all'"
+    ):
+        LongPPLConfig(max_windows="all")
 
 
 def test_smoke_writes_longppl_rows_on_one_evaluators_tokens(tmp_path):
