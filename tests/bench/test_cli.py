@@ -224,9 +224,9 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     "train_for_length": (48, 438),
     # per seed (3): ruler arm rope x 5 scalings, + the pi and yarn tunes (scaling none)
     "ruler": (21, 24),
-    # per seed (3): every family x every scaling that applies (log-n on top of none for all), the
-    # fine-tunes PI, YaRN (at 16L) and DroPE where they apply (scaling none); the rest skipped
-    "leaderboard": (423, 2601),
+    # per seed (3) and arm (LM, passkey): every family x every scaling that applies (log-n on top
+    # of none for all), the fine-tunes PI, YaRN and DroPE where they apply (scaling none)
+    "leaderboard": (846, 5202),
     # per seed (3): rope, nope, fox, pope raw; rope and pope with linear (nope, fox: not applicable)
     "zoo_2025": (18, 6),
 }
