@@ -276,6 +276,27 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, req
     assert (valid, skipped) == EXPECTED_CELLS[experiment]
 
 
+@pytest.mark.parametrize(
+    ("arm", "tune_length"), [("lm_leaderboard", 1024), ("retrieval_leaderboard", 1024)]
+)
+def test_an_extend_options_own_fields_win_over_its_arms_fine_tune_settings(arm, tune_length):
+    """The leaderboard's arms set their fine-tunes' length and batch (PI and YaRN: 1024 tokens, 8
+    sequences); DroPE's option sets its own (recalibration at L with the base training's batch)
+    and keeps them, as the arm comes before the extend group in the defaults."""
+
+    def job(extend):
+        cfg = compose_cfg(
+            ["+experiment=leaderboard", f"arm={arm}", "position=rope", f"extend={extend}"]
+        )
+        return JobConfig.from_hydra(cfg)
+
+    pi, yarn, drope = job("pi"), job("yarn"), job("drope")
+    assert pi.extend.length == yarn.extend.length == tune_length
+    assert pi.extend.batch_size == yarn.extend.batch_size == 8 != pi.train.batch_size
+    assert drope.extend.length == drope.train.length  # control: not the arm's 1024
+    assert drope.extend.batch_size == drope.train.batch_size and drope.extend.steps == 100
+
+
 def test_quickstart_rope_learns_passkey_at_its_training_length_settings():
     """The quickstart's retrieval arm must train rope with a passkey mix on windows long enough
     for the template."""

@@ -176,7 +176,8 @@ def tiled_windows(
             counted.append(target >= max(judged_until, start + 1))
             judged_until = start + length
     if not windows:
-        return torch.empty(0, length, dtype=torch.long), torch.empty(0, length - 1, dtype=torch.bool)
+        empty = torch.empty(0, length, dtype=torch.long)  # [0, length]
+        return empty, empty[:, 1:].bool()
     return torch.stack(windows), torch.stack(counted)
 
 

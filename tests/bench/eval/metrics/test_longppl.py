@@ -11,12 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-
-import numpy as np
 
 from bench.data.corpora import Document
 from bench.eval.metrics.longppl import LongPPLConfig, key_token_mask, longppl_value, tiled_windows
@@ -129,7 +128,9 @@ def judged_positions(doc: Document, length: int, span: int) -> list[int]:
     out = []
     for window, keep in zip(windows, counted, strict=True):
         start = next(  # where the window sits in the document (its tokens are unique)
-            s for s in range(len(doc) - length + 1) if torch.equal(doc.tensor(s, s + length), window)
+            s
+            for s in range(len(doc) - length + 1)
+            if torch.equal(doc.tensor(s, s + length), window)
         )
         out += [start + 1 + j for j in torch.nonzero(keep).flatten().tolist()]
     return out
