@@ -78,11 +78,14 @@ class ArmConfig:
     extends: list[str] | None = None  # extend names (conf/extend/*.yaml) it fine-tunes with
     position_samplings: list[str] | None = None  # train.position_sampling values it trains
     attention_sinks: list[str] | None = None  # model.attention_sink values it trains
+    # position kinds it fine-tunes (cells with an extend other than none); None = every one it trains
+    finetune_positions: list[str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or "/" in self.name:
             raise ValueError(f"arm.name must be a non-empty name without '/', got {self.name!r}.")
-        for key in ("positions", "scalings", "extends", "position_samplings", "attention_sinks"):
+        lists = ("positions", "scalings", "extends", "position_samplings", "attention_sinks")
+        for key in (*lists, "finetune_positions"):
             values = getattr(self, key)
             if values is not None and not values:
                 raise ValueError(
@@ -112,6 +115,12 @@ class ArmConfig:
                 return (
                     f"{what} {value} is not part of arm {self.name} ({what}: {', '.join(allowed)})"
                 )
+        tuned = self.finetune_positions
+        if extend != "none" and tuned is not None and position not in tuned:
+            return (
+                f"extend {extend} for position {position} is not part of arm {self.name} (it "
+                f"fine-tunes only: {', '.join(tuned)})"
+            )
         return None
 
 

@@ -63,6 +63,15 @@ def test_a_cell_outside_its_arm_is_not_applicable_with_the_reason():
 
 def test_arm_lists_are_checked():
     assert ArmConfig().excluded("alibi", "yarn", "pi") is None
+    rotary = ArmConfig(name="a", finetune_positions=["rope"])
+    assert rotary.excluded("alibi", "none", "pi") == (
+        "extend pi for position alibi is not part of arm a (it fine-tunes only: rope)"
+    )
+    # control: the listed family is fine-tuned, and the other still runs without a fine-tune
+    assert rotary.excluded("rope", "none", "pi") is None
+    assert rotary.excluded("alibi", "yarn", "none") is None
+    with pytest.raises(ValueError, match="arm.finetune_positions is empty"):
+        ArmConfig(finetune_positions=[])
     with pytest.raises(ValueError, match="arm.positions is empty"):
         ArmConfig(positions=[])
     with pytest.raises(ValueError, match="arm.name must be a non-empty name"):
