@@ -84,8 +84,8 @@ class ArmConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or "/" in self.name:
             raise ValueError(f"arm.name must be a non-empty name without '/', got {self.name!r}.")
-        lists = ("positions", "scalings", "extends", "position_samplings", "attention_sinks")
-        for key in (*lists, "finetune_positions"):
+        for key in ("positions", "scalings", "extends", "position_samplings", "attention_sinks",
+                    "finetune_positions"):  # fmt: skip
             values = getattr(self, key)
             if values is not None and not values:
                 raise ValueError(

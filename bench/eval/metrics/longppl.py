@@ -40,6 +40,7 @@ from bench.core.checks import integer, number, parse_length
 from bench.core.rows import canonical_json
 from bench.data.corpora import Document
 from bench.eval.metrics.context import EvalContext, make_row, select_documents, windows_setting
+from bench.eval.metrics.nll import nll_windows
 from bench.eval.metrics.registry import MetricConfig, register_metric
 from models.lazy import torch
 
@@ -164,17 +165,15 @@ def tiled_windows(
     ending at ``span`` where ``length`` does not divide it). Returns the windows [N, length] and
     which of their targets count [N, length - 1] (column j is token j + 1; False where an earlier
     window of the document already judged that token)."""
-    starts = list(range(0, span - length + 1, length))
-    if starts[-1] != span - length:
-        starts.append(span - length)
+    # nll's nonoverlapping tiling of a span: each window's start and the window position from
+    # which its targets are new (the windows before it left them); it reads span + 1 tokens
+    tiling = nll_windows(span + 1, length, None, "nonoverlapping", length, span)
     windows, counted = [], []
     for doc in docs:
-        judged_until = 0  # tokens [0, judged_until) of the document are judged already
-        for start in starts:
+        for start, score_from in tiling:
             windows.append(doc.tensor(start, start + length))
-            target = torch.arange(start + 1, start + length)  # [length - 1] document positions
-            counted.append(target >= max(judged_until, start + 1))
-            judged_until = start + length
+            target = torch.arange(1, length)  # [length - 1]: each target's position in the window
+            counted.append(target >= max(score_from, 1))
     if not windows:
         empty = torch.empty(0, length, dtype=torch.long)  # [0, length]
         return empty, empty[:, 1:].bool()
