@@ -24,11 +24,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
 
 from bench.schema import JobConfig
 
 from fixtures import ROOT
+from fixtures.jobs import compose_config, compose_job
 
 README = ROOT / "README.md"
 #: the README and the READMEs that hold what moved out of it (measurements, reference numbers)
@@ -160,11 +160,9 @@ def test_readme_command_composes_and_validates(command: str):
     job, hydra = _overrides(command)
     if not any(a.startswith("+experiment=") for a in job) and command.strip() == "lenbench":
         job = ["+experiment=quickstart"]  # what lenbench with no arguments runs
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=job)
-        if hydra:
-            compose("config", overrides=[*job, *hydra], return_hydra_config=True)
-    JobConfig.from_hydra(cfg)
+    compose_job(*job)
+    if hydra:
+        compose_config(*job, *hydra, hydra=True)
 
 
 #: a command example in a conf/ comment: ``#   lenbench +experiment=smoke``
@@ -348,8 +346,7 @@ def _compose_scaling(tmp_path: Path, text: str):
     (tmp_path / "scaling").mkdir(exist_ok=True)
     (tmp_path / "scaling" / name).write_text(text, encoding="utf-8")
     overrides = [f"hydra.searchpath=[file://{tmp_path}]", f"scaling={name.removesuffix('.yaml')}"]
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose_config(*overrides)
     return cfg, JobConfig.from_hydra(cfg)
 
 

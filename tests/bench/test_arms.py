@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_module
 
 from bench.job import NotApplicable, validate_job
 from bench.schema import ArmConfig, JobConfig
 
+from fixtures.jobs import compose_job
+
 
 def quickstart_job(*overrides: str) -> JobConfig:
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=quickstart", *overrides])
-    return JobConfig.from_hydra(cfg)
+    return compose_job("+experiment=quickstart", *overrides)
 
 
 def test_each_quickstart_arm_gets_its_own_presets():

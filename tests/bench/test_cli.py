@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import bench.train.cache as cache_module
@@ -24,6 +23,7 @@ from bench.schema import JobConfig, ScalingSchema
 from models.positions import families
 
 from fixtures import ROOT
+from fixtures.jobs import compose_config, compose_job
 
 CONF = ROOT / "conf"
 GROUPS = {
@@ -94,11 +94,6 @@ def no_training(monkeypatch):
     monkeypatch.setattr(cache_module, "get_or_train", forbidden)
 
 
-def compose_cfg(overrides, hydra=False):
-    with initialize_config_module("conf", version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
-
-
 def sweep_cells(cfg):
     """The cartesian product of an experiment's hydra.sweeper.params as override lists."""
     params = cfg.hydra.sweeper.params or {}
@@ -127,7 +122,7 @@ def test_every_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if option == "text":
         overrides.append(f"data.paths=[{CONF / 'config.yaml'}]")
-    job = JobConfig.from_hydra(compose_cfg(overrides))  # types, keys and ranges
+    job = compose_job(*overrides)  # types, keys and ranges
     assert isinstance(job, JobConfig)
     spec = validate_job(job)  # what needs several sections: applicability, lengths, device
     if group == "scaling":
@@ -177,7 +172,7 @@ def test_presets_hold_only_their_changes(option):
     parent = [d for d in values.pop("defaults", []) if d != "_self_"]
     if parent:
         (parent,) = parent
-        inherited = compose_cfg([f"{group}={parent}"])[group]
+        inherited = compose_config(f"{group}={parent}")[group]
     else:
         inherited = OmegaConf.structured(JobConfig)[group]
     if "arm" in values and group == "arm":  # a `# @package _global_` arm
@@ -187,7 +182,7 @@ def test_presets_hold_only_their_changes(option):
         if key in IDENTITY_KEYS or key in PINNED_KEYS.get(option, ()):
             continue
         assert inherited.get(key) != value, f"{option} repeats {key}: {value!r}"
-    assert compose_cfg([f"{group}={name}"])  # and it composes
+    assert compose_config(f"{group}={name}")  # and it composes
 
 
 def test_no_config_file_is_named_like_a_configstore_node():
@@ -242,7 +237,7 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, req
     extra = []
     if experiment == "pretrained":
         extra = [f"pretrained.path={request.getfixturevalue('hf_model_dirs')['llama']}"]
-    cfg = compose_cfg([f"+experiment={experiment}", *extra], hydra=True)
+    cfg = compose_config(f"+experiment={experiment}", *extra, hydra=True)
     assert cfg.hydra.mode.name == "MULTIRUN"
     assert cfg.experiment_name == experiment
     header = (CONF / "experiment" / f"{experiment}.yaml").read_text().splitlines()[:12]
@@ -255,9 +250,7 @@ def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, req
     for cell in sweep_cells(cfg):
         rest = tuple(c for c in cell if not c.startswith(("scaling=", "seed=")) and "." not in c)
         if rest not in composed:
-            composed[rest] = JobConfig.from_hydra(
-                compose_cfg([f"+experiment={experiment}", *extra, *rest])
-            )
+            composed[rest] = compose_job(f"+experiment={experiment}", *extra, *rest)
         job = composed[rest]
         for c in cell:
             key, value = c.split("=", 1)
@@ -289,10 +282,9 @@ def test_an_extend_options_own_fields_win_over_its_arms_fine_tune_settings(arm, 
     and keeps them, as the arm comes before the extend group in the defaults."""
 
     def job(extend):
-        cfg = compose_cfg(
-            ["+experiment=leaderboard", f"arm={arm}", "position=rope", f"extend={extend}"]
+        return compose_job(
+            "+experiment=leaderboard", f"arm={arm}", "position=rope", f"extend={extend}"
         )
-        return JobConfig.from_hydra(cfg)
 
     pi, yarn, drope = job("pi"), job("yarn"), job("drope")
     assert pi.extend.length == yarn.extend.length == tune_length
@@ -306,7 +298,7 @@ def test_quickstart_rope_learns_passkey_at_its_training_length_settings():
     for the template."""
     from bench.tasks.passkey import min_passkey_length
 
-    cfg = compose_cfg(["+experiment=quickstart", "arm=retrieval"])
+    cfg = compose_config("+experiment=quickstart", "arm=retrieval")
     assert cfg.train.passkey_fraction > 0
     assert cfg.train.length + 1 >= min_passkey_length()
     assert cfg.model.n_layers >= 2  # retrieval needs an induction circuit
@@ -590,7 +582,7 @@ def test_valid_single_run_is_not_an_error(in_tmp, monkeypatch, capsys):
 
 
 def spec_of(*overrides):
-    return validate_job(JobConfig.from_hydra(compose_cfg(["train=quick", *overrides])))
+    return validate_job(compose_job("train=quick", *overrides))
 
 
 def test_static_factor_is_one_per_run_recorded_as_a_number_and_oracle_is_labelled():
@@ -896,7 +888,7 @@ def test_accelerate_launch_runs_one_job(tmp_path):
 
 def test_passkey_is_evaluated_with_the_template_the_model_was_trained_with():
     def template(*overrides):
-        job = JobConfig.from_hydra(compose_cfg(["train.passkey_fraction=0.5", *overrides]))
+        job = compose_job("train.passkey_fraction=0.5", *overrides)
         return validate_job(job).eval.metrics["passkey"].template
 
     assert template("train.passkey_template=short") == "short"
@@ -967,7 +959,7 @@ def test_two_invocations_in_one_second_get_their_own_run_and_sweep_dirs(monkeypa
     import hydra.core.utils
 
     monkeypatch.setattr(hydra.core.utils, "datetime", _OneSecondClock)
-    first, second = (compose_cfg([], hydra=True).hydra for _ in range(2))
+    first, second = (compose_config(hydra=True).hydra for _ in range(2))
     assert first.sweep.dir != second.sweep.dir and first.run.dir != second.run.dir
     assert Path(first.sweep.dir).parent == Path(second.sweep.dir).parent  # same .hydra-sweeps
     # negative control: the seconds-only name of before gives both invocations one dir

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_module
 
 from bench.schema import JobConfig
 from models.discovery import import_package, load_extensions
+
+from fixtures.jobs import compose_config, compose_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,16 +109,10 @@ def test_extensions_register_before_the_config_is_checked(tmp_path, monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     overrides = [f"hydra.searchpath=[file://{conf}]", "scaling=ext_linear"]
     try:
-        with initialize_config_module("conf", version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
-            # control: without the extension the method is unknown
-            with pytest.raises(ValueError, match="ext_linear"):
-                JobConfig.from_hydra(cfg)
-            cfg = compose(
-                "config",
-                overrides=[*overrides, "extensions=[ext_inproc]", "+eval.ext_docs.enabled=true"],
-            )
-        job = JobConfig.from_hydra(cfg)
+        # control: without the extension the method is unknown
+        with pytest.raises(ValueError, match="ext_linear"):
+            compose_job(*overrides)
+        job = compose_job(*overrides, "extensions=[ext_inproc]", "+eval.ext_docs.enabled=true")
         assert job.scaling.method == "ext_linear" and job.eval.ext_docs.enabled is True
         assert "ext_linear" in SCALING_METHODS and "ext_docs" in METRICS
     finally:
@@ -194,10 +189,9 @@ def test_a_family_of_the_users_package_brings_its_own_fields(tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(tmp_path))
     base = [f"hydra.searchpath=[file://{tmp_path / 'user_conf'}]", "extensions=[ext_family]"]
     try:
-        with initialize_config_module("conf", version_base="1.3"):
-            cfg = compose("config", overrides=[*base, "position=one_slope", "position.slope=2.0"])
-            foreign = compose("config", overrides=[*base, "position=one_slope", "+position.base=5"])
-            rope = compose("config", overrides=[*base, "+position.slope=2.0"])
+        cfg = compose_config(*base, "position=one_slope", "position.slope=2.0")
+        foreign = compose_config(*base, "position=one_slope", "+position.base=5")
+        rope = compose_config(*base, "+position.slope=2.0")
         job = JobConfig.from_hydra(cfg)
         assert type(job.position).__name__ == "SlopeConfig" and job.position.slope == 2.0
         assert job.position.params() == {"slope": 2.0}

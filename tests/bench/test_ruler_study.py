@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_module
 
 from bench.schema import JobConfig
 from bench.tasks.ruler import default_ruler_tasks
 from bench.train.cache import weights_key
 from bench.train.config import TrainConfig
 
+from fixtures.jobs import compose_job
+
 RULER_TASKS = default_ruler_tasks()  # RULER's suite: the tasks these rows have
 
 
 def study_job(*overrides: str) -> JobConfig:
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=ruler", *overrides])
-    return JobConfig.from_hydra(cfg)
+    return compose_job("+experiment=ruler", *overrides)
 
 
 def test_smoke_with_ruler_lands_rows_for_every_task(in_tmp, quiet_training, capsys):

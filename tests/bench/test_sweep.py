@@ -266,18 +266,14 @@ def test_sweep_in_which_nothing_ran_writes_no_report(smoke, tmp_path, monkeypatc
 
 def test_run_job_validates_before_touching_the_cache(monkeypatch, tmp_path):
     """run_job on a bad config returns 'invalid' without loading data or training."""
-    from hydra import compose, initialize_config_module
+    from fixtures.jobs import compose_config
 
     def boom(*args, **kwargs):
         raise AssertionError("must not be reached")
 
     monkeypatch.setattr(cache_module, "get_or_train", boom)
     monkeypatch.setattr("bench.data.corpora.load_corpus", boom)
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=["position=rope", "model.n_heads=3", f"paths.cache={tmp_path}"],
-        )
+    cfg = compose_config("position=rope", "model.n_heads=3", f"paths.cache={tmp_path}")
     summary = job_module.run_job(cfg)
     assert summary["status"] == "invalid"
     assert "not divisible by n_heads 3" in summary["message"]
@@ -285,7 +281,7 @@ def test_run_job_validates_before_touching_the_cache(monkeypatch, tmp_path):
 
 def test_run_job_with_an_empty_test_split_is_invalid_before_training(monkeypatch, tmp_path):
     """A corpus with nothing in its test split would train a model and then evaluate nothing."""
-    from hydra import compose, initialize_config_module
+    from fixtures.jobs import compose_config
 
     def boom(*args, **kwargs):
         raise AssertionError("must not be reached")
@@ -303,17 +299,13 @@ def test_run_job_with_an_empty_test_split_is_invalid_before_training(monkeypatch
         f"paths.cache={tmp_path / 'cache'}",
         f"paths.results={tmp_path / 'results'}",
     ]
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    summary = job_module.run_job(cfg)
+    summary = job_module.run_job(compose_config(*overrides))
     assert summary["status"] == "invalid"
     assert "test split of corpus" in summary["message"] and "is empty" in summary["message"]
     # negative control: with a test share the same corpus gets past this check (to training)
     overrides[3] = "data.split_fractions={train: 0.0, validation: 0.0, test: 1.0}"
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
     with pytest.raises(AssertionError, match="must not be reached"):
-        job_module.run_job(cfg)
+        job_module.run_job(compose_config(*overrides))
 
 
 def test_a_model_that_failed_is_not_trained_again_in_the_same_sweep(tmp_path, monkeypatch, capsys):

@@ -24,6 +24,8 @@ from models.positions import PositionConfig, families
 from models.scaling import pair_positions
 from models.transformer import DecoderLM, ModelConfig
 
+from fixtures.jobs import compose_job
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: a non-default value of every field of every family's config
@@ -106,12 +108,8 @@ def test_another_familys_field_is_refused_naming_field_family_and_accepted_field
         )
 
 
-def compose_job(overrides: list[str]) -> JobConfig:
-    from hydra import compose, initialize_config_module
-
-    model = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2"]
-    with initialize_config_module("conf", version_base="1.3"):
-        return JobConfig.from_hydra(compose("config", overrides=[*model, *overrides]))
+def tiny_job(overrides: list[str]) -> JobConfig:
+    return compose_job("model.n_layers=2", "model.d_model=32", "model.n_heads=2", *overrides)
 
 
 def test_a_kind_overridden_onto_another_familys_fields_is_refused():
@@ -120,8 +118,8 @@ def test_a_kind_overridden_onto_another_familys_fields_is_refused():
     with pytest.raises(
         ValueError, match="position.kind 'rope' does not match the fields of IropeConfig"
     ):
-        compose_job(["position=irope", "position.kind=rope"])
-    assert type(compose_job(["position=irope"]).position).__name__ == "IropeConfig"
+        tiny_job(["position=irope", "position.kind=rope"])
+    assert type(tiny_job(["position=irope"]).position).__name__ == "IropeConfig"
 
 
 def test_the_issues_examples_are_refused_and_their_own_fields_accepted():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -31,6 +31,7 @@ from bench.tasks.passkey import QUESTION, passkey_grid
 from models.transformer import ScalingConfig
 
 from fixtures import ROOT
+from fixtures.jobs import compose_config
 
 CONF = ROOT / "conf" / "eval"
 TRAIN = 32
@@ -74,8 +75,7 @@ def composed(name, conf_dir=None):
     ``conf_dir``: a copy of the config tree to compose from instead of the packaged one."""
     overrides = [f"eval={name}"]
     if conf_dir is None:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+        cfg = compose_config(*overrides)
     else:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)

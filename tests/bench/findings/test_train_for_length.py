@@ -9,18 +9,17 @@ import json
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_module
 
 from bench.core.checks import config_error
 from bench.job import NotApplicable, validate_job
 from bench.schema import JobConfig, ModelSchema, weights_dict
 from bench.train.cache import weights_key
 
+from fixtures.jobs import compose_job
+
 
 def study_job(*overrides: str) -> JobConfig:
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=train_for_length", *overrides])
-    return JobConfig.from_hydra(cfg)
+    return compose_job("+experiment=train_for_length", *overrides)
 
 
 def test_hybrid_presets_reach_the_job():

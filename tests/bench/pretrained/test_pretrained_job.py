@@ -112,17 +112,13 @@ def test_job_statuses_for_bad_input_and_inapplicable_scaling(hf_model_dirs, tmp_
 
 
 def test_experiment_config_composes(hf_model_dirs):
-    from hydra import compose, initialize_config_module
-
     from bench.schema import JobConfig
 
-    with initialize_config_module("conf", version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=["+experiment=pretrained", f"pretrained.path={hf_model_dirs['llama']}"],
-            return_hydra_config=True,
-        )
-        without = compose("config", overrides=["+experiment=pretrained"])
+    from fixtures.jobs import compose_config
+
+    path = f"pretrained.path={hf_model_dirs['llama']}"
+    cfg = compose_config("+experiment=pretrained", path, hydra=True)
+    without = compose_config("+experiment=pretrained")
     assert str(cfg.hydra.sweeper.params.scaling) == "none,linear,yarn"
     job = JobConfig.from_hydra(cfg)
     assert (

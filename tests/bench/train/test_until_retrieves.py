@@ -205,9 +205,9 @@ def test_bad_until_retrieves_is_one_sentence(patch: dict, message: str) -> None:
 def test_rows_of_a_checked_model_carry_train_steps(tmp_path, monkeypatch) -> None:
     """A job's rows say how many updates its training ran; a model trained for train.steps has
     no such column."""
-    from hydra import compose, initialize_config_module
-
     from bench.job import run_job
+
+    from fixtures.jobs import compose_config
 
     script_checks(monkeypatch, [1.0])
 
@@ -228,8 +228,7 @@ def test_rows_of_a_checked_model_carry_train_steps(tmp_path, monkeypatch) -> Non
             "eval.passkey.lengths=[1x]",
             *train,
         ]
-        with initialize_config_module("conf", version_base="1.3"):
-            summary = run_job(compose("config", overrides=overrides))
+        summary = run_job(compose_config(*overrides))
         assert summary["status"] == "done", summary
         return pd.read_parquet(summary["results_path"])
 
