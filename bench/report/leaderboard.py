@@ -24,6 +24,7 @@ import pandas as pd
 
 from bench.core.series import SWITCH_COLUMNS
 from bench.findings.leaderboard import (
+    AT_L,
     METRICS,
     PASSKEY_MIN,
     PPL_FLAT,
@@ -34,6 +35,7 @@ from bench.findings.leaderboard import (
     ranks,
     ratio_rule,
     relative_rule,
+    summarise_ppl_at_l,
     summarise_seeds,
 )
 from bench.findings.rows import col, passkey, window_nll, with_series
@@ -175,12 +177,14 @@ def seed_lengths(rows: pd.DataFrame, train_length: int) -> dict[str, dict[int, i
     return {metric: lengths for metric, lengths in found.items() if lengths}
 
 
-def _ppl_at_l(rows: pd.DataFrame, train_length: int) -> float:
+def _nll_at_l(rows: pd.DataFrame, train_length: int) -> dict[int, float]:
+    """Per seed: the mean NLL per token at L (its log perplexity)."""
     nll = window_nll(rows)
     nll = nll[nll["eval_length"] == train_length]
-    if nll.empty:
-        return math.nan
-    return math.exp(float(np.average(nll["value"], weights=nll["n"])))
+    return {
+        int(seed): float(np.average(g["value"], weights=g["n"]))
+        for seed, g in nll.groupby("seed", sort=True)
+    }
 
 
 # --------------------------------------------------------------------------- the table
@@ -196,11 +200,19 @@ def _series_row(key: tuple, rows: pd.DataFrame) -> tuple[dict, dict[str, SeedSum
     row.update(
         train_length=train_length,
         seeds=",".join(str(int(s)) for s in sorted(rows["seed"].unique())),
-        ppl_at_L=_ppl_at_l(rows, train_length),
+        ppl_at_L=math.nan,
         series=str(rows["_series"].iloc[0]),
     )
+    at_l = _nll_at_l(rows, train_length)
+    if at_l and summaries:  # ranked beside the effective lengths (lower is better)
+        s = summaries[AT_L] = summarise_ppl_at_l(list(at_l.values()))
+        row.update(
+            ppl_at_L=math.exp(-s.mean), ppl_at_L_lo=math.exp(-s.hi), ppl_at_L_hi=math.exp(-s.lo)
+        )
     longest = longest_lengths(rows)
     for metric, s in summaries.items():
+        if metric == AT_L:
+            continue
         row[f"{metric}_max"] = longest[metric]
         row[f"{metric}_eff"] = train_length * 2.0**s.mean
         row[f"{metric}_lo"] = train_length * 2.0**s.lo
@@ -231,7 +243,7 @@ def leaderboard_table(df: pd.DataFrame) -> pd.DataFrame:
                 summaries[row["series"]] = summary
         per_metric = {
             m: ranks({k: s[m] for k, s in summaries.items() if m in s})
-            for m in METRICS
+            for m in (*METRICS, AT_L)
             if any(m in s for s in summaries.values())
         }
         overall = overall_ranks(per_metric)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.findings.leaderboard import METRICS, PPL_FLAT
+from bench.findings.leaderboard import AT_L, METRICS, PPL_FLAT
 from bench.report.leaderboard import METRIC_TITLES, RULES, labelled, leaderboard_table
 from bench.report.markdown import markdown_table
 
@@ -34,6 +34,14 @@ def cell_text(row: pd.Series, metric: str) -> str:
     # every seed passes at the longest length measured: at least that long
     at_least = "≥" if round(lo) == round(hi) == row[f"{metric}_max"] else ""
     return f"{at_least}{eff:.0f}{span} #{int(rank)}"
+
+
+def _at_l_text(row: pd.Series, bad: bool) -> str:
+    """Perplexity at L (geometric mean over seeds), the bad-at-L mark and its rank."""
+    value = row.get("ppl_at_L", math.nan)
+    if value is None or not np.isfinite(value):
+        return "–"
+    return f"{value:.2f}{BAD_AT_L if bad else ''} #{int(row[f'{AT_L}_rank'])}"
 
 
 def _fails_at_l(row: pd.Series, metric: str) -> bool:
@@ -66,8 +74,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
             "fine-tune": table["finetune"],
             "seeds": table["seeds"],
             "ppl at L": [
-                "–" if not np.isfinite(v) else f"{v:.2f}{BAD_AT_L if b else ''}"
-                for v, b in zip(table["ppl_at_L"], bad, strict=True)
+                _at_l_text(row, b) for (_, row), b in zip(table.iterrows(), bad, strict=True)
             ],
         }
     )
@@ -144,7 +151,10 @@ def _report_md(table: pd.DataFrame, shown: pd.DataFrame, maps: list[str], source
         "L; ≥ where every seed passes at the longest length measured), its 95% t-interval over "
         "seeds, and its rank (1 + the series whose interval lies "
         "entirely above; ties where intervals overlap; an effective length of 0, failing at the "
-        "shortest length, counts as L / 2). Overall: the mean rank over the metrics a series has. "
+        "shortest length, counts as L / 2). Ppl at L: the perplexity at the training length "
+        "(geometric mean over seeds) and its rank (lower is better, the same tie rule on the "
+        "log perplexity's t-interval), so that no method wins by being bad at L. Overall: the "
+        "mean rank over the metrics a series has, ppl at L included. "
         f"{BAD_AT_L}: perplexity at L above {PPL_FLAT} x its recipe's best, so its flat "
         "perplexity past L is measured from an already bad value (`bench/findings/leaderboard.py`).",
         "",

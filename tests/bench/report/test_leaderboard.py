@@ -79,6 +79,31 @@ def test_the_longppl_rule_reads_longppl_at_l():
     assert table.loc["none", "ppl_seeds"] == "256,256"
 
 
+def test_no_method_wins_by_being_bad_at_l():
+    """A series flat past L from a perplexity at L five times the other's (zero-shot PI's shape)
+    ties on the perplexity length but ranks below on ppl at L, so its overall rank is worse.
+    Control: the same curve from the other's value at L ties overall."""
+    flat = [(64, 10.0), (128, 10.5), (256, 10.9)]
+    breaks = [(64, 10.0), (128, 10.5), (256, 30.0)]
+
+    def table(bad_at_l: float):
+        rows = [_nll_row(s, x, p + 0.1 * s) for s in (1, 2, 3) for x, p in breaks]
+        rows += [_nll_row(s, x, bad_at_l * p + 0.1 * s, scaling="linear")
+                 for s in (1, 2, 3) for x, p in flat]  # fmt: skip
+        return leaderboard_table(pd.DataFrame(rows)).set_index("method")
+
+    bad = table(5.0)
+    assert bad.loc["linear", "ppl_rank"] == 1 and bad.loc["none", "ppl_rank"] == 2
+    assert bad.loc["none", "ppl_at_L_rank"] == 1 and bad.loc["linear", "ppl_at_L_rank"] == 2
+    assert bad.loc["linear", "ppl_at_L"] == pytest.approx(50.0, rel=0.02)
+    assert bad.loc["linear", "overall_rank"] == bad.loc["none", "overall_rank"] == 1.5
+    assert display_table(bad.reset_index()).set_index("method").loc["linear", "ppl at L"] == (
+        "50.20† #2"
+    )
+    good = table(1.0)  # control: flat from the same value at L
+    assert good.loc["linear", "ppl_at_L_rank"] == 1 and good.loc["linear", "overall_rank"] == 1.0
+
+
 def test_recipes_are_never_ranked_together():
     """The same rows under two recipe values: two blocks, each ranked on its own (both rank 1);
     rows without the column fall back to their study (experiment, arm, L)."""
