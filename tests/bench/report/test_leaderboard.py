@@ -19,7 +19,10 @@ from bench.report.leaderboard_report import display_table, write_leaderboard
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "reports" / "leaderboard"
 #: what reports/leaderboard is generated from (its README says so)
-SOURCES = ["results/zoo", "results/zoo_2025", "results/training_free", "results/ruler"]
+SOURCES = [
+    "results/leaderboard", "results/zoo", "results/zoo_2025", "results/training_free",
+    "results/ruler",
+]  # fmt: skip
 
 
 def _nll_row(seed: int, length: int, ppl: float, **extra) -> dict:
