@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from bench.core.checks import NotApplicable, check_method
@@ -18,6 +18,7 @@ from bench.eval.source import SourceModel
 from bench.schema import JobConfig
 from bench.train.extend import base_job, check_finetune_eval, finetune_columns, finetune_scaling
 from models.lazy import torch
+from models.model_config import ModelConfig
 from models.resolved_scaling import resolved_scaling
 from models.scaling import applicable_methods
 from models.scaling_config import ScalingConfig, run_scaling
@@ -29,12 +30,18 @@ __all__ = ["TrainedSource", "evaluator_job", "longppl_evaluator"]
 
 def evaluator_job(job: JobConfig, length: int, seed: int) -> JobConfig:
     """``eval.longppl``'s auto evaluator: the job's recipe (model, data, training) with RoPE, no
-    scaling and no fine-tune, seed ``seed``, trained at ``length`` tokens."""
+    scaling, no fine-tune and no design switch (QK-norm, gate, SSMax, attention kind, sink: one
+    evaluator for every design the recipe ranks), seed ``seed``, trained at ``length`` tokens."""
+    from bench.train.cache import DESIGN_SWITCHES
+
     values = asdict(job)
     values.update(
         seed=int(seed), position={"kind": "rope"}, scaling={"name": "none", "method": "default"}
     )
     values.update(extend={}, pretrained=None)
+    values["model"].update(
+        {f.name: f.default for f in fields(ModelConfig) if f.name in DESIGN_SWITCHES}
+    )
     values["train"]["length"] = int(length)
     return JobConfig.from_hydra(values)
 

@@ -194,3 +194,25 @@ def test_smoke_writes_longppl_rows_on_one_evaluators_tokens(tmp_path):
     series_keys = set(rows["model_id"]) | set(rows["model_config_id"])
     assert len(series_keys) >= 2 and params[0]["evaluator"] not in series_keys
     assert (long["value"] > 1).all() and long["value"].nunique() > 1
+
+
+def test_one_auto_evaluator_for_every_design_of_a_recipe():
+    """The leaderboard ranks attention designs (QK-norm, output gate, SSMax, differential and
+    stick-breaking attention, sinks) on their recipe beside the position families: all of them are
+    judged by the recipe's one RoPE evaluator, so on the same key tokens. Control: a change of
+    recipe (the model's width) is another evaluator."""
+    from bench.train.cache import weights_key
+    from bench.trained_source import evaluator_job
+
+    from fixtures.jobs import compose_job
+
+    def evaluator_key(*overrides: str) -> str:
+        job = compose_job("+experiment=leaderboard", "arm=lm_leaderboard", *overrides)
+        return weights_key(evaluator_job(job, 1024, 0), "corpus")
+
+    plain = evaluator_key("position=rope")
+    designs = ["model.qk_norm=true", "model.output_gate=true", "model.attn_scale=ssmax",
+               "model.attention=differential", "model.attention_sink=learned"]  # fmt: skip
+    assert {evaluator_key("position=rope", d) for d in designs} == {plain}
+    assert evaluator_key("position=nope", "model.attention=stick_breaking") == plain
+    assert evaluator_key("position=rope", "model.d_model=64") != plain  # control
