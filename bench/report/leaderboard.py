@@ -124,6 +124,17 @@ def _longppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
     return out
 
 
+def _longppl_at_longest(rows: pd.DataFrame) -> float:
+    """LongPPL at the longest length every seed has it, geometric mean over seeds (described
+    beside the rule, never ranked: the rule reads the ratio to L)."""
+    lp = rows[(rows["metric"] == "longppl") & (rows["n"] > 0)]
+    if lp.empty:
+        return math.nan
+    longest = lp.groupby("seed")["eval_length"].max().min()
+    at = lp[lp["eval_length"] == longest]
+    return math.exp(float(np.log(at["value"]).mean()))
+
+
 def _passkey_lengths(rows: pd.DataFrame) -> dict[int, int]:
     keys = passkey(rows)
     keys = keys[keys["eval_length"] > 0]
@@ -203,6 +214,7 @@ def _series_row(key: tuple, rows: pd.DataFrame) -> tuple[dict, dict[str, SeedSum
         ppl_at_L=math.nan,
         series=str(rows["_series"].iloc[0]),
     )
+    row["longppl_at_longest"] = _longppl_at_longest(rows)
     at_l = _nll_at_l(rows, train_length)
     if at_l and summaries:  # ranked beside the effective lengths (lower is better)
         s = summaries[AT_L] = summarise_ppl_at_l(list(at_l.values()))

@@ -104,7 +104,20 @@ def _paragraph(table: pd.DataFrame, metric: str) -> str:
             f"intervals overlapping) is {names}, up to {_length_text(top, metric)}; the shortest "
             f"is {worst['design']} {worst['method']}: {_length_text(worst, metric)}."
         )
+        if metric == "longppl":
+            lines.append(_longppl_values(block))
     return " ".join(lines)
+
+
+def _longppl_values(block: pd.DataFrame) -> str:
+    """What the ratio rule does not read: LongPPL itself at the longest length (not ranked)."""
+    at = block.dropna(subset=["longppl_at_longest"]).sort_values("longppl_at_longest")
+    named = [f"{r.design} {r.method}" + (f" ({r.finetune})" if r.finetune != "none" else "")
+             + f" {r.longppl_at_longest:.1f}" for r in at.itertuples()]  # fmt: skip
+    return (
+        "Its value at the longest length, which the rule does not read (not ranked; geometric "
+        f"mean over seeds): lowest {', '.join(named[:3])}; highest {named[-1]}."
+    )
 
 
 def heatmap(table: pd.DataFrame, metric: str, path: Path) -> bool:

@@ -76,6 +76,12 @@ def test_the_longppl_rule_reads_longppl_at_l():
              for s in (1, 2) for x, v in ((64, 8.0), (128, 8.5), (256, 9.0))]  # fmt: skip
     table = leaderboard_table(pd.DataFrame(rows)).set_index("method")
     assert table.loc["none", "longppl_seeds"] == "128,128"
+    # described beside the rule, not ranked: LongPPL at the longest length, geometric mean
+    assert table.loc["none", "longppl_at_longest"] == pytest.approx(9.0)
+    rows[-1] = {**rows[-1], "value": 16.0}  # seed 2 at 4L: sqrt(9 x 16) = 12
+    table = leaderboard_table(pd.DataFrame(rows)).set_index("method")
+    assert table.loc["none", "longppl_at_longest"] == pytest.approx(12.0)
+    assert table.loc["none", "longppl_seeds"] == "128,128"  # the rule does not read it
     late = [r for r in rows if not (r["metric"] == "longppl" and r["eval_length"] < 256)]
     table = leaderboard_table(pd.DataFrame(late)).set_index("method")
     assert "longppl_seeds" not in table.columns or pd.isna(table.loc["none", "longppl_seeds"])
