@@ -112,10 +112,15 @@ def _ppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
     return out
 
 
+def _longppl_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """LongPPL rows with key tokens (a length without any has no value to read)."""
+    return rows[(rows["metric"] == "longppl") & (rows["n"] > 0)]
+
+
 def _longppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
     """Per seed: the LongPPL rule's effective length against LongPPL at L (none where the seed
     has no LongPPL at L: a later length is no baseline, the series may fail before it)."""
-    lp = rows[(rows["metric"] == "longppl") & (rows["n"] > 0)]
+    lp = _longppl_rows(rows)
     out = {}
     for seed, g in lp.groupby("seed"):
         values = {int(x): float(v) for x, v in zip(g["eval_length"], g["value"], strict=True)}
@@ -127,7 +132,7 @@ def _longppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
 def _longppl_at_longest(rows: pd.DataFrame) -> float:
     """LongPPL at the longest length every seed has it, geometric mean over seeds (described
     beside the rule, never ranked: the rule reads the ratio to L)."""
-    lp = rows[(rows["metric"] == "longppl") & (rows["n"] > 0)]
+    lp = _longppl_rows(rows)
     if lp.empty:
         return math.nan
     longest = lp.groupby("seed")["eval_length"].max().min()

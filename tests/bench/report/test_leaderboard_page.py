@@ -68,6 +68,11 @@ def test_the_page_loads_without_a_console_error_and_shows_report_mds_numbers(pag
     assert shown == _markdown_rows(report)  # cell for cell, in the same order
 
 
+def _perplexity(cell: str) -> str:
+    """The perplexity of a "ppl at L" cell ("5.84† #3": the value, the bad-at-L mark, the rank)."""
+    return cell.split(" #")[0].rstrip("†")
+
+
 def test_sorting_by_a_column_reorders_the_rows(page):
     from selenium.webdriver.common.by import By
 
@@ -77,16 +82,12 @@ def test_sorting_by_a_column_reorders_the_rows(page):
     names = [h.text for h in heads]
     column = names.index("ppl at L")
     heads[column].click()  # ascending by the number, missing values last
-    values = [row[column].split(" #")[0].rstrip("†") for row in _visible_rows(driver)]
-    numbers = [float(v) for v in values if v != "–"]  # "5.84† #3": the perplexity, then its rank
+    values = [_perplexity(row[column]) for row in _visible_rows(driver)]
+    numbers = [float(v) for v in values if v != "–"]
     assert numbers == sorted(numbers) and values[-1] == "–"
     assert _visible_rows(driver) != before  # control: the order did change
     heads[column].click()  # descending
-    again = [
-        float(r[column].split(" #")[0].rstrip("†"))
-        for r in _visible_rows(driver)
-        if r[column] != "–"
-    ]
+    again = [float(_perplexity(r[column])) for r in _visible_rows(driver) if r[column] != "–"]
     assert again == sorted(again, reverse=True)
     heads[names.index("overall")].click()  # back to the report's order, within recipes by rank
     ranks = [float(r[names.index("overall")]) for r in _visible_rows(driver)]
