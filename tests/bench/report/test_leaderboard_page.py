@@ -123,6 +123,7 @@ def test_filters_hide_the_other_rows_and_metrics(page):
 
 def test_a_cell_links_to_its_rows(page):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     driver, table, _ = page
     link = driver.find_element(By.CSS_SELECTOR, "#board tbody tr td a")
@@ -130,6 +131,7 @@ def test_a_cell_links_to_its_rows(page):
     details = driver.find_element(By.ID, target)
     assert details.get_attribute("open") is None
     link.click()
-    assert details.get_attribute("open") is not None
+    # the page opens the target on its hashchange event, which fires after the click returns
+    WebDriverWait(driver, 10).until(lambda _: details.get_attribute("open") is not None)
     rows = details.find_elements(By.CSS_SELECTOR, "tbody tr")
     assert len(rows) > 0  # the rows the rules read for that series
