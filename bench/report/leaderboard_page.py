@@ -203,7 +203,9 @@ def write_page(
 rank (#1 = longest; ties where intervals overlap); one block per training recipe, never ranked
 together. Same numbers as report.md. Click a column to sort, a cell for its rows. "≥": every
 seed passes at the longest length measured; "fails at L": every seed fails at L; †: perplexity at L
-above 1.1 x the recipe's best (its flat perplexity past L starts from a bad value).</p>
+above 1.1 x the recipe's best (its flat perplexity past L starts from a bad value); ‡: the raw
+model of its design fails at L on that metric (the cell reflects its training more than the
+method).</p>
 <ul>{rules}</ul>
 <div id="filters">{_select("f-recipe", "recipe", recipes)}{_select("f-design", "family", designs)}{_select("f-method", "method", methods)}{_select("f-metric", "metric", metrics)}</div>
 {_table_html(table, shown)}

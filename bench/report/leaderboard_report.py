@@ -20,20 +20,26 @@ __all__ = ["cell_text", "display_table", "write_leaderboard"]
 #: marks a series whose perplexity at L exceeds PPL_FLAT x its recipe's best: its effective lengths
 #: are measured against a value that is already bad
 BAD_AT_L = "†"
+#: marks a series whose design's raw model (no method, no fine-tune) already fails at L on the
+#: metric: it never did the task at L under the recipe's training, so the cell says little of the
+#: method applied to it
+RAW_FAILS_AT_L = "‡"
 
 
-def cell_text(row: pd.Series, metric: str) -> str:
-    """One metric's cell: effective length in tokens (its interval over seeds) and its rank."""
+def cell_text(row: pd.Series, metric: str, raw_fails: bool = False) -> str:
+    """One metric's cell: effective length in tokens (its interval over seeds) and its rank;
+    ``raw_fails`` adds :data:`RAW_FAILS_AT_L`."""
     eff = row.get(f"{metric}_eff", math.nan)
     if eff is None or not np.isfinite(eff):
         return "–"
     lo, hi, rank = row[f"{metric}_lo"], row[f"{metric}_hi"], row[f"{metric}_rank"]
+    mark = RAW_FAILS_AT_L if raw_fails else ""
     if _fails_at_l(row, metric):
-        return f"fails at L #{int(rank)}"
+        return f"fails at L{mark} #{int(rank)}"
     span = "" if round(lo) == round(hi) else f" ({lo:.0f}–{hi:.0f})"
     # every seed passes at the longest length measured: at least that long
     at_least = "≥" if round(lo) == round(hi) == row[f"{metric}_max"] else ""
-    return f"{at_least}{eff:.0f}{span} #{int(rank)}"
+    return f"{at_least}{eff:.0f}{span}{mark} #{int(rank)}"
 
 
 def _at_l_text(row: pd.Series, bad: bool) -> str:
@@ -54,6 +60,18 @@ def _length_text(row: pd.Series, metric: str) -> str:
         return "fails at L"
     eff, length = row[f"{metric}_eff"], row["train_length"]
     return f"{eff:.0f} tokens ({eff / length:.1f} L)"
+
+
+def _raw_fails_at_l(table: pd.DataFrame, metric: str) -> pd.Series:
+    """Per series: the raw series of its recipe and design (method and fine-tune none) has the
+    metric and fails at L on it."""
+    raw = table[(table["method"] == "none") & (table["finetune"] == "none")]
+    raw = raw[np.isfinite(raw[f"{metric}_eff"])]
+    failing = {(r["recipe"], r["design"]) for _, r in raw.iterrows() if _fails_at_l(r, metric)}
+    return pd.Series(
+        [key in failing for key in zip(table["recipe"], table["design"], strict=True)],
+        index=table.index,
+    )
 
 
 def _bad_at_l(table: pd.DataFrame) -> pd.Series:
@@ -79,7 +97,8 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
         }
     )
     for m in metrics:
-        out[METRIC_TITLES[m]] = [cell_text(row, m) for _, row in table.iterrows()]
+        raw_fails = _raw_fails_at_l(table, m)
+        out[METRIC_TITLES[m]] = [cell_text(row, m, raw_fails[i]) for i, row in table.iterrows()]
     return out
 
 
@@ -106,7 +125,20 @@ def _paragraph(table: pd.DataFrame, metric: str) -> str:
         )
         if metric == "longppl":
             lines.append(_longppl_values(block))
-    return " ".join(lines)
+        lines.append(_raw_failures(block, metric))
+    return " ".join(line for line in lines if line)
+
+
+def _raw_failures(block: pd.DataFrame, metric: str) -> str:
+    """The designs whose raw model fails at L: their series are marked, not explained by a method."""
+    failing = sorted(set(block.loc[_raw_fails_at_l(block, metric), "design"]))
+    if not failing:
+        return ""
+    return (
+        f"Raw models that fail at L ({RAW_FAILS_AT_L} on every series built on them: the model "
+        "did not do the task at L after the recipe's training, so those cells say little of the "
+        f"method applied): {', '.join(failing)}."
+    )
 
 
 def _longppl_values(block: pd.DataFrame) -> str:
@@ -169,7 +201,9 @@ def _report_md(table: pd.DataFrame, shown: pd.DataFrame, maps: list[str], source
         "log perplexity's t-interval), so that no method wins by being bad at L. Overall: the "
         "mean rank over the metrics a series has, ppl at L included. "
         f"{BAD_AT_L}: perplexity at L above {PPL_FLAT} x its recipe's best, so its flat "
-        "perplexity past L is measured from an already bad value (`bench/findings/leaderboard.py`).",
+        "perplexity past L is measured from an already bad value (`bench/findings/leaderboard.py`). "
+        f"{RAW_FAILS_AT_L}: the raw model of its recipe and design (no method, no fine-tune) fails "
+        "at L on that metric, so the cell reflects the model's training more than the method.",
         "",
         "## Rules",
         "",

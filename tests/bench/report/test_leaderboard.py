@@ -113,6 +113,36 @@ def test_no_method_wins_by_being_bad_at_l():
     assert good.loc["linear", "ppl_at_L_rank"] == 1 and good.loc["linear", "overall_rank"] == 1.0
 
 
+def _passkey_row(seed: int, length: int, acc: float, **extra) -> dict:
+    row = _nll_row(seed, length, 1.0, metric="passkey_acc", n=80, train_length=256, **extra)
+    return {**row, "value": acc}
+
+
+def test_a_design_whose_raw_model_fails_at_l_is_marked():
+    """Every series of a design whose raw model fails passkey at L carries the mark (a fine-tune
+    that retrieves too: the mark is about the model it starts from), and the paragraph names the
+    design. Control: a design whose raw model retrieves at L, with a method that fails at L,
+    carries no mark (that failure is the method's)."""
+    from bench.report.leaderboard_report import RAW_FAILS_AT_L, _paragraph
+
+    lengths = (256, 512)
+    rows = [_passkey_row(s, x, 0.0, position="learned") for s in (1, 2) for x in lengths]
+    rows += [_passkey_row(s, x, 1.0, position="learned", scaling="yarn", finetune_method="yarn",
+                          finetune_length=512)
+             for s in (1, 2) for x in lengths]  # fmt: skip
+    rows += [_passkey_row(s, x, 1.0, position="alibi") for s in (1, 2) for x in lengths]
+    rows += [_passkey_row(s, x, 0.0, position="alibi", scaling="linear")
+             for s in (1, 2) for x in lengths]  # fmt: skip
+    table = leaderboard_table(pd.DataFrame(rows))
+    shown = display_table(table).set_index(["design", "method"])["passkey"]
+    assert shown[("learned", "none")] == f"fails at L{RAW_FAILS_AT_L} #3"
+    assert shown[("learned", "yarn")].startswith(f"≥512{RAW_FAILS_AT_L} ")
+    assert shown[("alibi", "none")] == "≥512 #1"
+    assert shown[("alibi", "linear")] == "fails at L #3"  # control: alibi's raw model retrieves
+    paragraph = _paragraph(table, "passkey")
+    assert "Raw models that fail at L" in paragraph and paragraph.endswith(": learned.")
+
+
 def test_recipes_are_never_ranked_together():
     """The same rows under two recipe values: two blocks, each ranked on its own (both rank 1);
     rows without the column fall back to their study (experiment, arm, L)."""
