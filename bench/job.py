@@ -114,22 +114,24 @@ def validate_job(job: JobConfig) -> JobSpec:
     resolved, scaling = source.plan()
     if resolved.shard is not None:
         _check_shardable(job, resolved)
-    _check_longppl(job, resolved)
     cache = job.paths.cache if source.caches else None
+    cache_root = None if cache is None else resolve_path(cache, "paths.cache")
+    _check_longppl(job, resolved, cache_root)
     return JobSpec(
         job=job,
         eval=resolved,
         scaling=scaling,
         device=resolve_device(job.device),
         results_dir=resolve_path(job.paths.results, "paths.results") / job.experiment_name,
-        cache_root=None if cache is None else resolve_path(cache, "paths.cache"),
+        cache_root=cache_root,
         source=source,
     )
 
 
-def _check_longppl(job: JobConfig, resolved: ResolvedEval) -> None:
+def _check_longppl(job: JobConfig, resolved: ResolvedEval, cache_root: Path | None) -> None:
     """LongPPL's evaluator reads the judged model's tokens: a pretrained model needs a pretrained
-    evaluator (its tokenizer is checked where it loads), a lenbench model a lenbench one."""
+    evaluator (its tokenizer is checked where it loads), a lenbench model a lenbench one; a named
+    evaluator checkpoint must be in the cache and score the longest length before any training."""
     cfg = resolved.metrics.get("longppl")
     if cfg is None or not cfg.enabled or not cfg.lengths:
         return
@@ -143,6 +145,27 @@ def _check_longppl(job: JobConfig, resolved: ResolvedEval) -> None:
         raise ValueError(
             f"eval.longppl.evaluator_pretrained {cfg.evaluator_pretrained!r} is for pretrained "
             "models; allowed for a lenbench model: eval.longppl.evaluator (auto or a checkpoint key)."
+        )
+    from bench.eval.metrics.longppl import AUTO
+
+    if job.pretrained is None and cfg.evaluator != AUTO:
+        _check_named_evaluator(cfg.evaluator, max(cfg.lengths), cache_root)
+
+
+def _check_named_evaluator(key: str, longest: int, cache_root: Path | None) -> None:
+    from bench.train.checkpoints import finished_train_length, resolve_cache_root
+
+    length = finished_train_length(key, cache_root)
+    if length is None:
+        raise ValueError(
+            f"eval.longppl.evaluator {key!r} is not a finished checkpoint under "
+            f"{resolve_cache_root(cache_root)}; allowed: auto or the key of a trained checkpoint "
+            "in paths.cache."
+        )
+    if length < longest:
+        raise ValueError(
+            f"eval.longppl.evaluator {key!r} was trained at {length} tokens and cannot score "
+            f"LongPPL length {longest}; allowed: an evaluator trained at {longest} tokens or longer."
         )
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "checkpoint_ref_dir",
     "default_cache_root",
     "file_sha256",
+    "finished_train_length",
     "json_safe",
     "key_of",
     "load_model",
@@ -197,6 +198,20 @@ def json_safe(stats: TrainStats | Mapping[str, Any] | None) -> dict[str, Any]:
     if isinstance(stats, TrainStats):
         stats = stats.as_dict()
     return json.loads(json.dumps(dict(stats or {}), default=str))
+
+
+def finished_train_length(key: str, cache_root: str | Path | None = None) -> int | None:
+    """The training length of the finished checkpoint ``key`` under ``cache_root`` read from its
+    DONE record (cheap: the weights are not loaded), or None when no finished checkpoint is there.
+    A fine-tune answers its base model's length, as the loaded model does."""
+    done = checkpoint_dir(key, cache_root) / DONE_FILE
+    try:
+        config = json.loads(done.read_text(encoding="utf-8"))["weights_config"]
+        while "parent" in config:
+            config = config["parent"]
+        return int(config["train"]["length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def checkpoint_ref_dir(ref: str | Path, cache_root: str | Path | None) -> Path:

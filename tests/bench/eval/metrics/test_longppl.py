@@ -174,6 +174,43 @@ def test_config_refusals_are_one_sentence():
         LongPPLConfig(max_windows="all")
 
 
+def test_a_named_evaluator_is_checked_before_any_training(tmp_path):
+    """``eval.longppl.evaluator=<key>`` is refused in one sentence when validated (before the
+    judged model trains, not after): no finished checkpoint of that key in ``paths.cache``, or one
+    trained shorter than the longest LongPPL length. Control: one trained at that length passes."""
+    from bench.job import validate_job
+
+    from fixtures.jobs import compose_job
+
+    key = "0123456789abcdef"
+
+    def validate() -> None:
+        validate_job(compose_job("+experiment=smoke", "eval.longppl.enabled=true",
+                                 f"eval.longppl.evaluator={key}", f"paths.cache={tmp_path}"))  # fmt: skip
+
+    with pytest.raises(ValueError, match=rf"evaluator '{key}' is not a finished checkpoint under"):
+        validate()
+    (tmp_path / key).mkdir()
+    (tmp_path / key / "model.pt").write_bytes(b"")  # no DONE: an interrupted training
+    with pytest.raises(ValueError, match=r"is not a finished checkpoint"):
+        validate()
+
+    def done_at(length: int) -> None:
+        record = {"key": key, "weights_config": {"train": {"length": length}}}
+        (tmp_path / key / "DONE").write_text(json.dumps(record), "utf-8")
+
+    done_at(64)  # smoke: L = 64, LongPPL at 2x = 128
+    with pytest.raises(
+        ValueError, match=rf"'{key}' was trained at 64 tokens and cannot score LongPPL length 128"
+    ):
+        validate()
+    done_at(128)
+    validate()
+    record = {"key": key, "weights_config": {"parent": {"train": {"length": 128}}}}
+    (tmp_path / key / "DONE").write_text(json.dumps(record), "utf-8")
+    validate()  # a fine-tune: its base model's length, as the loaded evaluator reports it
+
+
 def test_smoke_writes_longppl_rows_on_one_evaluators_tokens(tmp_path):
     """``+experiment=smoke eval.longppl.enabled=true``: every series has its LongPPL row at 2x,
     scored on the same key tokens of one evaluator (the recipe at 2x) that is none of them.
