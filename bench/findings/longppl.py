@@ -10,7 +10,10 @@ judges exists (no model has LongPPL rows at commit time; the rule below is fixed
   has both (each pooled over seeds: LongPPL by key tokens, perplexity by tokens). The statistic
   is rho(perplexity) - rho(LongPPL), with a percentile bootstrap interval over series
   (:data:`BOOTSTRAP` resamples, seed 0); holds when the interval is above 0, fails when below.
-  Needs at least :data:`MIN_SERIES` series.
+  Needs at least :data:`MIN_SERIES` series, each with at least :data:`MIN_KEY_TOKENS` key tokens
+  at the comparison length (pooled over seeds). That floor was added after the first RULER run
+  (results/ruler_longppl) chose one key token per length: a LongPPL of one token is that token's
+  perplexity, not a measurement (reports/ruler_longppl/README.md).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from bench.findings.rows import col, window_nll, with_series
 ORDER = 5
 MIN_SERIES = 5  # fewer cannot rank anything
 BOOTSTRAP = 2000  # resamples of the series for the interval
+# a series' log-LongPPL has a standard error of about sd(NLL) / sqrt(n), sd ~2-3 nats on key
+# tokens: 100 of them resolve about 0.5 nats between two series
+MIN_KEY_TOKENS = 100
 LEVEL = 0.95
 P1_CI = f"percentile bootstrap over series ({BOOTSTRAP} resamples)"
 
@@ -43,7 +49,8 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 def series_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per series: effective length (median over seeds), LongPPL and perplexity at the
-    comparison length (module doc); columns ``eff``, ``longppl``, ``ppl``, ``length``."""
+    comparison length (module doc); columns ``eff``, ``longppl``, ``ppl``, ``length`` and
+    ``key_tokens`` (LongPPL's key tokens there, summed over seeds)."""
     df = with_series(df)
     eff = df[
         (df["metric"] == "effective_length")
@@ -58,14 +65,14 @@ def series_table(df: pd.DataFrame) -> pd.DataFrame:
     nll = window_nll(df)
     both = set(effective.index) & set(long["_series"]) & set(nll["_series"])
     if not both:
-        return pd.DataFrame(columns=["eff", "longppl", "ppl", "length"])
+        return pd.DataFrame(columns=["eff", "longppl", "ppl", "length", "key_tokens"])
     lengths = None
     for series in both:
         have = set(long.loc[long["_series"] == series, "eval_length"])
         have &= set(nll.loc[nll["_series"] == series, "eval_length"])
         lengths = have if lengths is None else lengths & have
     if not lengths:
-        return pd.DataFrame(columns=["eff", "longppl", "ppl", "length"])
+        return pd.DataFrame(columns=["eff", "longppl", "ppl", "length", "key_tokens"])
     length = max(lengths)
     out = []
     for series in sorted(both):
@@ -74,7 +81,8 @@ def series_table(df: pd.DataFrame) -> pd.DataFrame:
         log_lp = float(np.average(np.log(lp["value"].astype(float)), weights=lp["n"]))
         mean_nll = float(np.average(pp["value"].astype(float), weights=pp["n"]))
         out.append({"series": series, "eff": float(effective[series]),
-                    "longppl": math.exp(log_lp), "ppl": math.exp(mean_nll), "length": length})  # fmt: skip
+                    "longppl": math.exp(log_lp), "ppl": math.exp(mean_nll), "length": length,
+                    "key_tokens": int(lp["n"].sum())})  # fmt: skip
     return pd.DataFrame(out).set_index("series")
 
 
@@ -100,10 +108,16 @@ def correlation_gap(t: pd.DataFrame) -> Estimate:
     Scope(metrics=("longppl",)),
     claim="across a study's series, LongPPL's Spearman correlation with the RULER effective "
     "length is stronger (more negative) than perplexity's, at the longest length where every "
-    "series has both",
+    "series has both, each on at least MIN_KEY_TOKENS key tokens there (a floor added after the "
+    "first RULER run, whose evaluator chose one key token per length)",
     source="Fang et al. 2025, What is Wrong with Perplexity for Long-context Language Modeling? "
     "(ICLR 2025), Section 4",
-    thresholds={"MIN_SERIES": MIN_SERIES, "BOOTSTRAP": BOOTSTRAP, "LEVEL": LEVEL},
+    thresholds={
+        "MIN_SERIES": MIN_SERIES,
+        "MIN_KEY_TOKENS": MIN_KEY_TOKENS,
+        "BOOTSTRAP": BOOTSTRAP,
+        "LEVEL": LEVEL,
+    },
 )
 def p1_longppl_tracks_effective_length(df: pd.DataFrame) -> FindingResult:
     t = series_table(df)
@@ -114,6 +128,16 @@ def p1_longppl_tracks_effective_length(df: pd.DataFrame) -> FindingResult:
                 f"{MIN_SERIES} series with RULER effective lengths, LongPPL and perplexity "
                 f"at one length (found {len(t)})"
             ],  # fmt: skip
+        )
+    few = t[t["key_tokens"] < MIN_KEY_TOKENS]
+    if len(few):
+        counts = ", ".join(f"{n}" for n in sorted(set(few["key_tokens"])))
+        return FindingResult(
+            status=NOT_MEASURED,
+            missing=[
+                f"LongPPL on at least {MIN_KEY_TOKENS} key tokens per series at length "
+                f"{int(t['length'].iloc[0])} ({len(few)} of {len(t)} series have {counts})"
+            ],
         )
     gap = correlation_gap(t)
     rho_lp = spearman(t["longppl"].to_numpy(float), t["eff"].to_numpy(float))

@@ -1,5 +1,6 @@
 """P1 (issue #55 item 4) on hand-built rows: holds where LongPPL ranks the series by effective
-length and perplexity does not, fails in the mirror case, not measured below MIN_SERIES."""
+length and perplexity does not, fails in the mirror case, not measured below MIN_SERIES or
+MIN_KEY_TOKENS."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import math
 
 import pandas as pd
 
-from bench.findings.longppl import MIN_SERIES, p1_longppl_tracks_effective_length, spearman
+from bench.findings.longppl import (
+    MIN_KEY_TOKENS,
+    MIN_SERIES,
+    p1_longppl_tracks_effective_length,
+    spearman,
+)
 
 from fixtures.rows import row
 
@@ -15,7 +21,8 @@ EFF = [256, 512, 512, 1024, 1024, 2048, 2048, 4096]
 UNRELATED = [40.0, 12.0, 55.0, 9.0, 70.0, 20.0, 33.0, 60.0]
 
 
-def rows(longppl: list[float], ppl: list[float]) -> pd.DataFrame:
+def rows(longppl: list[float], ppl: list[float], key_tokens: int = 50) -> pd.DataFrame:
+    """Two seeds per series; ``key_tokens`` per LongPPL row (the default pools to the floor)."""
     out = []
     for i, (eff, lp, pp) in enumerate(zip(EFF, longppl, ppl, strict=False)):
         for seed in (0, 1):
@@ -25,7 +32,7 @@ def rows(longppl: list[float], ppl: list[float]) -> pd.DataFrame:
                 row(metric="effective_length", value=eff, eval_length=eff, n=2, task="average",
                     axis="relative_threshold", axis_value=0.85,
                     task_params='{"score":"exact","headline":true}', **common),
-                row(metric="longppl", value=lp, n=50, eval_length=1024, **common),
+                row(metric="longppl", value=lp, n=key_tokens, eval_length=1024, **common),
                 row(metric="nll", value=math.log(pp), n=4000, eval_length=1024, **common),
                 row(metric="nll", value=math.log(pp), n=4000, eval_length=512, **common),
             ]  # fmt: skip
@@ -51,3 +58,18 @@ def test_spearman_against_a_hand_computed_value():
     # ranks x 1,2,3,4; y 2,1,4,3: d = 1,1,1,1; rho = 1 - 6*4/(4*15) = 0.6
     assert math.isclose(spearman([10, 20, 30, 40], [5, 1, 9, 7]), 0.6)
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_p1_is_not_measured_on_too_few_key_tokens():
+    """A LongPPL of one key token is that token's perplexity: below MIN_KEY_TOKENS (pooled over
+    seeds) the case that holds above is not measured, and says why. Control: at the floor, holds."""
+    longppl = [1000.0 / e for e in EFF]
+    assert 2 * 50 == MIN_KEY_TOKENS
+    result = p1_longppl_tracks_effective_length(rows(longppl, UNRELATED, key_tokens=1))
+    assert result.status == "not measured"
+    assert "at least 100 key tokens per series at length 1024 (8 of 8 series have 2)" in str(
+        result.missing
+    )
+    assert p1_longppl_tracks_effective_length(rows(longppl, UNRELATED, key_tokens=50)).status == (
+        "holds"
+    )

@@ -1,0 +1,110 @@
+"""The RULER study with LongPPL, committed: results/ruler_longppl (K = 64, 8 documents) and
+results/ruler_longppl_k16 (K = 16, 24 documents), with their reports.
+
+For each: the Findings computed from the committed rows equal the committed table (P1 beside R1
+and R2) and its README states each status; reports/ruler_longppl/README.md's per-series table is
+what P1 reads (to the digits printed; a changed digit fails); every series was scored on one
+evaluator's key tokens (one key-token count per length); regenerating the report reproduces every
+committed table. P1 is measured on the K = 16 run only: K = 64 left one key token per length.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.findings import NOT_MEASURED
+from bench.findings.longppl import series_table
+
+from fixtures import ROOT
+from fixtures.markdown import agrees, markdown_table
+from fixtures.reports import (
+    assert_committed_findings,
+    assert_report_regenerates,
+    changed_digit,
+    committed_rows,
+)
+
+NUMBERS = ROOT / "reports" / "ruler_longppl" / "README.md"
+COLUMNS = "| RULER effective length | LongPPL at 4L | perplexity at 4L | key tokens at 4L |"
+#: run -> the first cell of its series table's header in NUMBERS
+RUNS = {"ruler_longppl": "| series, K = 64 ", "ruler_longppl_k16": "| series, K = 16 "}
+
+
+def results(name: str):
+    path = ROOT / "results" / name
+    if not any(path.glob("*.parquet")):
+        pytest.skip(f"no committed results/{name}")
+    return path
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_committed_findings_are_what_the_rows_give(name):
+    status = assert_committed_findings(
+        committed_rows(results(name)), ROOT / "reports" / name, ("P1", "R1", "R2")
+    )
+    measured = status["P1"] != NOT_MEASURED
+    assert measured == (name == "ruler_longppl_k16"), status
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_series_is_scored_on_one_evaluators_key_tokens(name):
+    """One evaluator (a checkpoint that is none of the judged series) chose the key tokens: at a
+    length every series and seed has the same key-token count, and every row names that key."""
+    df = committed_rows(results(name))
+    long = df[df["metric"] == "longppl"]
+    assert len(long) > 0
+    evaluators = {json.loads(p)["evaluator"] for p in long["task_params"]}
+    assert len(evaluators) == 1, evaluators
+    assert evaluators.isdisjoint(set(df["model_id"]) | set(df["parent_model_id"].dropna()))
+    assert (long.groupby("eval_length")["n"].nunique() == 1).all()
+    assert (long["n"] > 0).all()
+
+
+def label(series: str) -> str:
+    """A series key's name in the README: its scaling (none, linear, ntk, yarn, self_extend), or
+    "<method> fine-tune" for a fine-tune."""
+    parts = series.split("\x1f")
+    method = parts[-3]
+    return f"{method} fine-tune" if method else parts[10]
+
+
+def check_series_table(text: str, name: str) -> int:
+    """ "| series, K = .. | RULER effective length | LongPPL at 4L | perplexity at 4L | key tokens
+    at 4L |": each row is P1's per-series table (bench.findings.longppl.series_table) to the
+    digits printed, the key tokens summed over seeds."""
+    header = text[text.index(RUNS[name]) :].splitlines()[0]
+    assert header.endswith(COLUMNS), header
+    table = markdown_table(text, RUNS[name])
+    t = series_table(committed_rows(results(name))).rename(index=label)
+    assert set(table) == set(t.index), (set(table), set(t.index))
+    checked = 0
+    for series, cells in table.items():
+        for printed, value in zip(cells[:3], t.loc[series, ["eff", "longppl", "ppl"]], strict=True):
+            assert agrees(printed, float(value)), (series, printed, value)
+            checked += 1
+        assert int(cells[3]) == int(t.loc[series, "key_tokens"]), (series, cells[3])
+    return checked
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_series_table_is_what_p1_reads(name):
+    assert check_series_table(NUMBERS.read_text(encoding="utf-8"), name) == 3 * 7
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_series_table_check_fails_on_a_changed_cell(name):
+    results(name)
+    text = NUMBERS.read_text(encoding="utf-8")
+    lines = text[text.index(RUNS[name]) :].splitlines()
+    cells = lines[2].split("|")
+    cells[3] = f" {changed_digit(cells[3].strip())} "
+    with pytest.raises(AssertionError):
+        check_series_table(text.replace(lines[2], "|".join(cells), 1), name)
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_committed_report_regenerates(name, tmp_path, monkeypatch):
+    results(name)
+    assert_report_regenerates(name, tmp_path, monkeypatch)
