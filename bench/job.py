@@ -150,6 +150,21 @@ def _check_longppl(job: JobConfig, resolved: ResolvedEval, cache_root: Path | No
 
     if job.pretrained is None and cfg.evaluator != AUTO:
         _check_named_evaluator(cfg.evaluator, max(cfg.lengths), cache_root)
+    if job.pretrained is None and cfg.evaluator == AUTO:
+        _check_auto_evaluator(job, max(cfg.lengths), cfg.evaluator_seed)
+
+
+def _check_auto_evaluator(job: JobConfig, longest: int, seed: int) -> None:
+    from bench.train.cache import weights_key
+    from bench.trained_source import evaluator_job
+
+    # one corpus for both: its fingerprint cannot tell them apart, so the keys leave it out
+    if weights_key(evaluator_job(job, longest, seed)) == weights_key(job):
+        raise ValueError(
+            f"eval.longppl's auto evaluator (the recipe with RoPE at {longest} tokens, seed {seed}) "
+            "would be the judged model itself; allowed: another eval.longppl.evaluator_seed or "
+            "an evaluator checkpoint key (the evaluator never judges itself)."
+        )
 
 
 def _check_named_evaluator(key: str, longest: int, cache_root: Path | None) -> None:

@@ -63,15 +63,9 @@ def longppl_evaluator(spec: Any, corpus: Corpus, tokenizer: Any = None) -> Any:
     if cfg.evaluator != AUTO:
         module, meta = load_model(cfg.evaluator, spec.cache_root, device=spec.device)
         return Evaluator(module, meta["key"], int(meta["train_length"]))
-    job = evaluator_job(spec.job, longest, cfg.evaluator_seed)
-    key = weights_key(job, corpus)
-    if key == weights_key(spec.job, corpus):
-        raise ValueError(
-            f"eval.longppl's evaluator would be the judged model itself ({key}); allowed: another "
-            "evaluator_seed or an evaluator checkpoint (the evaluator never judges itself)."
-        )
+    job = evaluator_job(spec.job, longest, cfg.evaluator_seed)  # never the judged model (job.py)
     module, _, _ = get_or_train(job, corpus, spec.cache_root, device=spec.device)
-    return Evaluator(module, key, longest)
+    return Evaluator(module, weights_key(job, corpus), longest)
 
 
 def pretrained_evaluator(path: str, spec: Any, longest: int, judged_tokenizer: Any) -> Any:

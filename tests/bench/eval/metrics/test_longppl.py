@@ -211,6 +211,26 @@ def test_a_named_evaluator_is_checked_before_any_training(tmp_path):
     validate()  # a fine-tune: its base model's length, as the loaded evaluator reports it
 
 
+def test_an_auto_evaluator_that_is_the_judged_model_is_refused_before_training():
+    """RoPE, no scaling, seed 0, LongPPL only at L: the auto evaluator (the recipe with RoPE at the
+    longest LongPPL length, seed 0) is the judged model, refused when validated. Controls: another
+    judged seed, or another evaluator_seed, is a different model."""
+    from bench.job import validate_job
+
+    from fixtures.jobs import compose_job
+
+    def validate(*overrides: str) -> None:
+        validate_job(compose_job("+experiment=smoke", "position=rope", "scaling=none",
+                                 "eval.lengths=[1x]", "eval.longppl.enabled=true",
+                                 "eval.longppl.short_context=0.25x", *overrides))  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"auto evaluator \(the recipe with RoPE at 64 tokens, "
+                       r"seed 0\) would be the judged model itself; allowed: another"):  # fmt: skip
+        validate("seed=0")
+    validate("seed=1")
+    validate("seed=0", "eval.longppl.evaluator_seed=1")
+
+
 def test_smoke_writes_longppl_rows_on_one_evaluators_tokens(tmp_path):
     """``+experiment=smoke eval.longppl.enabled=true``: every series has its LongPPL row at 2x,
     scored on the same key tokens of one evaluator (the recipe at 2x) that is none of them.
