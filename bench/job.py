@@ -146,12 +146,14 @@ def _check_longppl(job: JobConfig, resolved: ResolvedEval, cache_root: Path | No
             f"eval.longppl.evaluator_pretrained {cfg.evaluator_pretrained!r} is for pretrained "
             "models; allowed for a lenbench model: eval.longppl.evaluator (auto or a checkpoint key)."
         )
+    if job.pretrained is not None:
+        return
     from bench.eval.metrics.longppl import AUTO
 
-    if job.pretrained is None and cfg.evaluator != AUTO:
-        _check_named_evaluator(cfg.evaluator, max(cfg.lengths), cache_root)
-    if job.pretrained is None and cfg.evaluator == AUTO:
+    if cfg.evaluator == AUTO:
         _check_auto_evaluator(job, max(cfg.lengths), cfg.evaluator_seed)
+    else:
+        _check_named_evaluator(cfg.evaluator, max(cfg.lengths), cache_root)
 
 
 def _check_auto_evaluator(job: JobConfig, longest: int, seed: int) -> None:

@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from bench.core.series import SERIES_COLUMNS
 from bench.findings import NOT_MEASURED
 from bench.findings.longppl import series_table
 
@@ -65,9 +66,9 @@ def test_every_series_is_scored_on_one_evaluators_key_tokens(name):
 def label(series: str) -> str:
     """A series key's name in the README: its scaling (none, linear, ntk, yarn, self_extend), or
     "<method> fine-tune" for a fine-tune."""
-    parts = series.split("\x1f")
-    method = parts[-3]
-    return f"{method} fine-tune" if method else parts[10]
+    parts = dict(zip(SERIES_COLUMNS, series.split("\x1f"), strict=True))
+    method = parts["finetune_method"]
+    return f"{method} fine-tune" if method else parts["scaling"]
 
 
 def check_series_table(text: str, name: str) -> int:

@@ -36,6 +36,7 @@ BOOTSTRAP = 2000  # resamples of the series for the interval
 MIN_KEY_TOKENS = 100
 LEVEL = 0.95
 P1_CI = f"percentile bootstrap over series ({BOOTSTRAP} resamples)"
+TABLE_COLUMNS = ["eff", "longppl", "ppl", "length", "key_tokens"]  # series_table's
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -65,14 +66,14 @@ def series_table(df: pd.DataFrame) -> pd.DataFrame:
     nll = window_nll(df)
     both = set(effective.index) & set(long["_series"]) & set(nll["_series"])
     if not both:
-        return pd.DataFrame(columns=["eff", "longppl", "ppl", "length", "key_tokens"])
+        return pd.DataFrame(columns=TABLE_COLUMNS)
     lengths = None
     for series in both:
         have = set(long.loc[long["_series"] == series, "eval_length"])
         have &= set(nll.loc[nll["_series"] == series, "eval_length"])
         lengths = have if lengths is None else lengths & have
     if not lengths:
-        return pd.DataFrame(columns=["eff", "longppl", "ppl", "length", "key_tokens"])
+        return pd.DataFrame(columns=TABLE_COLUMNS)
     length = max(lengths)
     out = []
     for series in sorted(both):
@@ -131,7 +132,7 @@ def p1_longppl_tracks_effective_length(df: pd.DataFrame) -> FindingResult:
         )
     few = t[t["key_tokens"] < MIN_KEY_TOKENS]
     if len(few):
-        counts = ", ".join(f"{n}" for n in sorted(set(few["key_tokens"])))
+        counts = ", ".join(map(str, sorted(set(few["key_tokens"]))))
         return FindingResult(
             status=NOT_MEASURED,
             missing=[

@@ -103,9 +103,15 @@ def checkpoint_dir(key: str, cache_root: str | Path | None = None) -> Path:
 # --------------------------------------------------------------------------- save / load
 
 
-def _model_part(config: Mapping[str, Any]) -> tuple[Any, Any, int]:
+def _base_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The base model's weights config: a fine-tune's ``parent``, followed to its root."""
     while "parent" in config:  # a fine-tune has its base model's architecture
         config = config["parent"]
+    return config
+
+
+def _model_part(config: Mapping[str, Any]) -> tuple[Any, Any, int]:
+    config = _base_config(config)
     return config["model"], config["position"], config["train"]["length"]
 
 
@@ -207,9 +213,7 @@ def finished_train_length(key: str, cache_root: str | Path | None = None) -> int
     done = checkpoint_dir(key, cache_root) / DONE_FILE
     try:
         config = json.loads(done.read_text(encoding="utf-8"))["weights_config"]
-        while "parent" in config:
-            config = config["parent"]
-        return int(config["train"]["length"])
+        return int(_base_config(config)["train"]["length"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
