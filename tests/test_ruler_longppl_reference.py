@@ -1,11 +1,12 @@
-"""The RULER study with LongPPL, committed: results/ruler_longppl (K = 64, 8 documents) and
-results/ruler_longppl_k16 (K = 16, 24 documents), with their reports.
+"""The RULER study with LongPPL, committed: results/ruler_longppl (K = 64, 8 documents),
+results/ruler_longppl_k16 (K = 16, 24 documents) and results/ruler_longppl_zoo_2025 (the K = 16
+run with the zoo_2025 families FoX and PoPE trained on the RULER arm), with their reports.
 
 For each: the Findings computed from the committed rows equal the committed table (P1 beside R1
-and R2) and its README states each status; reports/ruler_longppl/README.md's per-series table is
-what P1 reads (to the digits printed; a changed digit fails); every series was scored on one
-evaluator's key tokens (one key-token count per length); regenerating the report reproduces every
-committed table. P1 is measured on the K = 16 run only: K = 64 left one key token per length.
+and R2) and its README states each status; the README's per-series table is what P1 reads (to the
+digits printed; a changed digit fails); every series was scored on one evaluator's key tokens (one
+key-token count per length); regenerating the report reproduces every committed table. P1 is
+measured on the K = 16 runs only: K = 64 left one key token per length.
 """
 
 from __future__ import annotations
@@ -27,10 +28,24 @@ from fixtures.reports import (
     committed_rows,
 )
 
-NUMBERS = ROOT / "reports" / "ruler_longppl" / "README.md"
 COLUMNS = "| RULER effective length | LongPPL at 4L | perplexity at 4L | key tokens at 4L |"
-#: run -> the first cell of its series table's header in NUMBERS
-RUNS = {"ruler_longppl": "| series, K = 64 ", "ruler_longppl_k16": "| series, K = 16 "}
+#: run -> (the README holding its series table, that table's first header cell, its series)
+RUNS = {
+    "ruler_longppl": ("ruler_longppl", "| series, K = 64 ", 7),
+    "ruler_longppl_k16": ("ruler_longppl", "| series, K = 16 ", 7),
+    "ruler_longppl_zoo_2025": (
+        "ruler_longppl_zoo_2025",
+        "| series, K = 16, with FoX and PoPE ",
+        11,
+    ),
+}
+MEASURED = {"ruler_longppl_k16", "ruler_longppl_zoo_2025"}  # P1 has enough key tokens
+#: the findings whose status each run's README states
+STATED = {"ruler_longppl_zoo_2025": ("P1", "R1", "R2", "N1", "N2")}
+
+
+def numbers(name: str) -> str:
+    return (ROOT / "reports" / RUNS[name][0] / "README.md").read_text(encoding="utf-8")
 
 
 def results(name: str):
@@ -43,10 +58,10 @@ def results(name: str):
 @pytest.mark.parametrize("name", list(RUNS))
 def test_the_committed_findings_are_what_the_rows_give(name):
     status = assert_committed_findings(
-        committed_rows(results(name)), ROOT / "reports" / name, ("P1", "R1", "R2")
+        committed_rows(results(name)), ROOT / "reports" / name, STATED.get(name, ("P1", "R1", "R2"))
     )
     measured = status["P1"] != NOT_MEASURED
-    assert measured == (name == "ruler_longppl_k16"), status
+    assert measured == (name in MEASURED), status
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -65,19 +80,21 @@ def test_every_series_is_scored_on_one_evaluators_key_tokens(name):
 
 def label(series: str) -> str:
     """A series key's name in the README: its scaling (none, linear, ntk, yarn, self_extend), or
-    "<method> fine-tune" for a fine-tune."""
+    "<method> fine-tune" for a fine-tune; a position other than RoPE goes first ("pope linear")."""
     parts = dict(zip(SERIES_COLUMNS, series.split("\x1f"), strict=True))
     method = parts["finetune_method"]
-    return f"{method} fine-tune" if method else parts["scaling"]
+    name = f"{method} fine-tune" if method else parts["scaling"]
+    return name if parts["position"] == "rope" else f"{parts['position']} {name}"
 
 
 def check_series_table(text: str, name: str) -> int:
     """ "| series, K = .. | RULER effective length | LongPPL at 4L | perplexity at 4L | key tokens
     at 4L |": each row is P1's per-series table (bench.findings.longppl.series_table) to the
     digits printed, the key tokens summed over seeds."""
-    header = text[text.index(RUNS[name]) :].splitlines()[0]
+    first = RUNS[name][1]
+    header = text[text.index(first) :].splitlines()[0]
     assert header.endswith(COLUMNS), header
-    table = markdown_table(text, RUNS[name])
+    table = markdown_table(text, first)
     t = series_table(committed_rows(results(name))).rename(index=label)
     assert set(table) == set(t.index), (set(table), set(t.index))
     checked = 0
@@ -91,14 +108,15 @@ def check_series_table(text: str, name: str) -> int:
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_the_series_table_is_what_p1_reads(name):
-    assert check_series_table(NUMBERS.read_text(encoding="utf-8"), name) == 3 * 7
+    results(name)
+    assert check_series_table(numbers(name), name) == 3 * RUNS[name][2]
 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_the_series_table_check_fails_on_a_changed_cell(name):
     results(name)
-    text = NUMBERS.read_text(encoding="utf-8")
-    lines = text[text.index(RUNS[name]) :].splitlines()
+    text = numbers(name)
+    lines = text[text.index(RUNS[name][1]) :].splitlines()
     cells = lines[2].split("|")
     cells[3] = f" {changed_digit(cells[3].strip())} "
     with pytest.raises(AssertionError):
@@ -109,3 +127,29 @@ def test_the_series_table_check_fails_on_a_changed_cell(name):
 def test_the_committed_report_regenerates(name, tmp_path, monkeypatch):
     results(name)
     assert_report_regenerates(name, tmp_path, monkeypatch)
+
+
+def same_rows(a, b) -> bool:
+    """Two row sets hold the same values per (seed, metric, method, length, task, axis, bucket):
+    the rows of one model evaluated twice, run ids and write times aside."""
+    key = ["seed", "metric", "scaling", "finetune_method", "eval_length", "task", "axis"]
+    key += ["axis_value", "bucket_lo", "layer"]
+
+    def values(df):
+        df = df[key + ["value"]].astype({"value": float}).astype(str)
+        return df.sort_values(key + ["value"]).reset_index(drop=True)
+
+    return len(a) == len(b) and values(a).equals(values(b))
+
+
+def test_the_rope_series_beside_the_families_are_the_k16_runs_rows():
+    """results/ruler_longppl_zoo_2025 evaluated the RoPE series again from the cached models of
+    ruler_longppl_k16: the same rows, value for value (a changed value is caught)."""
+    zoo = committed_rows(results("ruler_longppl_zoo_2025"))
+    k16 = committed_rows(results("ruler_longppl_k16"))
+    rope = zoo[zoo["position"] == "rope"]
+    assert set(zoo["position"]) == {"rope", "fox", "pope"}
+    assert same_rows(rope, k16)
+    changed = rope.copy()
+    changed.loc[changed.index[0], "value"] = float(changed["value"].iloc[0]) + 1e-6
+    assert not same_rows(changed, k16)
