@@ -125,6 +125,15 @@ def display_label(text: str) -> str:
     return text
 
 
+def line_colors(n: int) -> list[object]:
+    """``n`` colours for lines that a legend tells apart: tab10's for up to 10, tab20's for up to
+    20 (10 colours cycled would give two series one colour); beyond 20 they repeat."""
+    from matplotlib import colormaps
+
+    colors = colormaps["tab10" if n <= 10 else "tab20"].colors  # type: ignore[attr-defined]
+    return [colors[i % len(colors)] for i in range(n)]
+
+
 def _palette(n: int) -> list[object]:
     """Distinct colours for the scaling methods other than none (black): tab10 without its grey,
     tab20 without greys when there are more."""

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from bench.report.figures import save_figure
+from bench.report.figures import line_colors, save_figure
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, figure_md, write_table
 from bench.report.sections.nll import nll_table
@@ -55,8 +55,8 @@ def longppl_section(rep: ReportDir, df: pd.DataFrame) -> str:
     md = write_table(rep, "longppl", t.drop(columns=["series_rank"]), shown, index=False)
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    for i, (series, s) in enumerate(t.groupby("series", sort=False)):
-        color = f"C{i % 10}"
+    groups = list(t.groupby("series", sort=False))
+    for (series, s), color in zip(groups, line_colors(len(groups)), strict=True):
         ax.plot(s["eval_length"], s["longppl"], "o-", color=color, label=str(series))
         if s["ppl"].notna().any():
             ax.plot(s["eval_length"], s["ppl"], "--", color=color, alpha=0.7)

@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bench.report.family_panels import family_panels
-from bench.report.figures import Panels, Style, display_label, save_figure
+from bench.report.figures import Panels, Style, display_label, line_colors, save_figure
 from bench.report.frame import (
     FINETUNE_MARK,
     GROUP_KEYS,
@@ -104,11 +104,10 @@ def recovery_figure(t: pd.DataFrame) -> Figure:
     axes = fig.subplots(1, len(lengths), sharey=True, squeeze=False)[0]
     curves = list(dict.fromkeys(t["curve"]))
     for ax, length in zip(axes, lengths, strict=True):
-        for i, curve in enumerate(curves):
+        for curve, color in zip(curves, line_colors(len(curves)), strict=True):
             c = t[(t["curve"] == curve) & (t["eval_length"] == length)].sort_values(
                 "finetune_steps"
             )
-            color = f"C{i % 10}"
             ax.plot(c["finetune_steps"], c["passkey_acc"], "o-", color=color, label=curve, ms=3)
             ax.fill_between(
                 c["finetune_steps"], c["seed_min"], c["seed_max"], color=color, alpha=0.15

@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bench.core.results import effective_length_score
-from bench.report.figures import save_figure
+from bench.report.figures import line_colors, save_figure
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, figure_md, note, write_table
 from bench.tasks.ruler import RULER_TASKS
@@ -105,11 +105,13 @@ def ruler_figure(t: pd.DataFrame, threshold: float | None) -> Figure:
     tasks = [x for x in dict.fromkeys(t["task"]) if x != "average"]
     for ax, name in zip(axes, series, strict=False):
         s = t[t["series"] == name]
-        for i, task in enumerate([*tasks, "average"]):
+        for task, color in zip(
+            [*tasks, "average"], [*line_colors(len(tasks)), "black"], strict=True
+        ):
             c = s[s["task"] == task].sort_values("eval_length")
             if c.empty:
                 continue
-            style = {"color": "black", "lw": 2.0} if task == "average" else {"color": f"C{i % 10}"}
+            style = {"color": "black", "lw": 2.0} if task == "average" else {"color": color}
             ax.plot(c["eval_length"], c["exact"], "o-", ms=3, label=task, **style)
         if threshold is not None:
             ax.axhline(threshold, color="grey", ls=":", lw=1)

@@ -42,3 +42,38 @@ def test_no_longppl_rows_no_section(tmp_path: Path) -> None:
     write_results([row()], tmp_path / "res" / "a.parquet")
     report = generate_report(tmp_path / "res", tmp_path / "rep").read_text()
     assert "LongPPL" not in report
+
+
+def series_colors(tmp_path: Path, monkeypatch, n: int) -> list[str]:
+    """The colours of the LongPPL lines (solid) of a report with ``n`` series (bases 1e4, 2e4, ..)."""
+    from matplotlib.colors import to_hex
+
+    import bench.report.sections.longppl as section
+
+    figures = []
+    monkeypatch.setattr(section, "save_figure", lambda fig, *a: figures.append(fig))
+    rows = []
+    for i in range(n):
+        params = {"position_params": {"base": 10000.0 * (i + 1)}, "model_config_id": f"c{i}"}
+        rows += [{**r, **params} for r in rows_of(0, 100.0 + i, 10)]
+    write_results(rows, tmp_path / "res" / "a.parquet")
+    generate_report(tmp_path / "res", tmp_path / "rep")
+    (ax,) = figures[0].axes
+    solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    assert len(solid) == n
+    return [to_hex(line.get_color()) for line in solid]
+
+
+def test_eleven_series_get_eleven_colours(tmp_path: Path, monkeypatch) -> None:
+    """More series than tab10 has colours: none shares one (the plot cycled 10 colours, so the
+    11th series was drawn in the 1st's); up to 10, tab10's colours as before."""
+    from matplotlib import colormaps
+
+    import bench.report.sections.longppl as section
+    from bench.report.figures import line_colors
+
+    assert len(set(series_colors(tmp_path / "a", monkeypatch, 11))) == 11
+    assert line_colors(10) == list(colormaps["tab10"].colors)
+    # control: with 10 colours cycled (the former palette) the same check finds a repeat
+    monkeypatch.setattr(section, "line_colors", lambda n: [f"C{i % 10}" for i in range(n)])
+    assert len(set(series_colors(tmp_path / "b", monkeypatch, 11))) == 10
