@@ -39,11 +39,7 @@ class Style:
         ordered = df.sort_values("series_rank")
         positions = list(dict.fromkeys(ordered["position_label"]))
         scalings = list(dict.fromkeys(ordered["scaling_label"]))
-        cmap = "tab10" if len(positions) <= 10 else "tab20"
-        from matplotlib import colormaps
-
-        colors = colormaps[cmap].colors  # type: ignore[attr-defined]
-        self.color = {p: colors[i % len(colors)] for i, p in enumerate(positions)}
+        self.color = dict(zip(positions, line_colors(len(positions)), strict=True))
         self.linestyle = {s: _LINESTYLES[i % len(_LINESTYLES)] for i, s in enumerate(scalings)}
         self.marker = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(scalings)}
 
