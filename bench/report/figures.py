@@ -143,10 +143,11 @@ def _palette(n: int) -> list[object]:
 
 
 def save_figure(fig: Figure, plots_dir: Path, name: str) -> None:
-    """Save PNG and SVG (SVG text stays text: smaller, faster, searchable)."""
+    """Save PNG and SVG (SVG text stays text: smaller, faster, searchable). The SVG has no
+    date and fixed ids, so a report regenerated from the same rows is byte-identical."""
     fig.savefig(plots_dir / f"{name}.png", dpi=100)
     with rc_context({"svg.fonttype": "none", "svg.hashsalt": "lenbench"}):
-        fig.savefig(plots_dir / f"{name}.svg")
+        fig.savefig(plots_dir / f"{name}.svg", metadata={"Date": None})
 
 
 def int_ticks(ax, values: Sequence[float], axis: str = "x") -> None:  # type: ignore[no-untyped-def]
