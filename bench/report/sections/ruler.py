@@ -43,7 +43,9 @@ def score_table(rows: pd.DataFrame) -> pd.DataFrame:
         .agg(value=("value", "mean"), n_seeds=("seed", "nunique"), row_ids=("row_ids", ";".join))
         .reset_index()
     )
-    wide = t.pivot_table(index=keys, columns="axis_value", values="value", dropna=False)
+    # unstack keeps the observed key combinations only; pivot_table(dropna=False) would build
+    # every combination of the ~20 keys' values (24 GB with one series more than 12)
+    wide = t.set_index([*keys, "axis_value"])["value"].unstack("axis_value")
     wide = wide.reindex(columns=["match", "exact"]).reset_index()
     meta = t.groupby(keys, dropna=False).agg(
         n_seeds=("n_seeds", "max"), row_ids=("row_ids", ";".join)

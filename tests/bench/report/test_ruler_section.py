@@ -89,3 +89,41 @@ def test_kv_middle_by_depth_is_a_table_and_a_figure(tmp_path: Path) -> None:
     write_results(ruler_rows(4), tmp_path / "plain" / "a.parquet")
     plain = generate_report(tmp_path / "plain", tmp_path / "rep2").read_text()
     assert "kv_middle by depth" not in plain
+
+
+def test_score_table_builds_only_the_observed_series(tmp_path: Path, monkeypatch) -> None:
+    """Six series that differ in position, its parameters, scaling and model: the table's memory
+    follows the rows, not every combination of the series keys' values (the pivot with
+    dropna=False that built that product took 24 GB on a committed run of 13 series)."""
+    import tracemalloc
+
+    from bench.report.sections import ruler as section
+
+    rows = []
+    for k in range(6):
+        for r in ruler_rows(4):
+            r.update(model_id=f"m{k}", run_id=f"r{k}", position=f"p{k}", scaling=f"s{k}",
+                     position_params={"base": k}, model_config_id=f"c{k}")  # fmt: skip
+            rows.append(r)
+    write_results(rows, tmp_path / "results" / "r.parquet")
+    seen: list[pd.DataFrame] = []
+    real = section.score_table
+    monkeypatch.setattr(section, "score_table", lambda r: seen.append(r) or real(r))
+    generate_report(tmp_path / "results", tmp_path / "report")
+    scores = pd.read_csv(tmp_path / "report" / "tables" / "ruler_scores.csv")
+    assert len(scores) == 6 * (len(RULER_TASKS) + 1) * 2
+
+    def peak(fn) -> int:
+        tracemalloc.start()
+        fn()
+        size = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return size
+
+    keys = [*section.GROUP_KEYS, "task", "eval_length", "axis_value"]
+    per_seed = seen[0][seen[0]["axis"] == "score"].assign(value=lambda d: d["value"].astype(float))
+    new = peak(lambda: real(seen[0]))
+    # control: the former pivot over all keys' value combinations allocates far more
+    old = peak(lambda: per_seed.pivot_table(index=keys[:-1], columns="axis_value",
+                                            values="value", dropna=False))  # fmt: skip
+    assert new * 10 < old, (new, old)
