@@ -13,7 +13,9 @@ judges exists (no model has LongPPL rows at commit time; the rule below is fixed
   Needs at least :data:`MIN_SERIES` series, each with at least :data:`MIN_KEY_TOKENS` key tokens
   at the comparison length (pooled over seeds). That floor was added after the first RULER run
   (results/ruler_longppl) chose one key token per length: a LongPPL of one token is that token's
-  perplexity, not a measurement (reports/ruler_longppl/README.md).
+  perplexity, not a measurement (reports/ruler_longppl/README.md). Every series counts, models
+  with a switch on too (stick-breaking attention is a zoo_2025 family): the scope's default of
+  leaving switched models out was corrected after the 13-series run, before its P1 was read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.core.series import SWITCH_COLUMNS
 from bench.core.stats import Estimate, decide
 from bench.findings.registry import NOT_MEASURED, FindingResult, Scope, register_finding, status
 from bench.findings.rows import col, window_nll, with_series
@@ -106,7 +109,7 @@ def correlation_gap(t: pd.DataFrame) -> Estimate:
 
 @register_finding(
     "P1",
-    Scope(metrics=("longppl",)),
+    Scope(metrics=("longppl",), also_switches=tuple(SWITCH_COLUMNS)),  # every series of a study
     claim="across a study's series, LongPPL's Spearman correlation with the RULER effective "
     "length is stronger (more negative) than perplexity's, at the longest length where every "
     "series has both, each on at least MIN_KEY_TOKENS key tokens there (a floor added after the "

@@ -82,9 +82,9 @@ class Scope:
     """What a finding is about, declared once with it: the series it checks (``positions``,
     ``scalings``, ``metrics``, ``finetunes``, ``samplings``, ``sinks``, ``switches``, ``arms``;
     None = any) and the rows it reads (those, plus the comparison series it needs: ``also_samplings``,
-    ``also_sinks``). A report checks a finding only where one of its series is present, and the
-    finding reads only its rows: F1 is not computed on a PoSE-trained sinusoidal model, nor L3's
-    sinks counted against F3."""
+    ``also_sinks``, ``also_switches``). A report checks a finding only where one of its series is
+    present, and the finding reads only its rows: F1 is not computed on a PoSE-trained sinusoidal
+    model, nor L3's sinks counted against F3."""
 
     positions: tuple[str, ...] | None = None
     scalings: tuple[str, ...] | None = None
@@ -96,6 +96,7 @@ class Scope:
     arms: tuple[str, ...] | None = None
     also_samplings: tuple[str, ...] = ()
     also_sinks: tuple[str, ...] = ()
+    also_switches: tuple[str, ...] = ()  # switched models it reads beside the others (not only)
 
     @staticmethod
     def _values(df: pd.DataFrame, column: str) -> pd.Series:
@@ -111,10 +112,12 @@ class Scope:
         return self._values(df, column).isin(list(allowed))
 
     def _without_other_switches(self, df: pd.DataFrame) -> pd.Series:
-        """Rows of models with no model switch on other than ``switches`` (``qk_norm``, ...)."""
+        """Rows of models with no model switch on other than ``switches`` and ``also_switches``
+        (``qk_norm``, ...)."""
         keep = pd.Series(True, index=df.index)
         for column in SWITCH_COLUMNS:
-            if column not in self.switches and column in df.columns:
+            allowed = (*self.switches, *self.also_switches)
+            if column not in allowed and column in df.columns:
                 keep &= df[column].isna()
         return keep
 
@@ -148,6 +151,13 @@ class Scope:
             keep &= self._keep(df, "arm", self.arms)
         return df[keep]
 
+    def _other_switches(self) -> tuple[str, ...]:
+        return (
+            (f"none or any of {', '.join(self.also_switches)}",)
+            if self.also_switches
+            else ("none",)
+        )
+
     def describe(self) -> str:
         parts = [
             f"{name} {', '.join(values)}"
@@ -159,7 +169,7 @@ class Scope:
                 ("metrics", self.metrics),
                 ("position sampling", self.samplings),
                 ("attention sink", self.sinks),
-                ("model switches", self.switches or ("none",)),
+                ("model switches", self.switches or self._other_switches()),
             )
             if values is not None
         ]

@@ -73,3 +73,20 @@ def test_p1_is_not_measured_on_too_few_key_tokens():
     assert p1_longppl_tracks_effective_length(rows(longppl, UNRELATED, key_tokens=50)).status == (
         "holds"
     )
+
+
+def test_p1_reads_every_series_of_the_study_switched_models_too():
+    """P1 is about all of a study's series: a model with a switch on (stick-breaking attention, a
+    zoo_2025 family) is one of them. Control: without it, one series fewer."""
+    from bench.findings import check_findings
+
+    def p1(df: pd.DataFrame) -> str:
+        return next(r for r in check_findings(df) if r.key == "P1").numbers
+
+    df = rows([1000.0 / e for e in EFF], UNRELATED)
+    switched = df[df["scaling"] == "m7"].assign(scaling="m8", attention="stick_breaking")
+    switched = switched.assign(
+        model_id=switched["model_id"] + "sb", run_id=switched["run_id"] + "sb"
+    )
+    assert "9 series at length 1024" in p1(pd.concat([df, switched], ignore_index=True))
+    assert "8 series at length 1024" in p1(df)
