@@ -1,6 +1,7 @@
 """The RULER study with LongPPL, committed: results/ruler_longppl (K = 64, 8 documents),
 results/ruler_longppl_k16 (K = 16, 24 documents) and results/ruler_longppl_zoo_2025 (the K = 16
-run with the zoo_2025 families FoX and PoPE trained on the RULER arm), with their reports.
+run with the zoo_2025 families FoX, PoPE, NoPE and stick-breaking trained on the RULER arm), with
+their reports.
 
 For each: the Findings computed from the committed rows equal the committed table (P1 beside R1
 and R2) and its README states each status; the README's per-series table is what P1 reads (to the
@@ -35,13 +36,13 @@ RUNS = {
     "ruler_longppl_k16": ("ruler_longppl", "| series, K = 16 ", 7),
     "ruler_longppl_zoo_2025": (
         "ruler_longppl_zoo_2025",
-        "| series, K = 16, with FoX and PoPE ",
-        11,
+        "| series, K = 16, with the zoo_2025 families ",
+        13,
     ),
 }
 MEASURED = {"ruler_longppl_k16", "ruler_longppl_zoo_2025"}  # P1 has enough key tokens
 #: the findings whose status each run's README states
-STATED = {"ruler_longppl_zoo_2025": ("P1", "R1", "R2", "N1", "N2")}
+STATED = {"ruler_longppl_zoo_2025": ("P1", "R1", "R2", "N1", "N2", "N3")}
 
 
 def numbers(name: str) -> str:
@@ -80,11 +81,13 @@ def test_every_series_is_scored_on_one_evaluators_key_tokens(name):
 
 def label(series: str) -> str:
     """A series key's name in the README: its scaling (none, linear, ntk, yarn, self_extend), or
-    "<method> fine-tune" for a fine-tune; a position other than RoPE goes first ("pope linear")."""
+    "<method> fine-tune" for a fine-tune; a position other than RoPE goes first ("pope linear"),
+    then an attention variant ("nope stick_breaking none")."""
     parts = dict(zip(SERIES_COLUMNS, series.split("\x1f"), strict=True))
     method = parts["finetune_method"]
     name = f"{method} fine-tune" if method else parts["scaling"]
-    return name if parts["position"] == "rope" else f"{parts['position']} {name}"
+    model = [parts["position"]] if parts["position"] != "rope" else []
+    return " ".join([*model, *([parts["attention"]] if parts["attention"] else []), name])
 
 
 def check_series_table(text: str, name: str) -> int:
@@ -148,7 +151,7 @@ def test_the_rope_series_beside_the_families_are_the_k16_runs_rows():
     zoo = committed_rows(results("ruler_longppl_zoo_2025"))
     k16 = committed_rows(results("ruler_longppl_k16"))
     rope = zoo[zoo["position"] == "rope"]
-    assert set(zoo["position"]) == {"rope", "fox", "pope"}
+    assert set(zoo["position"]) == {"rope", "fox", "pope", "nope"}
     assert same_rows(rope, k16)
     changed = rope.copy()
     changed.loc[changed.index[0], "value"] = float(changed["value"].iloc[0]) + 1e-6
