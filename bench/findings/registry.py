@@ -115,8 +115,8 @@ class Scope:
         """Rows of models with no model switch on other than ``switches`` and ``also_switches``
         (``qk_norm``, ...)."""
         keep = pd.Series(True, index=df.index)
+        allowed = (*self.switches, *self.also_switches)
         for column in SWITCH_COLUMNS:
-            allowed = (*self.switches, *self.also_switches)
             if column not in allowed and column in df.columns:
                 keep &= df[column].isna()
         return keep

@@ -44,7 +44,7 @@ def score_table(rows: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     # unstack keeps the observed key combinations only; pivot_table(dropna=False) would build
-    # every combination of the ~20 keys' values (24 GB with one series more than 12)
+    # every combination of the ~20 keys' values (out of memory on a committed 13-series run)
     wide = t.set_index([*keys, "axis_value"])["value"].unstack("axis_value")
     wide = wide.reindex(columns=["match", "exact"]).reset_index()
     meta = t.groupby(keys, dropna=False).agg(
