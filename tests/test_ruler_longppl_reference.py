@@ -1,7 +1,7 @@
 """The RULER study with LongPPL, committed: results/ruler_longppl (K = 64, 8 documents),
 results/ruler_longppl_k16 (K = 16, 24 documents) and results/ruler_longppl_zoo_2025 (the K = 16
-run with the zoo_2025 families FoX, PoPE, NoPE and stick-breaking trained on the RULER arm), with
-their reports.
+run with the zoo_2025 families FoX, PoPE, NoPE and stick-breaking and the model switches SSMax,
+output gate and QK-norm trained on the RULER arm), with their reports.
 
 For each: the Findings computed from the committed rows equal the committed table (P1 beside R1
 and R2) and its README states each status; the README's per-series table is what P1 reads (to the
@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from bench.core.series import SERIES_COLUMNS
+from bench.core.series import SERIES_COLUMNS, SWITCH_COLUMNS
 from bench.findings import NOT_MEASURED
 from bench.findings.longppl import series_table
 
@@ -37,12 +37,12 @@ RUNS = {
     "ruler_longppl_zoo_2025": (
         "ruler_longppl_zoo_2025",
         "| series, K = 16, with the zoo_2025 families ",
-        13,
+        16,
     ),
 }
 MEASURED = {"ruler_longppl_k16", "ruler_longppl_zoo_2025"}  # P1 has enough key tokens
 #: the findings whose status each run's README states
-STATED = {"ruler_longppl_zoo_2025": ("P1", "R1", "R2", "N1", "N2", "N3")}
+STATED = {"ruler_longppl_zoo_2025": ("P1", "R1", "R2", "N1", "N2", "N3", "N4", "N5", "N6")}
 
 
 def numbers(name: str) -> str:
@@ -82,12 +82,14 @@ def test_every_series_is_scored_on_one_evaluators_key_tokens(name):
 def label(series: str) -> str:
     """A series key's name in the README: its scaling (none, linear, ntk, yarn, self_extend), or
     "<method> fine-tune" for a fine-tune; a position other than RoPE goes first ("pope linear"),
-    then an attention variant ("nope stick_breaking none")."""
+    then each model switch that is on as its row column and value ("nope attention=stick_breaking
+    none", "qk_norm=rms none")."""
     parts = dict(zip(SERIES_COLUMNS, series.split("\x1f"), strict=True))
     method = parts["finetune_method"]
     name = f"{method} fine-tune" if method else parts["scaling"]
     model = [parts["position"]] if parts["position"] != "rope" else []
-    return " ".join([*model, *([parts["attention"]] if parts["attention"] else []), name])
+    switches = [f"{c}={parts[c]}" for c in SWITCH_COLUMNS if parts[c]]
+    return " ".join([*model, *switches, name])
 
 
 def check_series_table(text: str, name: str) -> int:
@@ -147,11 +149,15 @@ def same_rows(a, b) -> bool:
 
 def test_the_rope_series_beside_the_families_are_the_k16_runs_rows():
     """results/ruler_longppl_zoo_2025 evaluated the RoPE series again from the cached models of
-    ruler_longppl_k16: the same rows, value for value (a changed value is caught)."""
+    ruler_longppl_k16: the same rows, value for value (a changed value is caught). Beside them are
+    RoPE models with a switch on, trained for this run, and first-token attention rows
+    (``attn_first_mass``, for N5), a metric the K = 16 run did not have."""
     zoo = committed_rows(results("ruler_longppl_zoo_2025"))
     k16 = committed_rows(results("ruler_longppl_k16"))
-    rope = zoo[zoo["position"] == "rope"]
+    switched = zoo.reindex(columns=SWITCH_COLUMNS).notna().any(axis=1)
+    rope = zoo[(zoo["position"] == "rope") & ~switched & (zoo["metric"] != "attn_first_mass")]
     assert set(zoo["position"]) == {"rope", "fox", "pope", "nope"}
+    assert set(zoo.loc[switched & (zoo["position"] == "rope"), "model_id"]).isdisjoint(k16["model_id"])
     assert same_rows(rope, k16)
     changed = rope.copy()
     changed.loc[changed.index[0], "value"] = float(changed["value"].iloc[0]) + 1e-6
