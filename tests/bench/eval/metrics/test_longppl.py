@@ -233,10 +233,10 @@ def test_an_auto_evaluator_that_is_the_judged_model_is_refused_before_training()
 
 def test_smoke_writes_longppl_rows_on_one_evaluators_tokens(tmp_path):
     """``+experiment=smoke eval.longppl.enabled=true``: every series has its LongPPL row at 2x,
-    scored on the same key tokens of one evaluator (the recipe at 2x) that is none of them.
-    alpha 0 and beta -10: an 8-update model gains little from context."""
-    args = ["+experiment=smoke", "eval.longppl.enabled=true", "eval.longppl.alpha=0",
-            "eval.longppl.beta=-10", f"paths.results={tmp_path}/res",
+    scored on the same key tokens of one evaluator (the recipe at 2x) that is none of them; as a
+    user runs it, with smoke's own alpha 0 and beta -10 (an 8-update model gains little from
+    context), which the rows state."""
+    args = ["+experiment=smoke", "eval.longppl.enabled=true", f"paths.results={tmp_path}/res",
             f"paths.reports={tmp_path}/rep", f"paths.cache={tmp_path}/cache"]  # fmt: skip
     run = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())"]
     done = subprocess.run([*run, *args], cwd=ROOT, env=dict(os.environ), capture_output=True,
@@ -248,6 +248,7 @@ def test_smoke_writes_longppl_rows_on_one_evaluators_tokens(tmp_path):
     params = [json.loads(p) for p in long["task_params"]]
     assert len({p["evaluator"] for p in params}) == 1 and len(set(long["n"])) == 1
     assert params[0]["short_context"] == 64 and params[0]["window"] == 16
+    assert (params[0]["alpha"], params[0]["beta"]) == (0, -10)
     series_keys = set(rows["model_id"]) | set(rows["model_config_id"])
     assert len(series_keys) >= 2 and params[0]["evaluator"] not in series_keys
     assert (long["value"] > 1).all() and long["value"].nunique() > 1
