@@ -15,6 +15,8 @@ model it changes, on the same recipe, seeds paired:
   :data:`GATE_PPL_MARGIN`.
 - **N6** (Yang et al. 2025, "Rope to Nope and Back Again"): QK-norm lowers RoPE's passkey accuracy
   beyond L: the per-seed accuracy over every length above L, RoPE+QK-norm minus RoPE, below 0.
+  Where raw RoPE already retrieves nothing beyond L (its pooled Wilson upper end at most
+  :data:`NEAR_ZERO_ACC`) there is nothing to lower: not decided, with a note (as R1's fails-at-L).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.core.stats import Estimate, decide, summarise
+from bench.core.stats import ACC_CI, UNDECIDED, Estimate, decide, summarise, wilson
 from bench.findings.estimates import (
     FAR,
     difference_estimate,
     ppl_ratio,
     ratio_of_ratios,
 )
+from bench.findings.core import NEAR_ZERO_ACC
 from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
 from bench.findings.rows import by_series, col, per_seed, select, window_nll
 
@@ -232,23 +235,33 @@ def n5_output_gate_no_sink(df: pd.DataFrame) -> FindingResult:
         finetunes=("none",),
         switches=("qk_norm",),
     ),
-    thresholds={},
+    thresholds={"NEAR_ZERO_ACC": NEAR_ZERO_ACC},
     claim="QK-norm lowers raw RoPE's passkey accuracy beyond L: per-seed accuracy over every "
-    "length above L, RoPE+QK-norm minus RoPE, CI < 0",
+    "length above L, RoPE+QK-norm minus RoPE, CI < 0 (raw RoPE at the floor beyond L, its Wilson "
+    f"upper end <= {NEAR_ZERO_ACC}: nothing to lower, not decided)",
     source="Yang et al. 2025, 'Rope to Nope and Back Again' (arXiv 2501.18795): QK-norm "
     "lowers needle retrieval at long lengths",
 )
 def n6_qk_norm_lowers_passkey(df: pd.DataFrame) -> FindingResult:
     rope = select(df, "rope")
     beyond = rope[(rope["metric"] == "passkey_acc") & (rope["eval_length"] > rope["train_length"])]
-    e = _seed_difference(
-        "passkey acc beyond L, qk_norm - none",
-        _switched(beyond, "qk_norm", "rms"),
-        _switched(beyond, "qk_norm", None),
-        binomial=True,
-    )
+    normed, plain = _switched(beyond, "qk_norm", "rms"), _switched(beyond, "qk_norm", None)
+    e = _seed_difference("passkey acc beyond L, qk_norm - none", normed, plain, binomial=True)
     if math.isnan(e.value):
         return FindingResult(
             status=status([None]), estimates=[], missing=["passkey rows beyond L of both models"]
         )
+    # raw RoPE's trials beyond L on the paired seeds, pooled: at the floor it has nothing to lose
+    plain = plain[plain["seed"].isin(set(normed["seed"]))]
+    n = plain["n"].sum()
+    k = (plain["value"] * plain["n"]).sum()
+    floor = Estimate("raw RoPE passkey acc beyond L", k / n, *wilson(k, n), plain["seed"].nunique(),
+                     ACC_CI)  # fmt: skip
+    if floor.hi <= NEAR_ZERO_ACC:
+        return FindingResult(
+            status=status([UNDECIDED]),
+            estimates=[e, floor],
+            notes=[f"raw RoPE retrieves nothing beyond L (Wilson upper end <= {NEAR_ZERO_ACC}): "
+                   "nothing for QK-norm to lower, so the rows cannot test the claim"],
+        )  # fmt: skip
     return FindingResult(status=status([decide(e, 0.0, "below")]), estimates=[e])

@@ -8,7 +8,7 @@ import pytest
 
 from bench.core.rows import normalize_results
 from bench.findings import check_findings
-from bench.findings.registry import FAILS, HOLDS, NOT_MEASURED
+from bench.findings.registry import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED
 
 from fixtures.rows import row
 
@@ -111,6 +111,29 @@ def test_n6_reads_passkey_beyond_l_only():
         "rope", "passkey_acc", {L: 0.2, 2 * L: 0.95, 4 * L: 0.9}, 200, qk_norm="rms"
     )
     assert statuses(rope + higher)["N6"] == FAILS  # worse at L only: beyond L it is better
+
+
+def test_n6_is_not_decided_where_raw_rope_retrieves_nothing_beyond_l():
+    """Raw RoPE at 0-2% beyond L (Wilson upper end below 0.1): nothing for QK-norm to lower, so
+    not decided with a note, whatever QK-norm scores; at 15% the same equal scores fail."""
+    floor = metric_rows("rope", "passkey_acc", {L: 0.95, 2 * L: 0.01, 4 * L: 0.01}, 200)
+    for beyond in (0.01, 0.5):
+        normed = metric_rows(
+            "rope", "passkey_acc", {L: 0.95, 2 * L: beyond, 4 * L: beyond}, 200, qk_norm="rms"
+        )
+        result = n6(floor + normed)
+        assert result.status == NOT_DECIDED
+        assert any("nothing for QK-norm to lower" in note for note in result.notes)
+    above = metric_rows("rope", "passkey_acc", {L: 0.95, 2 * L: 0.15, 4 * L: 0.15}, 200)
+    same = metric_rows(
+        "rope", "passkey_acc", {L: 0.95, 2 * L: 0.15, 4 * L: 0.15}, 200, qk_norm="rms"
+    )
+    assert n6(above + same).status == FAILS and not n6(above + same).notes
+
+
+def n6(rows: list[dict]):
+    results = check_findings(normalize_results(pd.DataFrame(rows)))
+    return next(r for r in results if r.key == "N6")
 
 
 def test_a_finding_about_a_switch_is_out_of_scope_without_it():
