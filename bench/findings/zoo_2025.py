@@ -15,7 +15,7 @@ model it changes, on the same recipe, seeds paired:
   :data:`GATE_PPL_MARGIN`.
 - **N6** (Yang et al. 2025, "Rope to Nope and Back Again"): QK-norm lowers RoPE's passkey accuracy
   beyond L: the per-seed accuracy over every length above L, RoPE+QK-norm minus RoPE, below 0.
-  Where raw RoPE already retrieves nothing beyond L (its pooled Wilson upper end at most
+  Where raw RoPE already retrieves nothing beyond L (its accuracy's upper end at most
   :data:`NEAR_ZERO_ACC`) there is nothing to lower: not decided, with a note (as R1's fails-at-L).
 """
 
@@ -26,9 +26,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.core.stats import ACC_CI, UNDECIDED, Estimate, decide, summarise, wilson
+from bench.core.stats import UNDECIDED, Estimate, decide, summarise
 from bench.findings.estimates import (
     FAR,
+    accuracy_estimate,
     difference_estimate,
     ppl_ratio,
     ratio_of_ratios,
@@ -237,8 +238,8 @@ def n5_output_gate_no_sink(df: pd.DataFrame) -> FindingResult:
     ),
     thresholds={"NEAR_ZERO_ACC": NEAR_ZERO_ACC},
     claim="QK-norm lowers raw RoPE's passkey accuracy beyond L: per-seed accuracy over every "
-    "length above L, RoPE+QK-norm minus RoPE, CI < 0 (raw RoPE at the floor beyond L, its Wilson "
-    f"upper end <= {NEAR_ZERO_ACC}: nothing to lower, not decided)",
+    "length above L, RoPE+QK-norm minus RoPE, CI < 0 (raw RoPE at the floor beyond L, its "
+    f"accuracy's CI upper end <= {NEAR_ZERO_ACC}: nothing to lower, not decided)",
     source="Yang et al. 2025, 'Rope to Nope and Back Again' (arXiv 2501.18795): QK-norm "
     "lowers needle retrieval at long lengths",
 )
@@ -251,17 +252,15 @@ def n6_qk_norm_lowers_passkey(df: pd.DataFrame) -> FindingResult:
         return FindingResult(
             status=status([None]), estimates=[], missing=["passkey rows beyond L of both models"]
         )
-    # raw RoPE's trials beyond L on the paired seeds, pooled: at the floor it has nothing to lose
-    plain = plain[plain["seed"].isin(set(normed["seed"]))]
-    n = plain["n"].sum()
-    k = (plain["value"] * plain["n"]).sum()
-    floor = Estimate("raw RoPE passkey acc beyond L", k / n, *wilson(k, n), plain["seed"].nunique(),
-                     ACC_CI)  # fmt: skip
-    if floor.hi <= NEAR_ZERO_ACC:
+    # raw RoPE beyond L on the paired seeds (as F4's raw RoPE check): at the floor, nothing to lose
+    floor = accuracy_estimate(
+        plain[plain["seed"].isin(set(normed["seed"]))], "raw RoPE passkey acc beyond L"
+    )
+    if decide(floor, NEAR_ZERO_ACC, "at_most") is True:
         return FindingResult(
             status=status([UNDECIDED]),
             estimates=[e, floor],
-            notes=[f"raw RoPE retrieves nothing beyond L (Wilson upper end <= {NEAR_ZERO_ACC}): "
+            notes=[f"raw RoPE retrieves nothing beyond L (CI upper end <= {NEAR_ZERO_ACC}): "
                    "nothing for QK-norm to lower, so the rows cannot test the claim"],
         )  # fmt: skip
     return FindingResult(status=status([decide(e, 0.0, "below")]), estimates=[e])

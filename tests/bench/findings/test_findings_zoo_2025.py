@@ -114,7 +114,7 @@ def test_n6_reads_passkey_beyond_l_only():
 
 
 def test_n6_is_not_decided_where_raw_rope_retrieves_nothing_beyond_l():
-    """Raw RoPE at 0-2% beyond L (Wilson upper end below 0.1): nothing for QK-norm to lower, so
+    """Raw RoPE at 0-2% beyond L (its accuracy's upper end below 0.1): nothing for QK-norm to lower, so
     not decided with a note, whatever QK-norm scores; at 15% the same equal scores fail."""
     floor = metric_rows("rope", "passkey_acc", {L: 0.95, 2 * L: 0.01, 4 * L: 0.01}, 200)
     for beyond in (0.01, 0.5):
