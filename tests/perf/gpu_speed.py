@@ -1,5 +1,6 @@
 """On a CUDA machine, in a few minutes: training tokens/s and MFU of the `small` and `base` presets
-in bf16 (RoPE through SDPA, ALiBi through flex_attention), and the longest length a
+in bf16 (RoPE through SDPA, ALiBi through flex_attention) beside transformers' Llama at equal
+dimensions, their evaluation at 16L with the chunked head, and the longest length a
 pretrained-size model evaluates within the GPU's memory with chunked scoring.
 
 1. **Training**: our DecoderLM with conf/model/{small,base}.yaml, ``--seq`` tokens (default
@@ -9,7 +10,15 @@ pretrained-size model evaluates within the GPU's memory with chunked scoring.
    is against what this GPU's matrix units reach, not its data sheet); peak memory
    ``torch.cuda.max_memory_allocated``. Our families' kernels: RoPE SDPA (flash), ALiBi compiled
    flex attention (``models.flex``; the first step compiles it, which the warm-up absorbs).
-2. **Longest length**: a Llama of Llama 3.2 1B's shapes (16 layers, width 2048, vocabulary
+   Beside them, in the same process and the same loop, transformers' ``LlamaForCausalLM`` with
+   each preset's vocabulary, width, layers, heads and MLP width (the builder of
+   tests/perf/train_speed.py; ``--no-llama`` leaves it out): ``vs llama`` is its median step
+   over ours (> 1: ours is faster).
+2. **Evaluation at 16L**: each preset and position scores one ``--eval-multiple`` (16) x
+   ``--seq`` token sequence (batch 1, bf16, no_grad) through the chunked head
+   (``forward(targets=...)``, what lenbench's evaluation runs): seconds of the second call (the
+   first warms up and compiles), tokens/s, peak memory, and the mean NLL (must be finite).
+3. **Longest length**: a Llama of Llama 3.2 1B's shapes (16 layers, width 2048, vocabulary
    128,256; random weights, bf16) through lenbench's pretrained adapter: per-token NLL with
    chunked scoring (``forward(targets=...)``, batch 1) at doubling lengths from ``--from-length``
    until the GPU runs out of memory or ``--max-length``; prints each length's peak memory and the
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -63,29 +73,29 @@ def _reset_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def _peak_gib(device: str) -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+def _peak_gib(device: str) -> float | None:
+    """Peak GPU memory since the last reset; None on a CPU (measured there by eval_memory.py)."""
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
 
 
-def train_speed(preset: str, position: str, args: argparse.Namespace, peak: float) -> dict:
-    from flops import causal_keys, forward_flops_per_token, matmul_params
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} GiB"
 
-    from models.positions import PositionConfig
-    from models.transformer import DecoderLM
 
-    torch.manual_seed(0)
-    cfg = model_config(preset)
+def _timed_training(model: torch.nn.Module, hf: bool, args: argparse.Namespace, vocab: int) -> dict:
+    """Median training step (AdamW, bf16 autocast, ``--batch`` x ``--seq`` random tokens) and peak
+    memory of ``model``; ``hf``: a transformers model (``input_ids=``, no cache)."""
     device = args.device
-    model = DecoderLM(cfg, PositionConfig(kind=position), args.seq).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.startswith("cuda"))
-    batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device=device)
+    batch = torch.randint(0, vocab, (args.batch, args.seq + 1), device=device)
     _reset_peak(device)
     times = []
     for i in range(args.warmup + args.steps):
         _sync(device)
         start = time.perf_counter()
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            logits = model(batch[:, :-1]).logits
+            inputs = batch[:, :-1]
+            logits = model(input_ids=inputs, use_cache=False).logits if hf else model(inputs).logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
         loss.backward()
         optimizer.step()
@@ -93,7 +103,46 @@ def train_speed(preset: str, position: str, args: argparse.Namespace, peak: floa
         _sync(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
-    step = statistics.median(times)
+    del optimizer
+    return {"median_step_s": statistics.median(times), "peak_gib": _peak_gib(device)}
+
+
+def llama_at_equal_dims(cfg, seq: int) -> torch.nn.Module:
+    """transformers' LlamaForCausalLM with the preset's vocabulary, width, layers, heads and MLP
+    width (tests/perf/train_speed.py's builder: SwiGLU, RMSNorm, tied embeddings, SDPA)."""
+    from types import SimpleNamespace
+
+    from train_speed import VOCAB, build_llama
+
+    from models.positions import PositionConfig
+
+    if cfg.vocab_size != VOCAB or cfg.kv_heads != cfg.n_heads:
+        raise ValueError(f"the Llama builder assumes vocabulary {VOCAB} and no GQA, got {cfg}")
+    dims = SimpleNamespace(
+        width=cfg.d_model, layers=cfg.n_layers, heads=cfg.n_heads, seq=seq,
+        base=PositionConfig(kind="rope").base,
+    )  # fmt: skip
+    return build_llama(dims, SimpleNamespace(model_cfg=cfg))
+
+
+def train_speed(preset: str, position: str, args: argparse.Namespace, peak: float) -> dict:
+    """One training row: our DecoderLM of ``position``, or transformers' Llama at the preset's
+    dimensions for ``position`` = ``llama``."""
+    from flops import causal_keys, forward_flops_per_token, matmul_params
+
+    from models.positions import PositionConfig
+    from models.transformer import DecoderLM
+
+    torch.manual_seed(0)
+    cfg = model_config(preset)
+    hf = position == "llama"
+    if hf:
+        model = llama_at_equal_dims(cfg, args.seq)
+    else:
+        model = DecoderLM(cfg, PositionConfig(kind=position), args.seq)
+    model = model.to(args.device).train()
+    timed = _timed_training(model, hf, args, cfg.vocab_size)
+    step = timed["median_step_s"]
     tokens = args.batch * args.seq
     flops = 3 * forward_flops_per_token(
         matmul_params(model), cfg.n_layers, cfg.d_model, causal_keys(args.seq)
@@ -101,16 +150,55 @@ def train_speed(preset: str, position: str, args: argparse.Namespace, peak: floa
     result = {
         "preset": preset,
         "position": position,
-        "params": model.num_parameters(),
+        "params": sum(p.numel() for p in model.parameters()),
         "seq": args.seq,
         "batch": args.batch,
         "tokens_per_s": tokens / step,
         "median_step_s": step,
         "tflops": flops * tokens / step / 1e12,
         "mfu": flops * tokens / step / 1e9 / peak,
-        "peak_gib": _peak_gib(device),
+        "peak_gib": timed["peak_gib"],
     }
-    del model, optimizer
+    del model
+    _reset_peak(args.device)
+    return result
+
+
+def eval_speed(preset: str, position: str, args: argparse.Namespace) -> dict:
+    """Per-token NLL of one ``--eval-multiple`` x ``--seq``-token sequence (batch 1, bf16, no_grad)
+    through the chunked head (``forward(targets=...)``), as lenbench's evaluation scores: seconds
+    of the second call (the first warms up and compiles), tokens/s and peak memory."""
+    from models.positions import PositionConfig
+    from models.transformer import DecoderLM
+
+    torch.manual_seed(0)
+    cfg = model_config(preset)
+    device = args.device
+    model = DecoderLM(cfg, PositionConfig(kind=position), args.seq).to(device).eval()
+    length = args.eval_multiple * args.seq
+    ids = torch.randint(0, cfg.vocab_size, (1, length + 1), device=device)
+    seconds = nll = None
+    for _ in range(2):
+        _reset_peak(device)
+        _sync(device)
+        start = time.perf_counter()
+        with torch.no_grad(), torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            nll = model(ids[:, :-1], targets=ids[:, 1:]).token_nll
+        _sync(device)
+        seconds = time.perf_counter() - start
+    mean_nll = float(nll.float().mean())
+    if not math.isfinite(mean_nll):
+        raise RuntimeError(f"{preset} {position}: the NLL at {length} tokens is {mean_nll}")
+    result = {
+        "preset": preset,
+        "position": position,
+        "length": length,
+        "seconds": seconds,
+        "tokens_per_s": length / seconds,
+        "peak_gib": _peak_gib(device),
+        "mean_nll": mean_nll,
+    }
+    del model
     _reset_peak(device)
     return result
 
@@ -172,9 +260,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--from-length", type=int, default=8192)
-    parser.add_argument("--max-length", type=int, default=1 << 20)
+    parser.add_argument("--max-length", type=int, default=1 << 18)
     parser.add_argument("--full-logits", action="store_true", help="also the full-logit lengths")
-    parser.add_argument("--skip-length", action="store_true", help="training speed only")
+    parser.add_argument("--skip-length", action="store_true", help="no 1B-shaped Llama lengths")
+    parser.add_argument(
+        "--no-llama", action="store_true", help="no transformers Llama at the presets' dimensions"
+    )
+    parser.add_argument("--eval-multiple", type=int, default=16, help="eval length / --seq")
+    parser.add_argument("--skip-eval", action="store_true", help="no eval at --eval-multiple")
     parser.add_argument("--out", default=str(RESULTS / "gpu_speed.json"))
     parser.add_argument(
         "--device",
@@ -197,15 +290,29 @@ def main() -> None:
     else:
         peak = gemm_peak_gflops("bf16")
     print(f"machine: {machine}\nbf16 GEMM peak (torch.mm 2048^3): {peak / 1e3:.0f} TFLOP/s")
-    training = []
+    training, evals = [], []
     for preset in args.presets.split(","):
-        for position in args.positions.split(","):
-            row = train_speed(preset, position, args, peak)
+        names = args.positions.split(",") + ([] if args.no_llama else ["llama"])
+        rows = [train_speed(preset, name, args, peak) for name in names]
+        llama_step = rows[-1]["median_step_s"] if not args.no_llama else None
+        for row in rows:
+            if llama_step is not None:  # > 1: ours is faster than Llama at equal dimensions
+                row["vs_llama"] = llama_step / row["median_step_s"]
             training.append(row)
             print(
-                f"{preset:6} {position:6} params {row['params'] / 1e6:6.1f}M  "
+                f"{preset:6} {row['position']:6} params {row['params'] / 1e6:6.1f}M  "
                 f"{row['tokens_per_s']:>10,.0f} tok/s  {row['tflops']:6.1f} TFLOP/s  "
-                f"MFU {row['mfu']:.0%}  peak {row['peak_gib']:.1f} GiB",
+                f"MFU {row['mfu']:.0%}  peak {_gib(row['peak_gib'])}"
+                + (f"  vs llama {row['vs_llama']:.2f}x" if "vs_llama" in row else ""),
+                flush=True,
+            )
+        for position in [] if args.skip_eval else args.positions.split(","):
+            row = eval_speed(preset, position, args)
+            evals.append(row)
+            print(
+                f"{preset:6} {position:6} eval at {row['length']:,} tokens (chunked head): "
+                f"{row['seconds']:.2f} s  {row['tokens_per_s']:>10,.0f} tok/s  "
+                f"peak {_gib(row['peak_gib'])}  mean NLL {row['mean_nll']:.3f}",
                 flush=True,
             )
     lengths = []
@@ -225,6 +332,7 @@ def main() -> None:
                 "machine": machine,
                 "bf16_peak_gflops": peak,
                 "training": training,
+                "eval": evals,
                 "lengths": lengths,
             },
             indent=1,
