@@ -9,7 +9,10 @@ largest evaluated length at which the metric passes, every shorter evaluated len
   has none (rule as first committed: against the shortest LongPPL length, which on the
   leaderboard's first trial was 8L, so every series passed up to 8L by construction);
 - ``passkey``: accuracy whose Wilson 95% interval's lower end is at least :data:`PASSKEY_MIN`;
-- ``ruler``: the RULER tasks' exact mean at least :data:`RULER_RELATIVE` x its mean at L.
+- ``ruler``: the RULER tasks' exact mean at least :data:`RULER_RELATIVE` x its mean at L; 0
+  (fails at L) where its mean at L is 0, as the ``effective_length`` rows have it (rule as first
+  committed: 0 >= 0.85 x 0 passed every length, and zero-shot linear PI, 0 on every task and
+  seed, ranked first on RULER).
 
 Across seeds each effective length is summarised on the log2 scale of its ratio to L (0 maps to
 one halving below L: it fails at L), as a mean with a t-interval (:func:`summarise_seeds`).
@@ -65,7 +68,10 @@ def passkey_rule(trials: Mapping[int, tuple[int, int]], bar: float = PASSKEY_MIN
 
 
 def relative_rule(values: Mapping[int, float], reference: float, bar: float) -> int:
-    """Effective length where ``value >= bar x reference`` (the RULER tasks' exact mean)."""
+    """Effective length where ``value >= bar x reference`` (the RULER tasks' exact mean); 0 when
+    the reference is 0: a series that does none of the tasks at L keeps nothing beyond it."""
+    if reference <= 0:
+        return 0
     return effective_length({x: v >= bar * reference for x, v in values.items()})
 
 

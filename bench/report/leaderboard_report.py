@@ -279,10 +279,13 @@ def readme_block(table: pd.DataFrame, page: str = "reports/leaderboard") -> str:
                 shown += f" +{len(names) - README_NAMES} more"
             if not poor.empty:
                 shown += f"{'; ' if shown else ''}+{len(poor)} worse at L{BAD_AT_L}"
-            best = top.loc[top[f"{metric}_eff"].idxmax()]
+            # how far the series named reach; the bad-at-L ones' only where none is named
+            reached = good if not good.empty else poor
+            best = reached.loc[reached[f"{metric}_eff"].idxmax()]
+            reach = cell_text(best, metric).rsplit(" #", 1)[0] + ("" if reached is good else BAD_AT_L)
             lines.append(
                 f"| {METRIC_TITLES[metric]} | `{recipe}` ({int(block['train_length'].iloc[0])}) | "
-                f"{shown} | {cell_text(best, metric).rsplit(' #', 1)[0]} |"
+                f"{shown} | {reach} |"
             )
     return "\n".join([*lines, README_END])
 

@@ -40,6 +40,9 @@ def test_passkey_rule_reads_the_wilson_lower_end():
 def test_ruler_rule_is_relative_to_l():
     assert relative_rule({256: 0.8, 512: 0.7, 1024: 0.6}, 0.8, 0.85) == 512  # 0.68 is the bar
     assert relative_rule({256: 0.8, 512: 0.67, 1024: 0.6}, 0.8, 0.85) == 256
+    # nothing done at L keeps nothing beyond it (0 >= 0.85 x 0 would pass every length)
+    assert relative_rule({256: 0.0, 512: 0.0, 1024: 0.0}, 0.0, 0.85) == 0
+    assert relative_rule({256: 0.1, 512: 0.1, 1024: 0.1}, 0.1, 0.85) == 1024  # control
 
 
 def test_seed_summary_is_log2_of_the_ratio_to_l_with_a_t_interval():

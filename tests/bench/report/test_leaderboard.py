@@ -113,6 +113,35 @@ def test_no_method_wins_by_being_bad_at_l():
     assert good.loc["linear", "ppl_at_L_rank"] == 1 and good.loc["linear", "overall_rank"] == 1.0
 
 
+
+def test_the_readmes_reach_is_of_the_series_it_names():
+    """README's rank-1 line names the series good at L and counts the bad-at-L ones; its "reaches"
+    is how far the named ones reach. Here none (good at L: 128, 256, 128 over seeds) ties with
+    linear (5x worse at L, flat to 4L on every seed): the reach is none's, not linear's >=256.
+    Control: with linear alone at rank 1, the reach is linear's, marked as bad at L."""
+    from bench.report.leaderboard_report import BAD_AT_L, readme_block
+
+    rows = []
+    for s, ppls in ((1, (10.0, 10.5, 12.0)), (2, (10.0, 10.5, 10.9)), (3, (10.0, 10.5, 12.0))):
+        rows += [_nll_row(s, x, p) for x, p in zip((64, 128, 256), ppls, strict=True)]
+    rows += [_nll_row(s, x, p, scaling="linear")
+             for s in (1, 2, 3) for x, p in ((64, 50.0), (128, 52.0), (256, 54.0))]  # fmt: skip
+    table = leaderboard_table(pd.DataFrame(rows))
+    ranked = table.set_index("method")
+    assert ranked.loc["none", "ppl_rank"] == ranked.loc["linear", "ppl_rank"] == 1
+    line = next(x for x in readme_block(table).splitlines() if x.startswith("| perplexity"))
+    assert "rope none" in line and f"+1 worse at L{BAD_AT_L}" in line
+    reach = line.rstrip(" |").rsplit("| ", 1)[1]
+    assert reach.startswith("161 (") and "≥256" not in reach and BAD_AT_L not in reach
+    # control: none breaks at L on every seed, so linear alone is rank 1 and its reach is shown
+    broken = [r if r["scaling"] == "linear" or r["eval_length"] == 64 else {**r, "value": 5.0}
+              for r in rows]  # fmt: skip
+    line = next(
+        x for x in readme_block(leaderboard_table(pd.DataFrame(broken))).splitlines()
+        if x.startswith("| perplexity")
+    )
+    assert line.rstrip(" |").rsplit("| ", 1)[1] == f"≥256{BAD_AT_L}"
+
 def _passkey_row(seed: int, length: int, acc: float, **extra) -> dict:
     row = _nll_row(seed, length, 1.0, metric="passkey_acc", n=80, train_length=256, **extra)
     return {**row, "value": acc}
