@@ -36,7 +36,7 @@ from bench.findings.estimates import (
 )
 from bench.findings.core import NEAR_ZERO_ACC
 from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
-from bench.findings.rows import by_series, col, per_seed, select, window_nll
+from bench.findings.rows import by_series, col, passkey, per_seed, select, window_nll
 
 #: N3: "within 1.1x of L" (the issue's bar, fixed before the run).
 STICK_MAX_RATIO = 1.1
@@ -244,8 +244,8 @@ def n5_output_gate_no_sink(df: pd.DataFrame) -> FindingResult:
     "lowers needle retrieval at long lengths",
 )
 def n6_qk_norm_lowers_passkey(df: pd.DataFrame) -> FindingResult:
-    rope = select(df, "rope")
-    beyond = rope[(rope["metric"] == "passkey_acc") & (rope["eval_length"] > rope["train_length"])]
+    rope = passkey(select(df, "rope"))  # per-template rows: the per-depth ones are the same trials
+    beyond = rope[rope["eval_length"] > rope["train_length"]]
     normed, plain = _switched(beyond, "qk_norm", "rms"), _switched(beyond, "qk_norm", None)
     e = _seed_difference("passkey acc beyond L, qk_norm - none", normed, plain, binomial=True)
     if math.isnan(e.value):

@@ -131,6 +131,24 @@ def test_n6_is_not_decided_where_raw_rope_retrieves_nothing_beyond_l():
     assert n6(above + same).status == FAILS and not n6(above + same).notes
 
 
+
+def test_n6_counts_each_passkey_trial_once():
+    """A run writes per-template rows and per-depth rows of the same trials: N6 reads the
+    per-template ones only, so adding the per-depth copies changes no estimate (control: read
+    together, the trial count doubles and the floor's Wilson interval, 20 trials a row, narrows)."""
+    floor = metric_rows("rope", "passkey_acc", {L: 0.95, 2 * L: 0.01, 4 * L: 0.01}, 20)
+    normed = metric_rows(
+        "rope", "passkey_acc", {L: 0.95, 2 * L: 0.3, 4 * L: 0.3}, 20, qk_norm="rms"
+    )
+    per_template = [{**r, "axis": "template", "axis_value": "standard"} for r in floor + normed]
+    per_depth = [{**r, "axis": "depth", "axis_value": 0.5} for r in floor + normed]
+    alone, both = n6(per_template), n6(per_template + per_depth)
+    assert [(e.value, e.lo, e.hi) for e in both.estimates] == [
+        (e.value, e.lo, e.hi) for e in alone.estimates
+    ]
+    doubled = n6([{**r, "axis": "template"} for r in per_depth] + per_template)  # control
+    assert doubled.estimates[1].hi < alone.estimates[1].hi
+
 def n6(rows: list[dict]):
     results = check_findings(normalize_results(pd.DataFrame(rows)))
     return next(r for r in results if r.key == "N6")
