@@ -15,7 +15,9 @@ fixed before the study's reference run (``+experiment=ruler``; reports/ruler/REA
   task ``average``, axis ``relative_threshold``) against the largest evaluated length with
   ppl(x) / ppl(L) <= :data:`FLAT_RATIO` (F2's bar) at it and every shorter length. Checked for
   the series whose perplexity stays flat beyond L on every seed (where the claim can show);
-  holds when the effective length is below on every seed, fails when it is below on none.
+  holds when the effective length is below on every seed, fails when it is below on none. A seed
+  whose tasks' mean at L is 0 has no effective length (the rows' 0 there means "fails at L") and
+  is left out, with a note (until 2026-12-06 it counted as "below").
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import pandas as pd
 
 from bench.core.results import effective_length_score
 from bench.core.series import series_labels
-from bench.core.stats import ACC_CI, UNDECIDED, Check, Estimate, decide, t_half_width, wilson
+from bench.core.stats import UNDECIDED, Check, Estimate, decide, t_half_width, wilson
 from bench.findings.core import ALIBI_MAX_RATIO, NEAR_ZERO_ACC
+from bench.findings.estimates import accuracy_estimate
 from bench.findings.registry import (
     NOT_MEASURED,
     FindingResult,
@@ -60,10 +63,16 @@ def _task_rows(df: pd.DataFrame) -> pd.DataFrame:
     return with_series(df[task.notna() & (df["metric"] != "effective_length")])
 
 
+def exact_rows(rows: pd.DataFrame, task: str) -> pd.DataFrame:
+    """``task``'s exact-score rows."""
+    return rows[
+        (rows["task"] == task) & (rows["axis"] == "score") & (rows["axis_value"] == "exact")
+    ]
+
+
 def exact_trials(rows: pd.DataFrame, task: str) -> pd.DataFrame:
     """Per seed: successes and trials of ``task``'s exact score."""
-    r = rows[(rows["task"] == task) & (rows["axis"] == "score") & (rows["axis_value"] == "exact")]
-    return trials(r).set_index("seed")[["k", "n"]]
+    return trials(exact_rows(rows, task)).set_index("seed")[["k", "n"]]
 
 
 def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Estimate:
@@ -124,9 +133,9 @@ def degradation_difference(
     return Estimate(name, d, lo, hi, len(seeds), DEGRADATION_CI)
 
 
-def _fails_at_l(trials: pd.DataFrame) -> bool:
-    """A task the model does not do even at L: its pooled Wilson upper end <= NEAR_ZERO_ACC."""
-    return bool(wilson(trials["k"].sum(), trials["n"].sum())[1] <= NEAR_ZERO_ACC)
+def _fails_at_l(accuracy: Estimate) -> bool:
+    """A task the model does not do even at L: its accuracy's CI upper end <= NEAR_ZERO_ACC."""
+    return decide(accuracy, NEAR_ZERO_ACC, "at_most") is True
 
 
 @register_finding(
@@ -154,13 +163,14 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
             checks.append(None)
             continue
         beyond = sorted(int(x) for x in g["eval_length"].unique() if x > train)
+        accuracy = {}  # at L, pooled Wilson widened to the seeds' t-interval (ACC_CI)
         for task in ("niah_single", *R1_HARDER):
-            t = exact_trials(at_l, task)
-            if not t.empty:
-                k, n = t["k"].sum(), t["n"].sum()
-                est.append(Estimate(f"{task} acc at L{suffix}", k / n, *wilson(k, n),
-                                    t.shape[0], ACC_CI))  # fmt: skip
-        if _fails_at_l(single_l):
+            if not exact_trials(at_l, task).empty:
+                accuracy[task] = accuracy_estimate(
+                    exact_rows(at_l, task), f"{task} acc at L{suffix}"
+                )
+                est.append(accuracy[task])
+        if _fails_at_l(accuracy["niah_single"]):
             at_l_failures.append(f"niah_single{suffix}")
             continue
         for task in R1_HARDER:
@@ -169,7 +179,7 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
                 missing.append(f"{task} acc at L{suffix}")
                 checks.append(None)
                 continue
-            if _fails_at_l(other_l):  # nothing to lose beyond L: an observation, not R1's case
+            if _fails_at_l(accuracy[task]):  # nothing to lose beyond L: an observation, not R1's
                 at_l_failures.append(f"{task}{suffix}")
                 continue
             for length in beyond:
@@ -220,12 +230,15 @@ def _params(task_params) -> dict:
 
 def _r2_checks(eff: pd.DataFrame, nll: pd.DataFrame, score: str):
     """R2's estimates, checks and missing series on one score's effective-length rows."""
-    est, checks, missing = [], [], []
+    est, checks, missing, none_at_l = [], [], [], []
     labels = series_labels(sorted(eff["_series"].unique())) if not eff.empty else {}
     for key, g in eff.groupby("_series", sort=True):
         label = labels.get(key, "")
-        pairs = []
+        pairs, idle = [], 0
         for seed, e in g.groupby("seed"):
+            if _params(e["task_params"].iloc[0]).get("reference_score", 1.0) <= 0:
+                idle += 1  # does none of the tasks at L: no effective length to compare
+                continue
             rows = nll[(nll["_series"] == key) & (nll["seed"] == seed)]
             flat = flat_length(rows) if not rows.empty else None
             if flat is not None:
@@ -233,8 +246,11 @@ def _r2_checks(eff: pd.DataFrame, nll: pd.DataFrame, score: str):
         name = f"effective length (relative, {score}) vs ppl-flat length" + (
             f" [{label}]" if label else ""
         )
+        if idle:
+            none_at_l.append(f"{label or 'the series'} ({idle} of {g['seed'].nunique()} seeds)")
         if not pairs:
-            missing.append(name)
+            if not idle:
+                missing.append(name)
             continue
         effective, flat = np.array(pairs).T
         below = int((effective < flat).sum())
@@ -247,7 +263,7 @@ def _r2_checks(eff: pd.DataFrame, nll: pd.DataFrame, score: str):
         if (flat > train).all():  # perplexity flat beyond L on every seed: the claim can show
             check: Check = True if below == len(pairs) else (False if below == 0 else UNDECIDED)
             checks.append(check)
-    return est, checks, missing
+    return est, checks, missing, none_at_l
 
 
 #: R2's claim, naming the headline score its rows were decided on.
@@ -286,10 +302,15 @@ def r2_effective_below_flat(df: pd.DataFrame) -> FindingResult:
     is_headline = eff["_headline"].astype(bool)
     headline = eff.loc[is_headline]
     score = str(headline["_score"].iloc[0]) if not headline.empty else "exact"
-    est, checks, missing = _r2_checks(headline, nll, score)
+    est, checks, missing, none_at_l = _r2_checks(headline, nll, score)
     notes = []
+    if none_at_l:
+        notes.append(
+            f"left out, the tasks' {score} mean 0 at L (no effective length): "
+            + ", ".join(none_at_l)
+        )
     for other, rows in eff.loc[~is_headline].groupby("_score", sort=True):
-        o_est, o_checks, _ = _r2_checks(rows, nll, str(other))
+        o_est, o_checks, _, _ = _r2_checks(rows, nll, str(other))
         est += o_est
         other_status = status(o_checks) if o_checks else NOT_MEASURED
         notes.append(f"on the {other} score (not the headline) R2 would be: {other_status}")

@@ -80,6 +80,26 @@ def test_r1_reads_a_failure_at_l_as_its_own_observation():
     assert r1_multi_needle_harder(r1_rows((1.0, 0.0, 0.0), (0.0, 0.0, 0.0))).status == NOT_MEASURED
 
 
+
+def test_r1_accuracy_at_l_is_widened_where_seeds_disagree():
+    """The at-L accuracies carry ACC_CI's interval: pooled Wilson widened to the seeds'
+    t-interval. Seeds at 0.9, 0.1, 0.9 on multi-key: the pooled Wilson interval (about
+    [0.49, 0.76]) would hide that they disagree; the t-interval reaches 0 and 1. Control: seeds
+    that agree keep the Wilson interval."""
+    rows = []
+    for seed, multikey in zip(SEEDS, (0.9, 0.1, 0.9), strict=True):
+        for length in (L, 2 * L):
+            rows += [task_row("niah_single", length, 1.0, seed),
+                     task_row("niah_multikey", length, multikey, seed),
+                     task_row("niah_multivalue", length, 0.9, seed)]  # fmt: skip
+    got = {e.name.split(" acc at L")[0]: e for e in r1_multi_needle_harder(normalize_results(rows))
+           .estimates if " acc at L" in e.name}  # fmt: skip
+    k = 0.9 * 40 * 2 + 0.1 * 40
+    pooled = wilson(k, 120)
+    assert got["niah_multikey"].value == pytest.approx(k / 120)
+    assert got["niah_multikey"].lo < pooled[0] - 0.3 and got["niah_multikey"].hi == 1.0
+    assert (got["niah_multivalue"].lo, got["niah_multivalue"].hi) == pytest.approx(wilson(108, 120))
+
 def test_degradation_difference_by_hand():
     """One seed: (a_L - a_K) - (s_L - s_K) with the four Wilson intervals combined (MOVER);
     three seeds that disagree: the seeds' t-interval is wider and is used."""
@@ -153,6 +173,21 @@ def test_r2_holds_fails_and_is_undecided_as_the_rows_say():
     result = r2_effective_below_flat(both)
     assert result.status == HOLDS and len(result.estimates) == 6  # both series reported
 
+
+
+def test_r2_leaves_out_a_seed_that_does_none_of_the_tasks_at_l():
+    """Zero-shot linear PI's case: its tasks' mean is 0 at L, so its effective-length rows say 0
+    ("fails at L"), which is below any flat length. That is no effective length to compare: the
+    seed is left out, with a note, and R2 is not decided on it alone. Control: the same rows with a
+    mean of 0.5 at L count as below and R2 holds."""
+    flat = {L: 2.0, 2 * L: 2.01, 4 * L: 2.015}
+    idle = r2_rows(dict.fromkeys(SEEDS, 0), flat, params='{"reference_score": 0.0}')
+    result = r2_effective_below_flat(normalize_results(idle))
+    assert result.status == NOT_MEASURED
+    assert any("mean 0 at L (no effective length)" in n and "3 of 3 seeds" in n
+               for n in result.notes)  # fmt: skip
+    working = r2_rows(dict.fromkeys(SEEDS, 0), flat, params='{"reference_score": 0.5}')
+    assert r2_effective_below_flat(normalize_results(working)).status == HOLDS
 
 def test_r2_is_decided_on_the_headline_score_and_reports_the_other():
     """Effective lengths of both scores (task_params' score, headline): the exact rows decide;
