@@ -96,6 +96,7 @@ __all__ = [
     "match_score",
     "params_dict",
     "params_from",
+    "MAX_WORD_LIST",
     "min_ruler_length",
     "ruler_depths",
     "ruler_examples",
@@ -156,6 +157,10 @@ def _fixed_length(layout: Layout) -> int:
     return len(text.encode()) + sum(len(s.encode()) + 2 for _, s, _ in layout.statements)
 
 
+#: The longest word list (tokens) :func:`min_ruler_length` searches before it gives up.
+MAX_WORD_LIST = 1 << 14
+
+
 @functools.lru_cache(maxsize=64)
 def min_ruler_length(task: str, params: RulerParams | None = None) -> int:
     """Fewest tokens an example of ``task`` fits in, for any random draw (byte tokens). Cached:
@@ -165,13 +170,18 @@ def min_ruler_length(task: str, params: RulerParams | None = None) -> int:
     layout = _layout(task, params, 0.0, random.Random(0))
     if layout.words is None:
         return fixed
-    n = 1
-    while True:  # the shortest list the generator accepts (its words do not depend on the draw)
-        try:
+    for n in range(1, MAX_WORD_LIST + 1):  # the shortest list the generator accepts (its words
+        try:  # do not depend on the draw)
             layout.words(n, random.Random(0))
             return fixed + n
         except ValueError:
-            n += 1
+            continue
+    values = ", ".join(f"params.{k} {v!r}" for k, v in task_params(task, params).items())
+    raise ValueError(
+        f"ruler task {task!r} with {values}: no word list of up to {MAX_WORD_LIST} tokens satisfies "
+        "it (fwe: its most frequent words must have strictly ordered counts under the Zipf "
+        "exponent alpha); allowed: values for which one does, e.g. the defaults."
+    )
 
 
 def fixed_ruler_length(task: str, params: RulerParams | None = None) -> int:

@@ -6,6 +6,7 @@ examples of an exact length (and re-exports these names)."""
 
 from __future__ import annotations
 
+import math
 import random
 import string
 from collections.abc import Callable, Iterable, Mapping
@@ -41,9 +42,14 @@ class RulerParams:
             value = getattr(self, f.name)
             low = 0 if f.name == "chains" else 1
             if f.name == "alpha":
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                    or value <= 0
+                ):
                     raise ValueError(
-                        f"ruler params.alpha {value!r} is invalid; allowed: a number > 0."
+                        f"ruler params.alpha {value!r} is invalid; allowed: a finite number > 0."
                     )
             elif isinstance(value, bool) or not isinstance(value, int) or value < max(low, 1):
                 raise ValueError(

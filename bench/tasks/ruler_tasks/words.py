@@ -72,9 +72,9 @@ def zipf_counts(slots: int, top: int, alpha: float) -> list[int] | None:
     vocab = max(top + 1, slots // 4)
     weights = np.arange(1, vocab + 1, dtype=float) ** -float(alpha)
     counts = np.maximum(np.floor(slots * weights / weights.sum()).astype(int), 1)
-    while counts.sum() > slots and vocab > top + 1:  # too many words with one occurrence
-        vocab -= 1
-        counts = counts[:vocab]
+    # too many words with one occurrence: keep the longest prefix within the slots (at least top + 1)
+    fits = int(np.searchsorted(counts.cumsum(), slots, side="right"))
+    counts = counts[: max(top + 1, min(vocab, fits))]
     counts[0] += slots - counts.sum()
     ordered = all(counts[i] > counts[i + 1] for i in range(top))
     return counts.tolist() if ordered and counts.sum() == slots and counts[-1] >= 1 else None

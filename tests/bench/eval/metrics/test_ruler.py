@@ -9,6 +9,7 @@ others) and on a tiny trained model, where teacher-forced and greedy verdicts mu
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from dataclasses import replace
@@ -27,6 +28,7 @@ from bench.eval.metrics.ruler import (
     teacher_forced_verdicts,
 )
 from bench.tasks.ruler import (
+    MAX_WORD_LIST,
     RULER_TASKS,
     RulerParams,
     default_ruler_tasks,
@@ -222,6 +224,25 @@ def test_bad_values_are_named():
         RulerConfig(tasks=["niah_single", "needle"])
     with pytest.raises(ValueError, match="eval.ruler.params"):
         RulerConfig(params={"keys": 0})
+    for alpha in (math.nan, math.inf):  # once let through: the length search never ended
+        with pytest.raises(ValueError, match=f"params.alpha {alpha} is invalid; allowed: a finite"):
+            RulerParams(alpha=alpha)
+
+
+@pytest.mark.parametrize("alpha", [50.0, 0.01])
+def test_an_fwe_alpha_no_list_satisfies_is_one_sentence_not_a_hang(alpha):
+    """Zipf exponents so steep (50: every word after the first occurs once) or so flat (0.01) that
+    no word list orders fwe's top counts strictly: the search stops at MAX_WORD_LIST with one
+    sentence naming the value, and the config check before training raises it. Control: RULER's
+    alpha 2 and a steep but feasible 6 find their lists."""
+    params = params_from({"alpha": alpha})
+    with pytest.raises(ValueError, match=f"params.alpha {alpha}: no word list of up to 16384"):
+        min_ruler_length("fwe", params)
+    config = RulerConfig(enabled=True, tasks=["fwe"], params={"alpha": alpha})
+    with pytest.raises(ValueError, match="no word list"):
+        config.resolve(256, [256, 512]).check_fit()
+    assert min_ruler_length("fwe", params_from({"alpha": 2.0})) < 300
+    assert 7000 < min_ruler_length("fwe", params_from({"alpha": 6.0})) < MAX_WORD_LIST
 
 
 def test_scores():
