@@ -170,6 +170,11 @@ class JobConfig:
         if self.scaling.target_length is not None:
             what = "scaling.target_length"
             tokens = parse_length(self.scaling.target_length, self.train.length, what)
+            if tokens < self.train.length:  # else its factor would be clamped to 1: no scaling
+                raise ValueError(
+                    f"scaling.target_length {self.scaling.target_length} is below train.length "
+                    f"{self.train.length}; allowed: at least {self.train.length} (a factor >= 1)."
+                )
             self.scaling.target_length = integer(what, tokens, 1)
         self.position = position_section({} if self.position is None else self.position)
         self.position.validate(self.model.head_dim, self.model.d_model)

@@ -147,6 +147,11 @@ def run_scaling(
     method that reads the current sequence length itself: dynamic, longrope's switch, log-n).
     """
     _check_target(scaling)
+    if scaling.target_length is not None and scaling.target_length < train_length:
+        raise ValueError(
+            f"scaling.target_length {scaling.target_length} is below the training length "
+            f"{train_length}; allowed: at least {train_length} (a factor >= 1)."
+        )
     if not scaling.auto_factor or scaling.oracle:
         return scaling
     target = scaling.target_length or (max(lengths) if len(lengths) else None)

@@ -416,7 +416,12 @@ BAD_OVERRIDES = [
     (["threads=0"], "threads must be an integer >= 1 or null, got 0."),
     (["scaling.oracle=maybe"], "scaling.oracle must be true or false, got 'maybe'."),
     (["scaling=ntk", "scaling.target_length=abc"], "scaling.target_length 'abc' is invalid"),
-    (["scaling=ntk", "scaling.target_length=0"], "scaling.target_length must be an integer >= 1"),
+    (["scaling=ntk", "scaling.target_length=0"], "scaling.target_length 0 is below train.length"),
+    # a target below L once clamped its factor to 1: rows labelled linear that were raw RoPE's
+    (
+        ["scaling=linear", "scaling.target_length=0.5x"],
+        "scaling.target_length 0.5x is below train.length 256; allowed: at least 256",
+    ),
     (
         ["scaling=ntk", "scaling.oracle=true", "scaling.target_length=2x"],
         "scaling.oracle=true sets the factor for each eval length and scaling.target_length=2x",
