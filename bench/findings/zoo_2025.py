@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core.stats import UNDECIDED, Estimate, decide, summarise
+from bench.findings.core import NEAR_ZERO_ACC
 from bench.findings.estimates import (
     FAR,
     accuracy_estimate,
@@ -34,7 +35,6 @@ from bench.findings.estimates import (
     ppl_ratio,
     ratio_of_ratios,
 )
-from bench.findings.core import NEAR_ZERO_ACC
 from bench.findings.registry import FindingResult, Scope, all_of, register_finding, status
 from bench.findings.rows import by_series, col, passkey, per_seed, select, window_nll
 
