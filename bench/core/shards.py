@@ -85,11 +85,18 @@ def shard_path(results_dir: Path, run_id: str, shard: Shard) -> Path:
 
 
 def _present(directory: Path) -> dict[tuple[int, int], Path]:
-    found = {}
-    for path in sorted(directory.glob("*.parquet")):
+    """(i, N) -> the shard file. Every file of the folder is a shard named as
+    :func:`shard_path` names it: the merge deletes the folder, so nothing else may hide there, and
+    ``01-of-2`` beside ``1-of-2`` would be a second file of one shard."""
+    found: dict[tuple[int, int], Path] = {}
+    for path in sorted(directory.iterdir()):
         match = _NAME.match(path.name)
-        if match:
-            found[(int(match.group(1)), int(match.group(2)))] = path
+        if match is None or path.name != f"{int(match.group(1))}-of-{int(match.group(2))}.parquet":
+            raise ValueError(
+                f"{path} is not a shard file of this folder (allowed names: i-of-N.parquet, as "
+                "eval.shard=i/N writes them); move it out, then merge again."
+            )
+        found[(int(match.group(1)), int(match.group(2)))] = path
     return found
 
 

@@ -113,6 +113,27 @@ def test_a_shard_file_of_another_run_is_refused(in_tmp, capsys):
     assert "holds rows of other runs" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("stray", ["01-of-2.parquet", "1-of-02.parquet", "notes.txt"])
+def test_a_file_that_is_not_a_shard_is_refused_not_deleted(in_tmp, capsys, stray):
+    """The audit's case: 01-of-2 (a copy of shard 0) beside 1-of-2 once read as the same shard,
+    was ignored, and the merge then deleted it with the folder. Any file not named as
+    eval.shard=i/N names it is refused in one sentence and kept; control: without it, the merge
+    runs."""
+    sharded = [*JOB, "paths.results=sharded"]
+    results = in_tmp / "sharded" / "smoke"
+    for shard in ("0/2", "1/2"):
+        assert main([*sharded, f"eval.shard={shard}"]) == 0
+    (zero,) = results.rglob("0-of-2.parquet")
+    extra = zero.parent / stray
+    shutil.copy(zero, extra)
+    capsys.readouterr()
+    assert main(sharded) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"{stray} is not a shard file" in err[0] and extra.exists()
+    extra.unlink()
+    assert main(sharded) == 0 and shard_files(results) == []
+
+
 @pytest.mark.parametrize(
     ("value", "sentence"),
     [
