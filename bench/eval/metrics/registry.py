@@ -82,6 +82,16 @@ def grid_field(default: Any) -> Any:
     return field(default=default, metadata=_GRID)
 
 
+#: warnings already given in this process (a sweep resolves every section once per job)
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
+
+
 @dataclass
 class MetricConfig:
     """The keys every metric section has; a metric's config dataclass adds its own after them.
@@ -114,13 +124,15 @@ class MetricConfig:
         """A copy for one job: ``lengths`` = the eval lengths it runs at, grid fields in tokens."""
         wanted = resolve_grid(self.lengths, train_length, self.key("lengths"))
         lengths = list(eval_lengths) if wanted is None else [x for x in eval_lengths if x in wanted]
-        if self.enabled and wanted is not None and not lengths:
-            logger.warning(
-                "eval metric %s is enabled but none of its lengths %s is an eval length %s; it will not run.",
-                self.section,
-                wanted,
-                list(eval_lengths),
-            )
+        if self.enabled and wanted is not None and len(lengths) < len(set(wanted)):
+            dropped = sorted(set(wanted) - set(lengths))
+            _warn_once(
+                f"eval metric {self.section} is enabled but "
+                + (f"none of its lengths {sorted(set(wanted))} is" if not lengths
+                   else f"its lengths {dropped} are not")
+                + f" an eval length {list(eval_lengths)}; it will not run"
+                + (" there." if lengths else ".")
+            )  # fmt: skip
         grids = {
             f.name: resolve_grid(getattr(self, f.name), train_length, self.key(f.name))
             for f in fields(self)

@@ -150,3 +150,27 @@ def test_eval_config_is_an_omegaconf_structured_config(registered):
     bad = OmegaConf.merge(schema, {"nll": {"max_docs": -1}})
     with pytest.raises(ValueError, match=re.escape("eval.nll.max_docs must be an integer >= 1")):
         OmegaConf.to_object(bad)
+
+
+def test_metric_lengths_outside_the_eval_lengths_are_warned_once(caplog):
+    """eval.passkey.lengths=[2x, 8x] with eval lengths up to 4x: 8x is not run, and a warning
+    names it (it once vanished without a word); a sweep's every job resolving the same section
+    warns once. Control: lengths that are all eval lengths warn nothing."""
+    from bench.eval.metrics import registry
+    from bench.eval.metrics.passkey import PasskeyConfig
+
+    registry._WARNED.clear()
+    eval_lengths = [64, 128, 256]
+    with caplog.at_level("WARNING", logger=registry.logger.name):
+        for _ in range(3):  # three jobs of a sweep
+            got = PasskeyConfig(lengths=["2x", "8x"]).resolve(64, eval_lengths)
+            assert got.lengths == [128]
+    warned = [r.getMessage() for r in caplog.records if "passkey" in r.getMessage()]
+    assert warned == [
+        "eval metric passkey is enabled but its lengths [512] are not an eval length "
+        "[64, 128, 256]; it will not run there."
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=registry.logger.name):
+        assert PasskeyConfig(lengths=["1x", "4x"]).resolve(64, eval_lengths).lengths == [64, 256]
+    assert not caplog.records
