@@ -28,6 +28,7 @@ __all__ = [
     "model_id",
     "position_family",
     "position_params",
+    "learned_table_length",
     "rope_geometry",
     "train_length_of",
 ]
@@ -223,6 +224,18 @@ def position_family(config, model=None) -> str:
     if getattr(config, "n_positions", None) or config.model_type in ("gpt2", "opt", "gpt_neo"):
         return "learned"
     return "nope"
+
+
+def learned_table_length(config) -> int | None:
+    """Positions a learned absolute table embeds (GPT-2's ``n_positions``, else
+    ``max_position_embeddings``); None for a model without one."""
+    if position_family(config) != "learned":
+        return None
+    for key in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def rope_geometry(config) -> dict:

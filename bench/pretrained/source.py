@@ -23,6 +23,7 @@ from bench.eval.source import SourceModel
 from bench.pretrained.adapter import PretrainedLM, check_pretrained_scaling, check_scaling_params
 from bench.pretrained.config import (
     PretrainedConfig,
+    learned_table_length,
     load_config,
     load_pretrained,
     model_id,
@@ -71,6 +72,14 @@ class PretrainedSource:
         job, config = self.job, self.config
         train_length = train_length_of(config, self.cfg.train_length)
         resolved = job.eval.resolve(train_length)
+        table = learned_table_length(config)
+        beyond = [x for x in resolved.lengths if table is not None and x > table]
+        if beyond:  # else each is skipped with a warning after the model has loaded
+            raise ValueError(
+                f"eval lengths {beyond} are beyond this {config.model_type} model's learned position "
+                f"table ({table} positions); allowed: eval lengths <= {table} (eval.lengths, tokens "
+                f"or multiples of the training length {train_length})."
+            )
         scaling = run_scaling(job.scaling, train_length=train_length, lengths=resolved.lengths)
         if position_family(config) == "rope" and scaling.method != "default":
             rope_geometry(config)  # a rope model without head geometry fails here, in one sentence

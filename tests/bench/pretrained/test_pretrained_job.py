@@ -78,7 +78,7 @@ def test_job_writes_rows_that_the_report_draws(hf_model_dirs, tmp_path):
     assert yarn["status"] == "done" and yarn["run_id"] != done["run_id"]
     params = json.loads(pd.read_parquet(yarn["results_path"])["scaling_params"].iloc[0])
     assert params["params"]["factor"] == 4.0  # one factor per run: 256 / 64
-    gpt2 = run_job(_job(hf_model_dirs["gpt2"], tmp_path, train_length=32))
+    gpt2 = run_job(_job(hf_model_dirs["gpt2"], tmp_path, train_length=16))  # 4x = its 64 rows
     assert gpt2["status"] == "done", gpt2
     report = generate_report([tmp_path / "results" / "pretrained_test"], tmp_path / "report")
     text = report.read_text()
@@ -105,6 +105,14 @@ def test_job_statuses_for_bad_input_and_inapplicable_scaling(hf_model_dirs, tmp_
     ]:
         summary = run_job(_job(hf_model_dirs[arch], tmp_path, scaling))
         assert summary["status"] == status and words in summary["message"], summary
+    # 4x of 32 is beyond gpt2's 64-row table: refused before the weights load (once skipped
+    # after loading, with a warning and an exit status 0); control: 4x of 16 fits (test above)
+    beyond = run_job(_job(hf_model_dirs["gpt2"], tmp_path, train_length=32))
+    assert beyond["status"] == "invalid", beyond
+    assert "eval lengths [128] are beyond this gpt2 model's learned position table (64" in (
+        beyond["message"]
+    )
+    one_sentence(beyond["message"])
     missing = run_job(_job(tmp_path / "no-model", tmp_path))
     assert missing["status"] == "invalid" and "does not exist" in missing["message"]
     one_sentence(missing["message"])
