@@ -295,6 +295,11 @@ def _normalize_required_numbers(df: pd.DataFrame) -> None:
             raise ValueError(
                 f"column {col!r} must hold integers, got {df[col].iloc[idx]!r} in row {idx}"
             )
+        if col == "n" and (numeric < 0).any():  # a count of tokens, documents or trials
+            idx = int((numeric < 0).to_numpy().nonzero()[0][0])
+            raise ValueError(
+                f"column 'n' must hold counts >= 0, got {int(numeric.iloc[idx])} in row {idx}"
+            )
         df[col] = numeric.astype("int64")
 
     value = pd.to_numeric(df["value"], errors="coerce")
@@ -320,6 +325,13 @@ def _normalize_optional_numbers(df: pd.DataFrame) -> None:
                 raise ValueError(
                     f"column {col!r} must hold numbers or be empty, got {df[col].iloc[idx]!r} in row {idx}"
                 )
+            # an interval ends somewhere: an infinite end is a computation gone wrong
+            if col in ("ci_lo", "ci_hi") and np.isinf(numeric).any():
+                idx = int(np.isinf(numeric).to_numpy().nonzero()[0][0])
+                raise ValueError(
+                    f"column {col!r} must hold finite numbers or be empty, got "
+                    f"{float(numeric.iloc[idx])} in row {idx}"
+                )
             df[col] = numeric.astype("float64")
     for col in _INT_OPTIONAL:
         if col not in df.columns:
@@ -343,7 +355,7 @@ def _normalize_optional_objects(df: pd.DataFrame) -> None:
     for col in DOC_COLUMNS:
         values = df[col].tolist() if col in df.columns else [None] * len(df)
         df[col] = pd.Series(
-            [None if _is_missing(v) else [float(x) for x in v] for v in values],
+            [None if _is_missing(v) else _numbers(v, col, i) for i, v in enumerate(values)],
             dtype=object,
             index=df.index,
         )
@@ -370,6 +382,16 @@ def _normalize_timestamps(df: pd.DataFrame) -> None:
     df[TIMESTAMP_COLUMN] = df[TIMESTAMP_COLUMN].astype("datetime64[us, UTC]")
 
 
+def _numbers(values: Any, col: str, row: int) -> list[float]:
+    """A per-document list as floats; one sentence when it holds something else."""
+    try:
+        return [float(x) for x in values]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"column {col!r} must hold lists of numbers or be empty, got {values!r} in row {row}"
+        ) from None
+
+
 def _is_missing(v: Any) -> bool:
     if v is None or v is pd.NA:
         return True
@@ -390,17 +412,19 @@ def non_finite_row(rows: pd.DataFrame | Sequence[Mapping[str, Any]]) -> int | No
     """Index (position) of the first row whose measured value is NaN or infinite, else None.
 
     A row with ``n > 0`` measured something, so its ``value`` must be a finite number; a row with
-    ``n == 0`` measured nothing (e.g. ``nll`` when no test document is long enough) and holds NaN.
+    ``n == 0`` measured nothing (e.g. ``nll`` when no test document is long enough) and holds NaN
+    (not infinity, which is a number gone wrong).
     """
     if isinstance(rows, pd.DataFrame):
         if rows.empty:
             return None
         values = pd.to_numeric(rows["value"], errors="coerce").to_numpy(dtype=float)
         n = pd.to_numeric(rows["n"], errors="coerce").to_numpy(dtype=float)
-        bad = ~np.isfinite(values) & ~(n == 0)
+        bad = ~np.isfinite(values) & ~((n == 0) & np.isnan(values))
         return int(bad.nonzero()[0][0]) if bad.any() else None
     for i, row in enumerate(rows):
-        if not math.isfinite(_as_float(row.get("value"))) and _as_float(row.get("n")) != 0:
+        value = _as_float(row.get("value"))
+        if not math.isfinite(value) and not (_as_float(row.get("n")) == 0 and math.isnan(value)):
             return i
     return None
 

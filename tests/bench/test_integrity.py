@@ -6,6 +6,7 @@ still reads. Each with a healthy control that must go on as before.
 from __future__ import annotations
 
 import math
+import re
 import struct
 import zipfile
 from dataclasses import replace
@@ -139,9 +140,31 @@ def test_non_finite_rows_are_found_and_rows_that_measured_nothing_are_not(tmp_pa
     assert non_finite_row(pd.DataFrame([row(), row(value=-math.inf)])) == 1
     # a row that measured nothing (no test document long enough) holds NaN with n = 0
     assert non_finite_row([row(value=float("nan"), n=0), row()]) is None
+    # ... NaN, not infinity, which is a number gone wrong whatever n says
+    assert non_finite_row([row(value=float("inf"), n=0)]) == 0
+    assert non_finite_row(pd.DataFrame([row(), row(value=math.inf, n=0)])) == 1
     with pytest.raises(ValueError, match=r"metric nll at eval length 128 .*position rope.*never"):
         write_results([row(value=float("nan"))], tmp_path / "x.parquet")
     assert not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "sentence"),
+    [
+        ({"n": -5}, "column 'n' must hold counts >= 0, got -5 in row 1"),
+        ({"ci_lo": -math.inf}, "column 'ci_lo' must hold finite numbers or be empty, got -inf"),
+        ({"ci_hi": math.inf}, "column 'ci_hi' must hold finite numbers or be empty, got inf"),
+        ({"doc_nll_sums": [None, None]}, "column 'doc_nll_sums' must hold lists of numbers"),
+    ],
+)
+def test_rows_a_report_cannot_trust_are_refused_in_one_sentence(edit, sentence):
+    """The audit's edited files: a negative count (once clipped to zero weight in a perplexity
+    mean labelled with all its seeds), infinite interval ends (copied into the tables), a
+    per-document list of nulls (a TypeError traceback). Control: the same row unedited loads."""
+    good = row(ci_lo=1.0, ci_hi=2.0, doc_nll_sums=[1.0, 2.0])
+    assert len(normalize_results([good, good])) == 2
+    with pytest.raises(ValueError, match=re.escape(sentence)):
+        normalize_results([good, {**good, **edit}])
 
 
 def test_a_non_finite_metric_value_fails_its_job_and_writes_no_row(tmp_path, monkeypatch, capsys):
