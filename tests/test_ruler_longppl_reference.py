@@ -157,7 +157,9 @@ def test_the_rope_series_beside_the_families_are_the_k16_runs_rows():
     switched = zoo.reindex(columns=SWITCH_COLUMNS).notna().any(axis=1)
     rope = zoo[(zoo["position"] == "rope") & ~switched & (zoo["metric"] != "attn_first_mass")]
     assert set(zoo["position"]) == {"rope", "fox", "pope", "nope"}
-    assert set(zoo.loc[switched & (zoo["position"] == "rope"), "model_id"]).isdisjoint(k16["model_id"])
+    assert set(zoo.loc[switched & (zoo["position"] == "rope"), "model_id"]).isdisjoint(
+        k16["model_id"]
+    )
     assert same_rows(rope, k16)
     changed = rope.copy()
     changed.loc[changed.index[0], "value"] = float(changed["value"].iloc[0]) + 1e-6

@@ -126,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "lenbench-report --out DIR for the report, and --check alone for the findings' verdict."
         )
     try:
+        if args.readme is not None:  # before anything is written
+            from bench.report.leaderboard_report import readme_text
+
+            readme_text(args.readme)
         load_extensions(args.extension)
         paths: list[str | Path] = list(args.results) or [latest_experiment_dir(args.results_root)]
         df = load_results(paths)

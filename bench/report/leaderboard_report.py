@@ -282,7 +282,9 @@ def readme_block(table: pd.DataFrame, page: str = "reports/leaderboard") -> str:
             # how far the series named reach; the bad-at-L ones' only where none is named
             reached = good if not good.empty else poor
             best = reached.loc[reached[f"{metric}_eff"].idxmax()]
-            reach = cell_text(best, metric).rsplit(" #", 1)[0] + ("" if reached is good else BAD_AT_L)
+            reach = cell_text(best, metric).rsplit(" #", 1)[0] + (
+                "" if reached is good else BAD_AT_L
+            )
             lines.append(
                 f"| {METRIC_TITLES[metric]} | `{recipe}` ({int(block['train_length'].iloc[0])}) | "
                 f"{shown} | {reach} |"
@@ -290,14 +292,23 @@ def readme_block(table: pd.DataFrame, page: str = "reports/leaderboard") -> str:
     return "\n".join([*lines, README_END])
 
 
-def update_readme(path: Path, block: str) -> None:
-    """Replace the block between :data:`README_START` and :data:`README_END` in ``path``."""
+def readme_text(path: Path) -> str:
+    """``path``'s text, checked to hold the leaderboard block (one sentence otherwise)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--readme {str(path)!r} is not a file; allowed: a README with the block.")
     text = path.read_text()
     if README_START not in text or README_END not in text:
         raise ValueError(
             f"{path} has no leaderboard block; add the lines {README_START!r} and {README_END!r} "
             "where it goes."
         )
+    return text
+
+
+def update_readme(path: Path, block: str) -> None:
+    """Replace the block between :data:`README_START` and :data:`README_END` in ``path``."""
+    text = readme_text(path)
     head, rest = text.split(README_START, 1)
     tail = rest.split(README_END, 1)[1]
     path.write_text(head + block + tail)

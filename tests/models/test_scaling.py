@@ -922,10 +922,14 @@ def test_run_scaling_fixes_one_factor_for_the_longest_length() -> None:
     short = ScalingConfig(name="linear", method="linear", params={"factor": "auto"})
     assert run_scaling(short, train_length=32, lengths=[16]).params == {"factor": 1.0}
     # a target below the training length is refused, not clamped to factor 1 (control: at L)
-    below = ScalingConfig(name="linear", method="linear", params={"factor": "auto"}, target_length=16)
+    below = ScalingConfig(
+        name="linear", method="linear", params={"factor": "auto"}, target_length=16
+    )
     with pytest.raises(ValueError, match="target_length 16 is below the training length 32"):
         run_scaling(below, train_length=32, lengths=[64])
-    at_l = ScalingConfig(name="linear", method="linear", params={"factor": "auto"}, target_length=32)
+    at_l = ScalingConfig(
+        name="linear", method="linear", params={"factor": "auto"}, target_length=32
+    )
     assert run_scaling(at_l, train_length=32, lengths=[64]).params == {"factor": 1.0}
     # longrope: the factor is fixed, the ramp is still built from it per model
     longrope = ScalingConfig(

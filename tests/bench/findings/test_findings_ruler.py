@@ -80,7 +80,6 @@ def test_r1_reads_a_failure_at_l_as_its_own_observation():
     assert r1_multi_needle_harder(r1_rows((1.0, 0.0, 0.0), (0.0, 0.0, 0.0))).status == NOT_MEASURED
 
 
-
 def test_r1_accuracy_at_l_is_widened_where_seeds_disagree():
     """The at-L accuracies carry ACC_CI's interval: pooled Wilson widened to the seeds'
     t-interval. Seeds at 0.9, 0.1, 0.9 on multi-key: the pooled Wilson interval (about
@@ -99,6 +98,7 @@ def test_r1_accuracy_at_l_is_widened_where_seeds_disagree():
     assert got["niah_multikey"].value == pytest.approx(k / 120)
     assert got["niah_multikey"].lo < pooled[0] - 0.3 and got["niah_multikey"].hi == 1.0
     assert (got["niah_multivalue"].lo, got["niah_multivalue"].hi) == pytest.approx(wilson(108, 120))
+
 
 def test_degradation_difference_by_hand():
     """One seed: (a_L - a_K) - (s_L - s_K) with the four Wilson intervals combined (MOVER);
@@ -174,7 +174,6 @@ def test_r2_holds_fails_and_is_undecided_as_the_rows_say():
     assert result.status == HOLDS and len(result.estimates) == 6  # both series reported
 
 
-
 def test_r2_leaves_out_a_seed_that_does_none_of_the_tasks_at_l():
     """Zero-shot linear PI's case: its tasks' mean is 0 at L, so its effective-length rows say 0
     ("fails at L"), which is below any flat length. That is no effective length to compare: the
@@ -188,6 +187,7 @@ def test_r2_leaves_out_a_seed_that_does_none_of_the_tasks_at_l():
                for n in result.notes)  # fmt: skip
     working = r2_rows(dict.fromkeys(SEEDS, 0), flat, params='{"reference_score": 0.5}')
     assert r2_effective_below_flat(normalize_results(working)).status == HOLDS
+
 
 def test_r2_is_decided_on_the_headline_score_and_reports_the_other():
     """Effective lengths of both scores (task_params' score, headline): the exact rows decide;

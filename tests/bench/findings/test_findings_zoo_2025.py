@@ -131,7 +131,6 @@ def test_n6_is_not_decided_where_raw_rope_retrieves_nothing_beyond_l():
     assert n6(above + same).status == FAILS and not n6(above + same).notes
 
 
-
 def test_n6_counts_each_passkey_trial_once():
     """A run writes per-template rows and per-depth rows of the same trials: N6 reads the
     per-template ones only, so adding the per-depth copies changes no estimate (control: read
@@ -148,6 +147,7 @@ def test_n6_counts_each_passkey_trial_once():
     ]
     doubled = n6([{**r, "axis": "template"} for r in per_depth] + per_template)  # control
     assert doubled.estimates[1].hi < alone.estimates[1].hi
+
 
 def n6(rows: list[dict]):
     results = check_findings(normalize_results(pd.DataFrame(rows)))

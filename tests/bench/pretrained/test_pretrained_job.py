@@ -109,8 +109,9 @@ def test_job_statuses_for_bad_input_and_inapplicable_scaling(hf_model_dirs, tmp_
     # after loading, with a warning and an exit status 0); control: 4x of 16 fits (test above)
     beyond = run_job(_job(hf_model_dirs["gpt2"], tmp_path, train_length=32))
     assert beyond["status"] == "invalid", beyond
-    assert "eval lengths [128] are beyond this gpt2 model's learned position table (64" in (
-        beyond["message"]
+    assert (
+        "eval lengths [128] are beyond this gpt2 model's learned position table (64"
+        in (beyond["message"])
     )
     one_sentence(beyond["message"])
     missing = run_job(_job(tmp_path / "no-model", tmp_path))

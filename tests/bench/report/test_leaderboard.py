@@ -113,7 +113,6 @@ def test_no_method_wins_by_being_bad_at_l():
     assert good.loc["linear", "ppl_at_L_rank"] == 1 and good.loc["linear", "overall_rank"] == 1.0
 
 
-
 def test_the_readmes_reach_is_of_the_series_it_names():
     """README's rank-1 line names the series good at L and counts the bad-at-L ones; its "reaches"
     is how far the named ones reach. Here none (good at L: 128, 256, 128 over seeds) ties with
@@ -137,10 +136,12 @@ def test_the_readmes_reach_is_of_the_series_it_names():
     broken = [r if r["scaling"] == "linear" or r["eval_length"] == 64 else {**r, "value": 5.0}
               for r in rows]  # fmt: skip
     line = next(
-        x for x in readme_block(leaderboard_table(pd.DataFrame(broken))).splitlines()
+        x
+        for x in readme_block(leaderboard_table(pd.DataFrame(broken))).splitlines()
         if x.startswith("| perplexity")
     )
     assert line.rstrip(" |").rsplit("| ", 1)[1] == f"≥256{BAD_AT_L}"
+
 
 def _passkey_row(seed: int, length: int, acc: float, **extra) -> dict:
     row = _nll_row(seed, length, 1.0, metric="passkey_acc", n=80, train_length=256, **extra)
@@ -248,3 +249,27 @@ def test_the_readmes_block_is_generated_from_the_committed_rows(tmp_path):
     (tmp_path / "plain.md").write_text("# no block\n")
     with pytest.raises(ValueError, match="has no leaderboard block"):
         update_readme(tmp_path / "plain.md", expected)
+
+
+@pytest.mark.parametrize("readme", ["missing.md", "plain.md", "folder"])
+def test_a_bad_readme_is_refused_before_the_leaderboard_is_written(tmp_path, capsys, readme):
+    """--readme that is no file or has no block: one sentence, and nothing written (the audit saw
+    the page, tables and heatmaps written first). Control: a README with the block is updated."""
+    from bench.report.leaderboard_report import README_END, README_START
+
+    (tmp_path / "plain.md").write_text("# no block\n")
+    (tmp_path / "folder").mkdir()
+    out = tmp_path / "out"
+    argv = ["results/training_free", "--leaderboard", "--out", str(out), "--readme"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        with pytest.raises(SystemExit) as stop:
+            report_main([*argv, str(tmp_path / readme)])
+        assert stop.value.code == 2 and not out.exists()
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert err[-1].startswith("lenbench-report: error: ")  # argparse's usage, then one line
+        assert "is not a file" in err[-1] or "has no leaderboard block" in err[-1]
+        good = tmp_path / "good.md"
+        good.write_text(f"# x\n{README_START}\n{README_END}\n")
+        assert report_main([*argv, str(good)]) == 0
+    assert (out / "report.md").exists() and "| metric |" in good.read_text()
