@@ -18,6 +18,7 @@ import functools
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,7 @@ def validate_job(job: JobConfig) -> JobSpec:
     cache = job.paths.cache if source.caches else None
     cache_root = None if cache is None else resolve_path(cache, "paths.cache")
     _check_longppl(job, resolved, cache_root)
+    _check_harness_tasks(resolved)
     return JobSpec(
         job=job,
         eval=resolved,
@@ -183,6 +185,31 @@ def _check_named_evaluator(key: str, longest: int, cache_root: Path | None) -> N
         raise ValueError(
             f"eval.longppl.evaluator {key!r} was trained at {length} tokens and cannot score "
             f"LongPPL length {longest}; allowed: an evaluator trained at {longest} tokens or longer."
+        )
+
+
+def _check_harness_tasks(resolved: ResolvedEval) -> None:
+    """Every ``eval.harness.tasks`` name is lenbench's or lm-eval's, before any training (else
+    lm-eval refuses it after the native evaluation). lm-eval's own tasks, slow to index, are
+    indexed only for a name that is not lenbench's."""
+    names = list(resolved.harness.tasks)
+    if not names:
+        return
+    from bench.harness.tasks import task_names
+
+    ours = set(task_names())
+    others = [name for name in names if name not in ours]
+    if not others:
+        return
+    from lm_eval.tasks import TaskManager
+
+    known = set(TaskManager().all_tasks)
+    unknown = [name for name in others if name not in known]
+    if unknown:
+        families = sorted({re.sub(r"_\d+$", "_<length>", name) for name in ours})
+        raise ValueError(
+            f"eval.harness.tasks names {', '.join(map(repr, unknown))}, neither a lenbench task "
+            f"({', '.join(families)}) nor one of lm-eval's; allowed: their names."
         )
 
 
