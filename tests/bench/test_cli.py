@@ -603,7 +603,7 @@ def test_static_factor_is_one_per_run_recorded_as_a_number_and_oracle_is_labelle
         "params": {"alpha": 16.0},
     }
     assert ntk.scaling.label == "ntk"
-    for target, factor in (("2x", 2.0), (1024, 4.0), ("0.5x", 1.0)):
+    for target, factor in (("2x", 2.0), (1024, 4.0), ("1x", 1.0)):
         spec = spec_of("scaling=yarn", f"scaling.target_length={target}")
         assert spec.scaling.params["factor"] == factor
     longrope = spec_of("scaling=longrope").scaling.params

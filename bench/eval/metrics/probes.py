@@ -67,6 +67,13 @@ class ShiftDnllConfig(BootstrapConfig):
     # offsets added to the position ids (0 is dropped)
     deltas: Any = grid_field([16, "0.25x", "1x", "2x", "4x", "8x", "16x"])
 
+    def check_resolved(self) -> None:
+        if not any(int(d) > 0 for d in self.deltas):
+            raise ValueError(
+                f"{self.key('deltas')} {list(self.deltas)} has no offset above 0, so the metric "
+                "would write no row; allowed: offsets > 0 (tokens or '<m>x')."
+            )
+
 
 @dataclass
 class OrderDnllConfig(BootstrapConfig):
@@ -84,6 +91,18 @@ class OrderDnllConfig(BootstrapConfig):
             self.key("shuffle_block"), self.shuffle_block, 1, optional=True
         )
 
+    def check_resolved(self) -> None:
+        if self.distances is None:  # auto: the grid follows each length
+            return
+        for length in self.lengths:
+            budget = length - self.block - 2 * (self.shuffle_block or self.block)
+            if budget >= 0 and not any(0 <= int(d) <= budget for d in self.distances):
+                raise ValueError(
+                    f"{self.key('distances')} {list(self.distances)} has no distance that leaves "
+                    f"two blocks to shuffle at eval length {length} (at most {budget}), so the "
+                    f"metric would write no row there; allowed: distances 0..{budget} or auto."
+                )
+
 
 @dataclass
 class ContextNllConfig(BootstrapConfig):
@@ -98,6 +117,18 @@ class ContextNllConfig(BootstrapConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.block = integer(self.key("block"), self.block, 1)
+
+    def check_resolved(self) -> None:
+        if self.contexts is None:  # auto: the grid follows each length
+            return
+        for length in self.lengths:
+            top = length - self.block
+            if top >= 0 and not any(0 <= int(c) <= top for c in self.contexts):
+                raise ValueError(
+                    f"{self.key('contexts')} {list(self.contexts)} has no context of at most "
+                    f"{top} tokens (eval length {length} - block {self.block}), so the metric "
+                    f"would write no row there; allowed: contexts 0..{top} or auto."
+                )
 
 
 @dataclass

@@ -138,7 +138,14 @@ class MetricConfig:
             for f in fields(self)
             if f.metadata.get("grid")
         }
-        return replace(self, lengths=lengths, **grids)
+        out = replace(self, lengths=lengths, **grids)
+        if out.enabled and out.lengths:
+            out.check_resolved()
+        return out
+
+    def check_resolved(self) -> None:
+        """Raise ValueError (one sentence) where the resolved section (grids in tokens) would
+        measure nothing at one of its lengths although it runs there; none by default."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 import logging
 import math
+import re
 
 import numpy as np
 import pytest
@@ -318,3 +319,30 @@ def test_context_nll_curve_does_not_depend_on_the_eval_length(tiny_model, method
             oracle[(2 * TRAIN, c)] != pytest.approx(oracle[(4 * TRAIN, c)], rel=1e-5)
             for c in (0, 16, 48)
         )
+
+
+def test_a_grid_that_measures_nothing_at_a_length_it_runs_is_refused():
+    """The audit's cases: context_nll contexts all above L - block (once numpy's 'need at least
+    one array to stack' after training), shift_dnll deltas of 0 only and order_dnll distances
+    beyond what shuffles two blocks (once zero rows, exit 0). Each is one sentence when the
+    section resolves; controls: the same sections with a grid that fits resolve."""
+    from bench.eval.metrics.probes import ContextNllConfig, OrderDnllConfig, ShiftDnllConfig
+
+    lengths = [64, 128]
+    bad = [
+        (ContextNllConfig(contexts=[500, 1000], lengths=["2x"]), "no context of at most 96 tokens"),
+        (ShiftDnllConfig(deltas=[0]), "has no offset above 0"),
+        (OrderDnllConfig(distances=[500], lengths=["2x"]), "at eval length 128 (at most 32)"),
+    ]
+    for section, words in bad:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            section.resolve(64, lengths)
+    assert ContextNllConfig(contexts=[0, 64], lengths=["2x"]).resolve(64, lengths).contexts == [
+        0,
+        64,
+    ]
+    assert ShiftDnllConfig(deltas=[0, 16]).resolve(64, lengths).deltas == [0, 16]
+    assert OrderDnllConfig(distances=[0, 32], lengths=["2x"]).resolve(64, lengths).lengths == [128]
+    # disabled, or auto grids: nothing to check
+    ContextNllConfig(enabled=False, contexts=[500]).resolve(64, lengths)
+    ContextNllConfig(lengths=["2x"]).resolve(64, lengths)
