@@ -95,6 +95,12 @@ class LongPPLConfig(MetricConfig):
         window = max(1, short // 4) if self.window is None else self.window
         window = integer(self.key("window"), window, 1)
         above = [x for x in eval_lengths if x > short]
+        if self.enabled and self.lengths is None and not above:  # else no row, and no word
+            raise ValueError(
+                f"{self.key('short_context')} {short} (K) is at or above every eval length "
+                f"{list(eval_lengths)}, so LongPPL has no length to score; allowed: a K below "
+                f"{max(eval_lengths)}."
+            )
         out = super().resolve(train_length, eval_lengths if self.lengths is not None else above)
         at_or_below = [x for x in out.lengths if x <= short]
         if self.enabled and at_or_below:

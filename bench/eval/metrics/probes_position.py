@@ -51,8 +51,10 @@ class PositionProbeConfig(MetricConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.layer = integer(self.key("layer"), self.layer, 0, optional=True)
-        for key in ("fit_docs", "test_docs", "positions_per_doc"):
+        for key in ("fit_docs", "test_docs"):
             setattr(self, key, integer(self.key(key), getattr(self, key), 1))
+        # an R^2 needs two positions per region, else the metric writes no row
+        self.positions_per_doc = integer(self.key("positions_per_doc"), self.positions_per_doc, 2)
         self.ridge = number(self.key("ridge"), self.ridge, 0.0, interval="(]")
 
 

@@ -274,3 +274,14 @@ def test_one_auto_evaluator_for_every_design_of_a_recipe():
     assert {evaluator_key("position=rope", d) for d in designs} == {plain}
     assert evaluator_key("position=nope", "model.attention=stick_breaking") == plain
     assert evaluator_key("position=rope", "model.d_model=64") != plain  # control
+
+
+def test_a_short_context_at_or_above_every_length_is_refused():
+    """K = 2x with eval lengths up to 2x: no length above K, so LongPPL would write no row without
+    a word (the audit's case); one sentence instead. Control: K = 1x keeps 2x."""
+    with pytest.raises(
+        ValueError, match=r"short_context 128 \(K\) is at or above every eval length"
+    ):
+        LongPPLConfig(enabled=True, short_context="2x").resolve(64, [64, 128])
+    assert LongPPLConfig(enabled=True, short_context="1x").resolve(64, [64, 128]).lengths == [128]
+    LongPPLConfig(enabled=False, short_context="2x").resolve(64, [64, 128])  # off: nothing to say

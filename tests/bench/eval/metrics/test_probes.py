@@ -346,3 +346,11 @@ def test_a_grid_that_measures_nothing_at_a_length_it_runs_is_refused():
     # disabled, or auto grids: nothing to check
     ContextNllConfig(enabled=False, contexts=[500]).resolve(64, lengths)
     ContextNllConfig(lengths=["2x"]).resolve(64, lengths)
+
+
+def test_the_position_probe_needs_two_positions_per_region():
+    from bench.eval.metrics.probes_position import PositionProbeConfig
+
+    with pytest.raises(ValueError, match="positions_per_doc must be an integer >= 2, got 1"):
+        PositionProbeConfig(positions_per_doc=1)
+    assert PositionProbeConfig(positions_per_doc=2).positions_per_doc == 2  # control
