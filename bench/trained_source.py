@@ -126,7 +126,11 @@ class TrainedSource:
             log.warning("lenbench: %s", partial)
         passkey = resolved.metrics.get("passkey")
         if passkey is not None and passkey.template is None:  # evaluate with the trained template
-            resolved.metrics["passkey"] = replace(passkey, template=job.train.passkey_template)
+            resolved.metrics["passkey"] = passkey = replace(
+                passkey, template=job.train.passkey_template
+            )
+        if passkey is not None and passkey.enabled and passkey.lengths:
+            _check_passkey_fits(passkey)
         if job.extend.active:
             check_finetune_eval(job)
             scaling = finetune_scaling(job)
@@ -238,6 +242,26 @@ def check_scaling_at_lengths(
                 f"position.out_of_range is {position.out_of_range!r}; allowed: eval lengths "
                 f"<= {rows}, position.out_of_range=clamp or interpolate, or scaling=linear."
             )
+
+
+def _check_passkey_fits(passkey: Any) -> None:
+    """Before training, on byte tokens: raise ValueError (one sentence) when the passkey template
+    fits none of the metric's lengths; warn for the lengths it skips."""
+    from bench.tasks.passkey import min_passkey_length
+
+    minimum = min_passkey_length(template=passkey.template)
+    short = [x for x in passkey.lengths if x < minimum]
+    if short == list(passkey.lengths):
+        raise ValueError(
+            f"eval.passkey runs at {short}, all shorter than the {passkey.template!r} template's "
+            f"{minimum} tokens; allowed: passkey lengths >= {minimum} (eval.passkey.lengths, "
+            "eval.lengths), another eval.passkey.template, or eval.passkey.enabled=false."
+        )
+    if short:
+        log.warning(
+            "lenbench: passkey skips eval lengths %s (the %r template needs %d tokens).",
+            short, passkey.template, minimum,
+        )  # fmt: skip
 
 
 def passkey_template_name(spec: Any) -> str:

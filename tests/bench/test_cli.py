@@ -402,6 +402,11 @@ BAD_OVERRIDES = [
     (["+position.bogus=1"], "position.bogus=1 means nothing for position=rope (not one of its"),
     (["+bogus=1"], "bogus is an unknown key; allowed keys: experiment_name, seed"),
     (["train.steps=0"], "train.steps must be an integer >= 1, got 0."),
+    # found only after training before: a passkey template longer than every passkey length
+    (
+        ["+experiment=smoke", "train.length=32"],
+        "eval.passkey runs at [64], all shorter than the 'short' template's 73 tokens",
+    ),
     # the four: wrong type, wrong type, out of range, out of range shared by a sweep
     (["model.d_model=abc"], "model.d_model must be an integer, got 'abc'."),
     (["train.lr=fast"], "train.lr must be a number, got 'fast'."),
