@@ -6,7 +6,9 @@ adds ``--include_path`` for our task YAMLs and hands over to ``lm_eval.__main__`
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -233,6 +235,30 @@ def check_arguments(argv: Sequence[str]) -> None:
                 f"task(s) {', '.join(foreign)} are not lenbench tasks; ours: "
                 f"{', '.join(sorted(ours))}."
             )
+        _check_named_lengths([n for n in names if n in ours], _option_value(argv, "--metadata"))
+
+
+def _check_named_lengths(names: Sequence[str], metadata: str | None) -> None:
+    """A task named for its length (``lenbench_passkey_1024``) keeps it: a ``length`` in
+    ``--metadata`` would run it at another length under that name (lm-eval merges the metadata
+    over the task's own)."""
+    try:
+        given = json.loads(metadata) if metadata else {}
+    except json.JSONDecodeError:
+        return  # lm-eval refuses it in its own words
+    length = given.get("length") if isinstance(given, dict) else None
+    if length is None:
+        return
+    named = {n: int(m.group(1)) for n in names if (m := re.search(r"_(\d+)$", n))}
+    clash = [n for n, x in named.items() if str(x) != str(length)]
+    if clash:
+        bare = sorted({re.sub(r"_\d+$", "", n) for n in clash})
+        raise HarnessArgError(
+            f"--metadata length {length!r} would run {', '.join(clash)} (named for "
+            f"{', '.join(str(named[n]) for n in clash)} tokens) at another length under the same "
+            f"name; allowed: the task of that length, or {', '.join(bare)} with the length in "
+            "--metadata."
+        )
 
 
 def _check_checkpoint(ref: str, cache_root: str | None) -> None:

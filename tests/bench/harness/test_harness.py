@@ -1186,3 +1186,19 @@ def test_one_ruler_task_reports_each_length_as_its_own_rows():
         {"results": {"x": {"acc_5,none": 0.5}}, "n-samples": {"x": {"effective": 2}}}
     )
     assert other == [{"metric": "harness/x/acc_5", "value": 0.5, "n": 2, "eval_length": None}]
+
+
+def test_a_task_named_for_a_length_keeps_it():
+    """The audit's case: --tasks lenbench_passkey_1024 --metadata '{"length": 512}' ran 512-token
+    prompts in rows labelled lenbench_passkey_1024 (lm-eval merges the metadata over the task's).
+    Refused; controls: the same length, the unnumbered task with a length, a HF model's args."""
+    from bench.harness.cli import HarnessArgError, check_arguments
+
+    argv = ["--model", "hf", "--model_args", "pretrained=x", "--tasks"]
+    with pytest.raises(HarnessArgError, match=r"--metadata length 512 would run lenbench_passkey"):
+        check_arguments([*argv, "lenbench_passkey_1024", "--metadata", '{"length": 512}'])
+    with pytest.raises(HarnessArgError, match="lenbench_ppl_256"):
+        check_arguments([*argv, "lenbench_ppl_256", '--metadata={"length": 1024}'])
+    check_arguments([*argv, "lenbench_passkey_1024", "--metadata", '{"length": 1024}'])
+    check_arguments([*argv, "lenbench_passkey", "--metadata", '{"length": 512}'])
+    check_arguments([*argv, "lenbench_passkey_1024", "--metadata", '{"trials": 1}'])
