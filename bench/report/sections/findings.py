@@ -90,9 +90,11 @@ def findings_section(rep: ReportDir, df: pd.DataFrame) -> str:
         "threshold is not decided. Each series (one model configuration under one scaling; "
         "seeds are its replicates) is checked and reported on its own. Numbers: point estimate "
         "[95% CI] (seeds); ratios and NLLs use whole-window `nll` rows of models that were not "
-        "fine-tuned (raw = scaling none), CIs across seeds (mean ± t-interval) or, with one "
-        "seed, from the run's stored bootstrap CIs; passkey accuracies carry Wilson intervals of "
-        "their trials (column `ci`). Thresholds are fixed constants in each study module of `bench/findings/` (listed in `reports/FINDINGS.md`). "
+        "fine-tuned (raw = scaling none), CIs across seeds (mean ± t-interval), a ratio's "
+        "widened to its seed x document bootstrap where that is wider, or, with one seed, from "
+        "the run's stored bootstrap CIs; passkey accuracies carry Wilson intervals of their "
+        "trials, widened to the seeds' t-interval where wider (each estimate's interval rule: "
+        "column `ci` of `tables/findings.csv`). Thresholds are fixed constants in each study module of `bench/findings/` (listed in `reports/FINDINGS.md`). "
         "Each finding is checked only on the series it is about (its declared scope: "
         "`bench.findings.Scope`). Source: `tables/findings.csv`.",
         markdown_table(table.drop(columns=["ci"])),

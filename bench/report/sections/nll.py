@@ -198,8 +198,9 @@ def _perplexity_parts(rep: ReportDir, df: pd.DataFrame, t: pd.DataFrame, style: 
     text += [
         "Perplexity (exp of the token-weighted mean NLL; whole-window rows where present, else the "
         "token-weighted mean over position buckets; seeds pooled). Each run reads one set of test "
-        "documents at every length (those long enough for its longest eval length, each truncated "
-        f"to the length); column `docs`: documents per run{every_run}. "
+        "documents at every length (those long enough for its longest eval length) and scores the "
+        "same tokens at each: every document's first `span` tokens, in consecutive windows of the "
+        f"length; column `docs`: documents per run{every_run}. "
         "Source: `tables/perplexity.csv`.",
         md,
     ]
