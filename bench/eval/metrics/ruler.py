@@ -134,7 +134,14 @@ class RulerConfig(MetricConfig):
 
     def resolve(self, train_length: int, eval_lengths: Sequence[int]) -> RulerConfig:
         out = super().resolve(train_length, eval_lengths)
-        return replace(out, reference_length=self.reference_length or int(train_length))
+        given = self.reference_length
+        if given is not None and out.enabled and out.lengths and given not in out.lengths:
+            raise ValueError(  # else every task warns after the evaluation and has none
+                f"{self.key('reference_length')} {given} is not a ruler eval length "
+                f"{list(out.lengths)}, so no relative effective length could be computed; "
+                "allowed: one of them, or null (the training length)."
+            )
+        return replace(out, reference_length=given or int(train_length))
 
     def check_fit(self) -> str | None:
         """For a resolved section on byte tokens (a lenbench model): raise ValueError (one

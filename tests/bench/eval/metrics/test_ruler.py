@@ -604,3 +604,14 @@ def test_kv_middle_places_the_asked_pair_at_the_depth():
         asked = re.search(r'value of "([a-z]+)":$', prompt).group(1)
         index = {"first": 0, "last": len(keys) - 1, "middle": round(0.5 * (len(keys) - 1))}[where]
         assert keys.index(asked) == index and e.depth == depth
+
+
+def test_a_reference_length_that_is_not_evaluated_is_refused():
+    """The audit's case: reference_length 100000 warned once per task after the whole evaluation
+    and gave no relative effective length; now one sentence when the config resolves. Controls:
+    an evaluated reference and the default (null = L) resolve."""
+    bad = RulerConfig(enabled=True, reference_length=100000)
+    with pytest.raises(ValueError, match="reference_length 100000 is not a ruler eval length"):
+        bad.resolve(256, [256, 512])
+    assert RulerConfig(enabled=True, reference_length=512).resolve(256, [256, 512]).lengths
+    assert RulerConfig(enabled=True).resolve(256, [256, 512]).reference_length == 256
