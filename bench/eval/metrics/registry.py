@@ -54,7 +54,9 @@ class EvalKeys:
     # fp32 | bf16 (autocast; angles and softmax statistics stay fp32)
     precision: str = "fp32"
     batch_size: int = 8  # windows per forward pass ...
-    max_batch_tokens: int | None = 32768  # ... capped at this many tokens per pass (null = no cap)
+    # ... capped at this many tokens per pass (null = no cap); a window longer than the cap still
+    # runs, one per pass (a window is never split; chunked scoring bounds its memory)
+    max_batch_tokens: int | None = 32768
     # "i/N": evaluate only shard i of N of the eval lengths, then merge (bench.core.shards); null = all
     shard: str | None = None
 
