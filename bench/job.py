@@ -203,7 +203,7 @@ def _check_harness_tasks(resolved: ResolvedEval) -> None:
         return
     from lm_eval.tasks import TaskManager
 
-    known = set(TaskManager().all_tasks)
+    known = set(TaskManager(include_defaults=True).all_tasks)  # as named, whatever patched it
     unknown = [name for name in others if name not in known]
     if unknown:
         families = sorted({re.sub(r"_\d+$", "_<length>", name) for name in ours})

@@ -86,12 +86,25 @@ def _finetune(df: pd.DataFrame) -> pd.Series:
 
 
 def labelled(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with the leaderboard's key columns and its series keys."""
+    """``df`` with the leaderboard's key columns and its series keys; a fine-tune's recovery
+    curve (``extend.curve``: its checkpoints after 0, 50, ... updates) keeps its final checkpoint,
+    the model the fine-tune label names. Each key then holds one series (checked)."""
     df = with_series(df)
-    return df.assign(
+    df = df.assign(
         recipe=recipe_of(df), design=_design(df), method=df["scaling"].astype(str),
         finetune=_finetune(df),
     )  # fmt: skip
+    steps = pd.to_numeric(col(df, "finetune_steps"), errors="coerce")
+    final = steps.groupby([df[k] for k in [*KEY_COLUMNS, "seed"]]).transform("max")
+    df = df[steps.isna() | (steps == final)]
+    pooled = df.groupby(KEY_COLUMNS)["_series"].nunique()
+    if (pooled > 1).any():
+        key = pooled[pooled > 1].index[0]
+        raise ValueError(
+            f"leaderboard series {' / '.join(map(str, key))} holds {int(pooled.max())} different "
+            "series (their rows would be pooled); its key needs the column that tells them apart."
+        )
+    return df
 
 
 # --------------------------------------------------------------------------- per seed, per metric

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar
 
 from bench.core.checks import boolean, check_grid, choice, integer, number, resolve_grid
@@ -126,8 +126,10 @@ class MetricConfig:
         """A copy for one job: ``lengths`` = the eval lengths it runs at, grid fields in tokens."""
         wanted = resolve_grid(self.lengths, train_length, self.key("lengths"))
         lengths = list(eval_lengths) if wanted is None else [x for x in eval_lengths if x in wanted]
-        if self.enabled and wanted is not None and len(lengths) < len(set(wanted)):
-            dropped = sorted(set(wanted) - set(lengths))
+        dropped = sorted(set(wanted or ()) - set(lengths))
+        # a section's default lengths mean "where evaluated"; a list someone set, what they want
+        chosen = self.lengths != self._default_lengths()
+        if self.enabled and dropped and (not lengths or chosen):
             _warn_once(
                 f"eval metric {self.section} is enabled but "
                 + (f"none of its lengths {sorted(set(wanted))} is" if not lengths
@@ -144,6 +146,11 @@ class MetricConfig:
         if out.enabled and out.lengths:
             out.check_resolved()
         return out
+
+    @classmethod
+    def _default_lengths(cls) -> Any:
+        f = next(f for f in fields(cls) if f.name == "lengths")
+        return f.default_factory() if f.default_factory is not MISSING else f.default
 
     def check_resolved(self) -> None:
         """Raise ValueError (one sentence) where the resolved section (grids in tokens) would

@@ -273,3 +273,21 @@ def test_a_bad_readme_is_refused_before_the_leaderboard_is_written(tmp_path, cap
         good.write_text(f"# x\n{README_START}\n{README_END}\n")
         assert report_main([*argv, str(good)]) == 0
     assert (out / "report.md").exists() and "| metric |" in good.read_text()
+
+
+def test_a_fine_tune_curve_is_ranked_at_its_final_checkpoint():
+    """The audit's case: a YaRN fine-tune's recovery curve (checkpoints after 0 and 800 updates)
+    shared one leaderboard key, so its trials were pooled (the 0-update state is the base model,
+    failing at L here). The series is the final checkpoint: 4L on both seeds. Control: two series
+    that a key cannot tell apart (another model_config_id) are refused, not pooled."""
+    lengths = (256, 512, 1024)
+    curve = dict(position="rope", scaling="yarn", finetune_method="yarn", finetune_length=1024)
+    rows = [_passkey_row(s, x, 0.0, finetune_steps=0, **curve) for s in (1, 2) for x in lengths]
+    rows += [_passkey_row(s, x, 1.0, finetune_steps=800, **curve) for s in (1, 2) for x in lengths]
+    table = leaderboard_table(pd.DataFrame(rows)).set_index("method")
+    assert table.loc["yarn", "passkey_seeds"] == "1024,1024"
+    clash = [_passkey_row(s, x, 1.0, position="rope") for s in (1, 2) for x in lengths]
+    clash += [_passkey_row(s, x, 0.0, position="rope", model_config_id="other")
+              for s in (1, 2) for x in lengths]  # fmt: skip
+    with pytest.raises(ValueError, match="holds 2 different series"):
+        leaderboard_table(pd.DataFrame(clash))

@@ -155,9 +155,11 @@ def test_eval_config_is_an_omegaconf_structured_config(registered):
 def test_metric_lengths_outside_the_eval_lengths_are_warned_once(caplog):
     """eval.passkey.lengths=[2x, 8x] with eval lengths up to 4x: 8x is not run, and a warning
     names it (it once vanished without a word); a sweep's every job resolving the same section
-    warns once. Control: lengths that are all eval lengths warn nothing."""
+    warns once. Controls: lengths that are all eval lengths, and a section's default lengths,
+    warn nothing."""
     from bench.eval.metrics import registry
     from bench.eval.metrics.passkey import PasskeyConfig
+    from bench.eval.metrics.probes import AttnEntropyConfig
 
     registry._WARNED.clear()
     eval_lengths = [64, 128, 256]
@@ -173,4 +175,6 @@ def test_metric_lengths_outside_the_eval_lengths_are_warned_once(caplog):
     caplog.clear()
     with caplog.at_level("WARNING", logger=registry.logger.name):
         assert PasskeyConfig(lengths=["1x", "4x"]).resolve(64, eval_lengths).lengths == [64, 256]
+        # a section's default lengths (attn_entropy: 1x, 4x, 16x) mean "where evaluated": silent
+        assert AttnEntropyConfig().resolve(64, eval_lengths).lengths == [64, 256]
     assert not caplog.records
