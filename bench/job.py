@@ -201,16 +201,21 @@ def _check_harness_tasks(resolved: ResolvedEval) -> None:
     others = [name for name in names if name not in ours]
     if not others:
         return
-    from lm_eval.tasks import TaskManager
-
-    known = set(TaskManager(include_defaults=True).all_tasks)  # as named, whatever patched it
-    unknown = [name for name in others if name not in known]
+    unknown = [name for name in others if name not in _lm_eval_tasks()]
     if unknown:
         families = sorted({re.sub(r"_\d+$", "_<length>", name) for name in ours})
         raise ValueError(
             f"eval.harness.tasks names {', '.join(map(repr, unknown))}, neither a lenbench task "
             f"({', '.join(families)}) nor one of lm-eval's; allowed: their names."
         )
+
+
+@functools.cache
+def _lm_eval_tasks() -> frozenset[str]:
+    """lm-eval's task names, indexed once per process (about 9 s; a sweep checks every cell)."""
+    from lm_eval.tasks import TaskManager
+
+    return frozenset(TaskManager(include_defaults=True).all_tasks)  # as named, whatever patched it
 
 
 def _check_shardable(job: JobConfig, resolved: ResolvedEval) -> None:
