@@ -31,6 +31,7 @@ from bench.core.checks import (
     weight_fields,
     weights_dict,
 )
+from bench.core.runtime import check_device_name
 from bench.core.sections import ModelSchema, PositionSchema, ScalingSchema, position_section
 from bench.data.config import DataConfig
 from bench.eval.metrics import EvalConfig, as_eval_config, eval_config_class
@@ -166,6 +167,7 @@ class JobConfig:
             raise ValueError(f"experiment_name must be a non-empty name without '/', got {name!r}.")
         self.seed = integer("seed", self.seed, 0)
         self.threads = integer("threads", self.threads, 1, optional=True)
+        check_device_name(self.device)  # its availability needs torch: checked with the job
         self.eval = as_eval_config(self.eval)
         if self.scaling.target_length is not None:
             what = "scaling.target_length"

@@ -13,6 +13,7 @@ import functools
 import inspect
 import os
 import platform
+import re
 import time
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = [
     "PRECISIONS",
     "autocast",
     "busy_cores",
+    "check_device_name",
     "cpu_has_native_bf16",
     "cpu_info",
     "machine_line",
@@ -40,17 +42,22 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 PRECISIONS = ("fp32", "bf16")
 
 
+def check_device_name(requested: Any) -> None:
+    """The form of ``device`` (no torch: the config check path calls it); one sentence if not."""
+    name = "auto" if requested is None or str(requested).strip() == "" else str(requested).strip()
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        raise ValueError(
+            f"device {name!r} is unknown; allowed: auto, cpu, cuda, cuda:<index>, mps."
+        )
+
+
 def resolve_device(requested: Any) -> str:
     """``auto`` (or None) -> cuda if available else cpu; an unavailable device is a config error."""
     name = "auto" if requested is None or str(requested).strip() == "" else str(requested).strip()
+    check_device_name(name)
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(
-            f"device {name!r} is unknown; allowed: auto, cpu, cuda, cuda:<index>, mps."
-        ) from None
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"device {name!r} is not available on this machine; use device=cpu or auto."
