@@ -63,7 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args.results:
         if not path.exists():
             parser.error(f"no such results path: {path}.")
-        files += sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        found = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        if not found:  # e.g. the results root, whose files are one folder down
+            parser.error(
+                f"{path} holds no result file (*.parquet); allowed: an experiment's folder "
+                "(results/<experiment>) or result files."
+            )
+        files += found
     changed = 0
     for file in files:
         frame = read_result_table(file).to_pandas()

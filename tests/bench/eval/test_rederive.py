@@ -82,3 +82,19 @@ def test_loading_keeps_each_scores_effective_length(tmp_path):
     write_results(newer, tmp_path / "a2.parquet")
     both = load_results([tmp_path]).query("metric == 'effective_length'")
     assert len(both) == 4 and set(both["run_id"]) == {"a2"}
+
+
+def test_a_folder_without_result_files_is_refused(tmp_path, capsys):
+    """The results root (its files are one folder down) once re-derived '0 of 0 file(s)' and
+    exited 0; now one sentence, exit 2. Control: the experiment folder itself runs."""
+    import pytest
+
+    experiment = tmp_path / "ruler"
+    experiment.mkdir()
+    write_results(normalize_results(run_rows("a", (0.9, 0.5, 0.1), (0.9, 0.9, 0.1))),
+                  experiment / "a.parquet")  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        main([str(tmp_path)])
+    assert stop.value.code == 2 and "holds no result file" in capsys.readouterr().err
+    assert main([str(experiment)]) == 0
+    assert "of 1 file(s)" in capsys.readouterr().out
