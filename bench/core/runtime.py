@@ -42,19 +42,20 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 PRECISIONS = ("fp32", "bf16")
 
 
-def check_device_name(requested: Any) -> None:
-    """The form of ``device`` (no torch: the config check path calls it); one sentence if not."""
+def check_device_name(requested: Any) -> str:
+    """``device`` as a name (None or blank: auto), checked for its form without torch (the config
+    check path calls it); one sentence if it is none of auto, cpu, cuda, cuda:<i>, mps."""
     name = "auto" if requested is None or str(requested).strip() == "" else str(requested).strip()
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
         raise ValueError(
             f"device {name!r} is unknown; allowed: auto, cpu, cuda, cuda:<index>, mps."
         )
+    return name
 
 
 def resolve_device(requested: Any) -> str:
     """``auto`` (or None) -> cuda if available else cpu; an unavailable device is a config error."""
-    name = "auto" if requested is None or str(requested).strip() == "" else str(requested).strip()
-    check_device_name(name)
+    name = check_device_name(requested)
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)

@@ -165,10 +165,9 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
         beyond = sorted(int(x) for x in g["eval_length"].unique() if x > train)
         accuracy = {}  # at L, pooled Wilson widened to the seeds' t-interval (ACC_CI)
         for task in ("niah_single", *R1_HARDER):
-            if not exact_trials(at_l, task).empty:
-                accuracy[task] = accuracy_estimate(
-                    exact_rows(at_l, task), f"{task} acc at L{suffix}"
-                )
+            task_at_l = exact_rows(at_l, task)
+            if not task_at_l.empty:
+                accuracy[task] = accuracy_estimate(task_at_l, f"{task} acc at L{suffix}")
                 est.append(accuracy[task])
         if _fails_at_l(accuracy["niah_single"]):
             at_l_failures.append(f"niah_single{suffix}")

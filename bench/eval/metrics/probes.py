@@ -42,6 +42,9 @@ from bench.eval.metrics.probes_config import (
     ContextNllConfig,
     OrderDnllConfig,
     ShiftDnllConfig,
+    context_top,
+    grid_within,
+    order_budget,
 )
 from bench.eval.metrics.registry import register_metric
 from models.lazy import torch
@@ -266,13 +269,13 @@ def order_dnll_rows(
     powers of two from ``block``; distances that leave fewer than two blocks to shuffle are dropped.
     """
     shuffle_block = int(shuffle_block or block)
-    budget = length - block - 2 * shuffle_block  # largest d that still shuffles two blocks
+    budget = order_budget(length, block, shuffle_block)
     if budget < 0:
         logger.info("order_dnll at eval length %d skipped: too short for block %d.", length, block)
         return []
     if distances is None:
         distances = [0] + [2**k for k in range(budget.bit_length() + 1) if 2**k >= block]
-    grid = sorted({int(d) for d in distances if 0 <= int(d) <= budget})
+    grid = grid_within(distances, budget)
     if not grid:
         return []
     selected, _ = select_documents(docs, length + 1, max_docs)
@@ -327,13 +330,13 @@ def context_nll_rows(
     the same c and block tokens give the same value at every eval length L; only an oracle
     scaling (a factor per L) differs.
     """
-    top = length - block
+    top = context_top(length, block)
     if top < 0:
         logger.info("context_nll at eval length %d skipped: shorter than block %d.", length, block)
         return []
     if contexts is None:
         contexts = [0, top] + [2**k for k in range(max(1, top.bit_length()))]
-    grid = sorted({int(c) for c in contexts if 0 <= int(c) <= top})
+    grid = grid_within(contexts, top)
     selected, _ = select_documents(docs, length + 1, max_docs)
     if not selected:
         warn_no_docs("context_nll", length, length + 1, len(docs))

@@ -15,7 +15,25 @@ __all__ = [
     "ContextNllConfig",
     "OrderDnllConfig",
     "ShiftDnllConfig",
+    "context_top",
+    "grid_within",
+    "order_budget",
 ]
+
+
+def grid_within(values: Any, bound: int) -> list[int]:
+    """The grid's values in 0..``bound``, sorted, each once (the probe drops the others)."""
+    return sorted({int(v) for v in values if 0 <= int(v) <= bound})
+
+
+def order_budget(length: int, block: int, shuffle_block: int) -> int:
+    """order_dnll's largest distance that still leaves two shuffle blocks before the final block."""
+    return length - block - 2 * shuffle_block
+
+
+def context_top(length: int, block: int) -> int:
+    """context_nll's largest context: the whole window before the final block."""
+    return length - block
 
 
 @dataclass
@@ -55,8 +73,8 @@ class OrderDnllConfig(BootstrapConfig):
         if self.distances is None:  # auto: the grid follows each length
             return
         for length in self.lengths:
-            budget = length - self.block - 2 * (self.shuffle_block or self.block)
-            if budget >= 0 and not any(0 <= int(d) <= budget for d in self.distances):
+            budget = order_budget(length, self.block, self.shuffle_block or self.block)
+            if budget >= 0 and not grid_within(self.distances, budget):
                 raise ValueError(
                     f"{self.key('distances')} {list(self.distances)} has no distance that leaves "
                     f"two blocks to shuffle at eval length {length} (at most {budget}), so the "
@@ -82,8 +100,8 @@ class ContextNllConfig(BootstrapConfig):
         if self.contexts is None:  # auto: the grid follows each length
             return
         for length in self.lengths:
-            top = length - self.block
-            if top >= 0 and not any(0 <= int(c) <= top for c in self.contexts):
+            top = context_top(length, self.block)
+            if top >= 0 and not grid_within(self.contexts, top):
                 raise ValueError(
                     f"{self.key('contexts')} {list(self.contexts)} has no context of at most "
                     f"{top} tokens (eval length {length} - block {self.block}), so the metric "
