@@ -64,3 +64,16 @@ def test_ranks_tie_where_intervals_overlap_and_overall_is_the_mean():
     r2 = ranks({"a": a, "b": summarise_seeds([512, 512, 512], 256), "c": c})
     assert r2 == {"a": 1, "b": 2, "c": 3}
     assert overall_ranks({"ppl": r2, "ruler": {"a": 3, "b": 1}}) == {"a": 2.0, "b": 1.5, "c": 3.0}
+
+
+def test_retention_auc_is_the_normalised_area_over_log2_length():
+    """Hand values: 1, 0.5, 0 at L, 2L, 4L -> (0.75 + 0.25) / 2 = 0.5; flat at 1 -> 1; lengths
+    below L do not count; control: without a score at L there is no area."""
+    from bench.findings.leaderboard import retention_auc
+
+    assert retention_auc({64: 1.0, 128: 0.5, 256: 0.0}, 64) == pytest.approx(0.5)
+    assert retention_auc({64: 1.0, 128: 1.0, 256: 1.0, 512: 1.0}, 64) == pytest.approx(1.0)
+    assert retention_auc({32: 0.0, 64: 1.0, 128: 1.0}, 64) == pytest.approx(1.0)
+    # unequal spacing on the log scale: L, 2L, 8L -> (1 x 1 + 0.5 x 2) / 3
+    assert retention_auc({64: 1.0, 128: 1.0, 512: 0.0}, 64) == pytest.approx((1.0 + 1.0) / 3)
+    assert math.isnan(retention_auc({128: 1.0, 256: 1.0}, 64))
