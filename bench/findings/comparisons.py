@@ -153,10 +153,9 @@ def compare(
     reps = replicate_means(samples, seed=seed, size=size)
     means = {k: sign * samples[k].mean for k in names}
     rows = []
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            if means[b] > means[a]:
-                a, b = b, a
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            a, b = (second, first) if means[second] > means[first] else (first, second)
             diff = means[a] - means[b]
             var, df, paired = _pair_stats(samples[a], samples[b], reps[a], reps[b])
             p = _t_test(diff, var, df) if np.isfinite(var) else 1.0

@@ -183,3 +183,16 @@ def test_bh_and_seeds_to_decide_on_hand_values():
     )
     assert seeds_to_decide(1.0, 1.0, 0.05) == 10
     assert seeds_to_decide(0.0, 1.0, 0.05) is None
+
+
+def test_every_unordered_pair_is_compared_once_and_oriented_by_its_means():
+    """Five series with means 0..4 given in an order that swaps most pairs: ten rows, each pair
+    once, the better mean first (a swap once leaked into the loop over pairs and compared some
+    pairs twice and others never)."""
+    block = {f"s{i}": Sample({0: float(i), 1: float(i) + 0.1}) for i in range(5)}
+    c = compare(block, size=50)
+    assert len(c) == 10
+    assert {frozenset(p) for p in zip(c["a"], c["b"], strict=True)} == {
+        frozenset((f"s{i}", f"s{j}")) for i in range(5) for j in range(i + 1, 5)
+    }
+    assert all(block[a].mean > block[b].mean for a, b in zip(c["a"], c["b"], strict=True))
