@@ -146,11 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             out = args.out if args.out is not None else Path("reports") / "leaderboard"
             sources = ", ".join(f"`{p}`" for p in paths)
-            table = write_leaderboard(df, out, sources)
+            board = write_leaderboard(df, out, sources)
             if args.readme is not None:
                 from bench.report.leaderboard_report import readme_block, update_readme
 
-                update_readme(args.readme, readme_block(table, out.as_posix()))
+                update_readme(args.readme, readme_block(board, out.as_posix()))
             report = out / "report.md"
         else:
             out = args.out if args.out is not None else Path("reports") / _experiment_name(df)

@@ -1,56 +1,90 @@
-"""The leaderboard (issue #56): every series of one training recipe ranked by how far past its
-training length L it keeps working, per metric, by the rules of :mod:`bench.findings.leaderboard`
-(fixed before any leaderboard row).
+"""The leaderboard (issues #56 and #73): every series of one training recipe compared with every
+other, per statistic, by the rules of :mod:`bench.findings.leaderboard` (fixed before the rows
+they rank) and the comparisons of :mod:`bench.findings.comparisons`.
 
 A series is a design (position family and attention switches) x method (eval-time scaling or
 training-free method) x fine-tune, within one **recipe** (the ``recipe`` column,
 ``bench.train.cache.recipe_id``; rows written before it existed count as the recipe
-``study:<experiment>/<arm>/L=<L>``, so that studies are never ranked together on a guess). Rows of different
-recipes are never ranked together: the table has one block per recipe.
+``study:<experiment>/<arm>/L=<L>``, so that studies are never ranked together on a guess). Rows
+of different recipes are never ranked together: the table has one block per recipe.
 
-Per series and seed, an effective length per metric (``ppl``, ``longppl``, ``passkey``,
-``ruler``); across seeds a mean of log2(eff / L) with a t-interval; a rank per metric (ties where
-intervals overlap) and the overall rank (mean rank over the metrics the series has), beside its
-perplexity at L. :func:`leaderboard_table` is the one table every output (report.md, the
-heatmaps, index.html) is written from.
+Per series and statistic (``ppl_auc``, ``ppl``, ``ppl_at_L``, ``passkey_auc``, ``passkey``,
+``ruler_auc``, ``ruler_abs``): the mean over seeds with its 95% interval, the per-seed values,
+how many seeds fail at L (gated statistics), the rank interval from the decided comparisons and
+the bootstrap rank interval; the overall rank interval is the block's primary statistic's.
+:func:`leaderboard` returns the table every output (report.md, the heatmaps, index.html) is
+written from, with the decided comparisons and each block's power.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from bench.core.series import SWITCH_COLUMNS
+from bench.findings.comparisons import (
+    FDR,
+    Sample,
+    bootstrap_ranks,
+    compare,
+    decided_pairs,
+    decidedly_above,
+    rank_intervals,
+    replicate_means,
+    seeds_to_decide,
+)
 from bench.findings.leaderboard import (
     AT_L,
-    METRICS,
+    BAD_AT_L_TIERED,
     PASSKEY_MIN,
     PPL_FLAT,
+    PRIMARY,
+    RULER_ABSOLUTE,
     RULER_RELATIVE,
-    SeedSummary,
-    overall_ranks,
-    passkey_rule,
-    ranks,
-    ratio_rule,
-    relative_rule,
-    summarise_ppl_at_l,
-    summarise_seeds,
+    STATISTICS,
 )
 from bench.findings.rows import col, passkey, window_nll, with_series
+from bench.report.leaderboard_samples import series_samples
 
-__all__ = ["METRIC_TITLES", "RULES", "leaderboard_table", "recipe_of"]
+__all__ = ["METRIC_TITLES", "RULES", "Leaderboard", "leaderboard", "leaderboard_table", "recipe_of"]
 
-METRIC_TITLES = {"ppl": "perplexity", "longppl": "LongPPL", "passkey": "passkey", "ruler": "RULER"}
-#: each metric's rule in one line (report.md and the page say it beside the numbers)
+#: the statistics' titles (report.md, the page)
+METRIC_TITLES = {name: s.title for name, s in STATISTICS.items()}
+#: each statistic's rule in one line (report.md and the page say it beside the numbers)
 RULES = {
+    "ppl_auc": "area under log(perplexity / perplexity at L) over log2 length from L to the "
+    "longest, normalised (0 = flat; lower is better)",
     "ppl": f"largest length with perplexity <= {PPL_FLAT} x its value at L (every shorter too)",
-    "longppl": f"the same rule on LongPPL: <= {PPL_FLAT} x its LongPPL at L (none without one at L)",
+    "passkey_auc": "area under passkey accuracy over log2 length from L to the longest, "
+    "normalised (1 = perfect everywhere)",
     "passkey": f"largest length whose accuracy's Wilson 95% lower end is >= {PASSKEY_MIN}",
-    "ruler": f"largest length whose RULER tasks' exact mean is >= {RULER_RELATIVE} x its mean at L",
+    "ruler_auc": "area under the RULER tasks' exact mean over log2 length from L to the "
+    "longest, normalised (absolute: tasks that read 0 give 0)",
+    "ruler_abs": f"largest length whose RULER tasks' exact mean is >= {RULER_ABSOLUTE} "
+    "(absolute, fixed a priori)",
+    AT_L: "perplexity at the training length (lower is better)",
 }
+#: the relative RULER length, shown beside the absolute one (not ranked)
+RULER_RELATIVE_RULE = (
+    f"largest length whose RULER tasks' exact mean is >= {RULER_RELATIVE} x its mean at L"
+)
+#: statistics that are effective lengths (compared on log2(eff / L), shown in tokens)
+LENGTHS = ("ppl", "passkey", "ruler_abs")
 KEY_COLUMNS = ["recipe", "design", "method", "finetune"]
+#: the per-seed effective lengths (tokens) behind each length statistic
+EFF_KEYS = {"ppl": "_ppl_eff", "passkey": "_passkey_eff", "ruler_abs": "_ruler_abs_eff"}
+#: adjacent pairs counted by the power summary
+TOP = 10
+#: the columns the table reads of the labelled rows
+READ_COLUMNS = [
+    *KEY_COLUMNS, "_series", "experiment", "arm", "seed", "train_length", "eval_length",
+    "metric", "value", "n", "bucket_lo", "bucket_hi", "axis", "axis_value", "task", "template",
+    "doc_nll_sums", "doc_tokens",
+]  # fmt: skip
 
 
 def recipe_of(df: pd.DataFrame) -> pd.Series:
@@ -107,45 +141,25 @@ def labelled(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-# --------------------------------------------------------------------------- per seed, per metric
+# --------------------------------------------------------------------------- the table
 
 
-def _ppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
-    """Per seed: the perplexity rule's effective length (none where the seed has no row at L)."""
-    nll = window_nll(rows)
-    out: dict[int, int] = {}
-    for seed, g in nll.groupby("seed"):
-        by_length = g.groupby("eval_length").apply(
-            lambda x: np.average(x["value"], weights=x["n"]), include_groups=False
-        )
-        if train_length not in by_length.index:
-            continue
-        ppl = {int(x): math.exp(v) for x, v in by_length.items()}
-        out[int(seed)] = ratio_rule(ppl, ppl[train_length], PPL_FLAT)
-    return out
-
-
-def _longppl_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """LongPPL rows with key tokens (a length without any has no value to read)."""
-    return rows[(rows["metric"] == "longppl") & (rows["n"] > 0)]
-
-
-def _longppl_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
-    """Per seed: the LongPPL rule's effective length against LongPPL at L (none where the seed
-    has no LongPPL at L: a later length is no baseline, the series may fail before it)."""
-    lp = _longppl_rows(rows)
-    out = {}
-    for seed, g in lp.groupby("seed"):
-        values = {int(x): float(v) for x, v in zip(g["eval_length"], g["value"], strict=True)}
-        if train_length in values:
-            out[int(seed)] = ratio_rule(values, values[train_length], PPL_FLAT)
-    return out
+def longest_lengths(rows: pd.DataFrame) -> dict[str, int]:
+    """Per length statistic: the longest length evaluated (an effective length equal to it
+    means "at least": the series passes wherever it was measured)."""
+    task = col(rows, "task")
+    sources = {
+        "ppl": window_nll(rows),
+        "passkey": passkey(rows),
+        "ruler_abs": rows[task.notna() & (rows["metric"] != "effective_length")],
+    }
+    return {m: int(r["eval_length"].max()) for m, r in sources.items() if not r.empty}
 
 
 def _longppl_at_longest(rows: pd.DataFrame) -> float:
     """LongPPL at the longest length every seed has it, geometric mean over seeds (described
-    beside the rule, never ranked: the rule reads the ratio to L)."""
-    lp = _longppl_rows(rows)
+    beside the ranks, never ranked: :mod:`bench.findings.leaderboard`)."""
+    lp = rows[(rows["metric"] == "longppl") & (rows["n"] > 0)]
     if lp.empty:
         return math.nan
     longest = lp.groupby("seed")["eval_length"].max().min()
@@ -153,135 +167,208 @@ def _longppl_at_longest(rows: pd.DataFrame) -> float:
     return math.exp(float(np.log(at["value"]).mean()))
 
 
-def _passkey_lengths(rows: pd.DataFrame) -> dict[int, int]:
-    keys = passkey(rows)
-    keys = keys[keys["eval_length"] > 0]
-    out = {}
-    for seed, g in keys.groupby("seed"):
-        trials: dict[int, tuple[int, int]] = {}
-        for length, x in g.groupby("eval_length"):
-            k, n = float((x["value"] * x["n"]).sum()), int(x["n"].sum())
-            trials[int(length)] = (round(k), n)
-        out[int(seed)] = passkey_rule(trials)
-    return out
+@dataclass
+class Leaderboard:
+    """The table (one row per series), every decided comparison (``recipe``, ``statistic``,
+    ``a`` better than ``b``, ``diff``, ``se``, ``df``, ``paired``, ``p``, ``p_adj``; closed
+    transitively: ``direct`` False where only implied) and each block's power per statistic."""
+
+    table: pd.DataFrame
+    comparisons: pd.DataFrame
+    power: pd.DataFrame
 
 
-def _ruler_lengths(rows: pd.DataFrame, train_length: int) -> dict[int, int]:
-    task = col(rows, "task")
-    exact = rows[
-        task.notna() & (rows["metric"] != "effective_length") & (col(rows, "axis") == "score")
-        & (col(rows, "axis_value") == "exact")
-    ]  # fmt: skip
-    out = {}
-    for seed, g in exact.groupby("seed"):
-        means = g.groupby("eval_length")["value"].mean()
-        if train_length not in means.index:
+def _display(stat: str, x: float, train_length: int) -> float:
+    """A statistic's value on the scale it is shown on: tokens, perplexity or the AUC itself."""
+    if stat in LENGTHS:
+        return train_length * 2.0**x
+    if stat == AT_L:
+        return math.exp(x)
+    return x
+
+
+def _mean_interval(sample: Sample, reps: np.ndarray) -> tuple[float, float, float]:
+    """Mean over seeds and its 95% interval: t with the two-level bootstrap's standard error
+    (the seed level's n / (n - 1) correction); the mean alone with one seed."""
+    mean, n = sample.mean, len(sample.values)
+    if n < 2:
+        return mean, mean, mean
+    half = stats.t.ppf(0.975, n - 1) * math.sqrt(float(np.var(reps)) * n / (n - 1))
+    return mean, mean - half, mean + half
+
+
+def _seed_text(stat: str, sample: Sample, effs: dict[int, float] | None) -> str:
+    if effs is not None:
+        return ",".join(str(int(effs[s])) for s in sample.seeds)
+    digits = 2 if stat == AT_L else 3
+    value = (lambda v: math.exp(v)) if stat == AT_L else (lambda v: v)
+    return ",".join(f"{value(sample.values[s]):.{digits}f}" for s in sample.seeds)
+
+
+def _power_rows(recipe, stat, ordered, samples, decided, comparisons) -> dict:
+    """Adjacent pairs of ``ordered`` (lists per tier, best first) and how many are decided; of
+    the first :data:`TOP`, the decided fraction and the seeds that would decide the rest."""
+    pairs = [(t[i], t[i + 1]) for t in ordered for i in range(len(t) - 1)]
+    top = pairs[:TOP]
+    m = max(len(comparisons), 1)
+    level = FDR * (int(comparisons["decided"].sum()) + 1) / m  # BH's bar for the next one
+    needed = []
+    for a, b in top:
+        if (a, b) in decided:
             continue
-        values = {int(x): float(v) for x, v in means.items()}
-        out[int(seed)] = relative_rule(values, values[train_length], RULER_RELATIVE)
-    return out
-
-
-def longest_lengths(rows: pd.DataFrame) -> dict[str, int]:
-    """Per metric: the longest length evaluated (an effective length equal to it means "at
-    least": the series passes wherever it was measured)."""
-    task = col(rows, "task")
-    sources = {
-        "ppl": window_nll(rows),
-        "longppl": rows[rows["metric"] == "longppl"],
-        "passkey": passkey(rows),
-        "ruler": rows[task.notna() & (rows["metric"] != "effective_length")],
-    }
-    return {m: int(r["eval_length"].max()) for m, r in sources.items() if not r.empty}
-
-
-def seed_lengths(rows: pd.DataFrame, train_length: int) -> dict[str, dict[int, int]]:
-    """Per metric (those the series has): each seed's effective length in tokens."""
-    found = {
-        "ppl": _ppl_lengths(rows, train_length),
-        "longppl": _longppl_lengths(rows, train_length),
-        "passkey": _passkey_lengths(rows),
-        "ruler": _ruler_lengths(rows, train_length),
-    }
-    return {metric: lengths for metric, lengths in found.items() if lengths}
-
-
-def _nll_at_l(rows: pd.DataFrame, train_length: int) -> dict[int, float]:
-    """Per seed: the mean NLL per token at L (its log perplexity)."""
-    nll = window_nll(rows)
-    nll = nll[nll["eval_length"] == train_length]
+        sa, sb = samples[a], samples[b]
+        diff = abs(sa.mean - sb.mean)
+        if sa.group == sb.group:
+            d = np.array([sa.values[s] - sb.values[s] for s in sa.seeds])
+            sd = float(d.std(ddof=1)) if len(d) > 1 else math.nan
+        else:
+            va = np.var(list(sa.values.values()), ddof=1) if len(sa.values) > 1 else math.nan
+            vb = np.var(list(sb.values.values()), ddof=1) if len(sb.values) > 1 else math.nan
+            sd = math.sqrt(va + vb)
+        needed.append(seeds_to_decide(diff, sd, level))
+    finite = [n for n in needed if n is not None]
     return {
-        int(seed): float(np.average(g["value"], weights=g["n"]))
-        for seed, g in nll.groupby("seed", sort=True)
-    }
+        "recipe": recipe, "statistic": stat, "series": sum(len(t) for t in ordered),
+        "adjacent_pairs": len(pairs), "adjacent_decided": sum(p in decided for p in pairs),
+        "top_pairs": len(top), "top_decided": sum(p in decided for p in top),
+        "top_undecided_seeds_max": max(finite) if len(finite) == len(needed) and finite else None,
+        "top_undecided_seeds_median": float(np.median(finite)) if finite else None,
+        "top_undecided_beyond_cap": len(needed) - len(finite),
+        "pairs_compared": len(comparisons), "pairs_decided": int(comparisons["decided"].sum()),
+    }  # fmt: skip
 
 
-# --------------------------------------------------------------------------- the table
-
-
-def _series_row(key: tuple, rows: pd.DataFrame) -> tuple[dict, dict[str, SeedSummary]]:
-    train_length = int(rows["train_length"].iloc[0])
-    summaries = {
-        metric: summarise_seeds([lengths[s] for s in sorted(lengths)], train_length)
-        for metric, lengths in seed_lengths(rows, train_length).items()
-    }
-    row = dict(zip(KEY_COLUMNS, key, strict=True))
-    row.update(
-        train_length=train_length,
-        seeds=",".join(str(int(s)) for s in sorted(rows["seed"].unique())),
-        ppl_at_L=math.nan,
-        series=str(rows["_series"].iloc[0]),
-    )
-    row["longppl_at_longest"] = _longppl_at_longest(rows)
-    at_l = _nll_at_l(rows, train_length)
-    if at_l and summaries:  # ranked beside the effective lengths (lower is better)
-        s = summaries[AT_L] = summarise_ppl_at_l(list(at_l.values()))
-        row.update(
-            ppl_at_L=math.exp(-s.mean), ppl_at_L_lo=math.exp(-s.hi), ppl_at_L_hi=math.exp(-s.lo)
-        )
-    longest = longest_lengths(rows)
-    for metric, s in summaries.items():
-        if metric == AT_L:
+def _block(recipe: str, block: pd.DataFrame):
+    label = recipe_label(recipe, block)
+    rows: dict[str, dict] = {}
+    samples: dict[str, dict[str, Sample]] = {}
+    for key, g in block.groupby(KEY_COLUMNS, sort=True):
+        found = series_samples(g, recipe, group=(recipe, key[1], key[3]))
+        if not any(k in STATISTICS for k in found):
             continue
-        row[f"{metric}_max"] = longest[metric]
-        row[f"{metric}_eff"] = train_length * 2.0**s.mean
-        row[f"{metric}_lo"] = train_length * 2.0**s.lo
-        row[f"{metric}_hi"] = train_length * 2.0**s.hi
-        row[f"{metric}_seeds"] = ",".join(str(x) for x in s.lengths)
-    return row, summaries
+        name = str(g["_series"].iloc[0])
+        train_length = int(g["train_length"].iloc[0])
+        row = dict(zip(KEY_COLUMNS, key, strict=True))
+        row.update(
+            recipe_label=label, train_length=train_length, series=name,
+            seeds=",".join(str(int(s)) for s in sorted(g["seed"].unique())),
+            longppl_at_longest=_longppl_at_longest(g),
+        )  # fmt: skip
+        longest = longest_lengths(g)
+        for stat, eff_key in EFF_KEYS.items():
+            if eff_key in found:
+                row[f"{stat}_max"] = longest.get(stat, math.nan)
+        if "_ruler_eff" in found:
+            row["ruler_rel_seeds"] = ",".join(
+                str(int(found["_ruler_eff"].values[s])) for s in found["_ruler_eff"].seeds
+            )
+        rows[name] = row
+        samples[name] = found
+    if not rows:
+        return [], [], []
+    train_length = next(iter(rows.values()))["train_length"]
+    # bad at L: perplexity at L decidedly above PPL_FLAT x the block's best
+    at_l = {k: s[AT_L] for k, s in samples.items() if AT_L in s}
+    bad: dict[str, bool] = {}
+    if at_l:
+        best = min(at_l, key=lambda k: (at_l[k].mean, k))
+        bad = decidedly_above(at_l, best, math.log(PPL_FLAT))
+    present = [m for m in STATISTICS if any(m in s for s in samples.values())]
+    primary = next((m for m in PRIMARY if m in present), None)
+    decided_rows, power = [], []
+    for stat in present:
+        spec = STATISTICS[stat]
+        eff_key = EFF_KEYS.get(spec.gate) if spec.gate else None
+        have = {k: s[stat] for k, s in samples.items() if stat in s}
+        fails = {
+            k: sum(int(samples[k][eff_key].values.get(x, 1)) <= 0 for x in have[k].seeds)
+            if eff_key and eff_key in samples[k] else 0
+            for k in have
+        }  # fmt: skip
+        eligible = {k: v for k, v in have.items() if fails[k] == 0}
+        sign = 1.0 if spec.higher_is_better else -1.0
+        tiered = stat in BAD_AT_L_TIERED
+        tiers = [
+            sorted((k for k in eligible if bad.get(k, False) == t or not tiered),
+                   key=lambda k: (-sign * eligible[k].mean, k))
+            for t in ((False, True) if tiered else (False,))
+        ]  # fmt: skip
+        comparisons = compare(eligible, spec.higher_is_better)
+        decided = decided_pairs(comparisons)
+        direct = set(zip(comparisons.loc[comparisons["decided"], "a"],
+                         comparisons.loc[comparisons["decided"], "b"], strict=True))  # fmt: skip
+        reps = replicate_means(have)
+        offset = 0
+        for tier in tiers:
+            intervals = rank_intervals(tier, decided)
+            boot = bootstrap_ranks({k: eligible[k] for k in tier}, spec.higher_is_better)
+            for k in tier:
+                rows[k][f"{stat}_rank_lo"] = offset + intervals[k][0]
+                rows[k][f"{stat}_rank_hi"] = offset + intervals[k][1]
+                rows[k][f"{stat}_boot_lo"] = offset + boot[k][0]
+                rows[k][f"{stat}_boot_hi"] = offset + boot[k][1]
+            offset += len(tier)
+        for k, sample in have.items():
+            mean, lo, hi = _mean_interval(sample, reps[k])
+            row = rows[k]
+            row[f"{stat}_mean"] = _display(stat, mean, train_length)
+            lo, hi = _display(stat, lo, train_length), _display(stat, hi, train_length)
+            row[f"{stat}_lo"], row[f"{stat}_hi"] = min(lo, hi), max(lo, hi)
+            effs = samples[k][EFF_KEYS[stat]].values if stat in EFF_KEYS else None
+            row[f"{stat}_seeds"] = _seed_text(stat, sample, effs)
+            if spec.gate:
+                row[f"{stat}_fails"] = fails[k]
+        for a, b in sorted(decided):
+            c = comparisons[((comparisons["a"] == a) & (comparisons["b"] == b))]
+            one = c.iloc[0] if len(c) else None
+            decided_rows.append({
+                "recipe": recipe, "statistic": stat, "a": a, "b": b, "direct": (a, b) in direct,
+                **({k: one[k] for k in ("diff", "se", "df", "paired", "p", "p_adj")}
+                   if one is not None else {}),
+            })  # fmt: skip
+        power.append(_power_rows(recipe, stat, tiers, eligible, decided, comparisons))
+    for k, row in rows.items():
+        row["bad_at_L"] = bool(bad.get(k, False))
+        row["ppl_at_L"] = row.get(f"{AT_L}_mean", math.nan)
+        row["primary"] = primary
+        ranked = primary is not None and f"{primary}_rank_lo" in row
+        row["overall_rank_lo"] = row[f"{primary}_rank_lo"] if ranked else math.nan
+        row["overall_rank_hi"] = row[f"{primary}_rank_hi"] if ranked else math.nan
+        sign = 1.0 if primary and STATISTICS[primary].higher_is_better else -1.0
+        value = row.get(f"{primary}_mean", math.nan) if primary else math.nan
+        row["_order"] = (not ranked, row["bad_at_L"], -sign * value if np.isfinite(value) else 0)
+    return list(rows.values()), decided_rows, power
+
+
+def leaderboard(df: pd.DataFrame) -> Leaderboard:
+    """The table, decided comparisons and power of every recipe in ``df`` (result rows, or rows
+    already :func:`labelled`). Table columns per statistic ``m``: ``m_mean`` / ``m_lo`` /
+    ``m_hi`` (shown scale: tokens, AUC, perplexity), ``m_seeds``, ``m_fails`` (gated: seeds
+    failing at L), ``m_rank_lo`` / ``m_rank_hi`` (decided comparisons), ``m_boot_lo`` /
+    ``m_boot_hi`` (bootstrap ranks), ``m_max`` (lengths: longest evaluated); ``bad_at_L`` (†),
+    ``primary``, ``overall_rank_lo`` / ``overall_rank_hi``; sorted by recipe, ranked first,
+    good at L first, then the primary's mean."""
+    empty = Leaderboard(pd.DataFrame(columns=KEY_COLUMNS), pd.DataFrame(), pd.DataFrame())
+    if df.empty:
+        return empty
+    if "design" not in df.columns:  # raw result rows
+        df = labelled(df)
+    df = df[[c for c in READ_COLUMNS if c in df.columns]]  # narrow frames: cheaper to subset
+    table, decided, power = [], [], []
+    for recipe, block in df.groupby("recipe", sort=True):
+        rows, d, p = _block(str(recipe), block)
+        table += rows
+        decided += d
+        power += p
+    if not table:
+        return empty
+    out = pd.DataFrame(table)
+    out = out.sort_values(
+        ["recipe", "_order", "design", "method", "finetune"], kind="stable"
+    ).drop(columns="_order").reset_index(drop=True)  # fmt: skip
+    return Leaderboard(out, pd.DataFrame(decided), pd.DataFrame(power))
 
 
 def leaderboard_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per series (recipe x design x method x fine-tune): effective lengths in tokens per
-    metric (``<metric>_eff``: 2 to the mean log2 over seeds, times L; ``_lo``/``_hi`` its
-    interval; ``_seeds`` the per-seed lengths; ``_max`` the longest length evaluated),
-    ``<metric>_rank``, ``overall_rank``, ``ppl_at_L``; sorted by recipe, overall rank, then
-    design and method. ``df`` may already be :func:`labelled` (it is labelled once)."""
-    if df.empty:
-        return pd.DataFrame(columns=KEY_COLUMNS)
-    if "design" not in df.columns:  # raw result rows
-        df = labelled(df)
-    out = []
-    for recipe, block in df.groupby("recipe", sort=True):
-        label = recipe_label(str(recipe), block)
-        rows, summaries = [], {}
-        for key, g in block.groupby(KEY_COLUMNS, sort=True):
-            row, summary = _series_row(key, g)
-            if summary:
-                row["recipe_label"] = label
-                rows.append(row)
-                summaries[row["series"]] = summary
-        per_metric = {
-            m: ranks({k: s[m] for k, s in summaries.items() if m in s})
-            for m in (*METRICS, AT_L)
-            if any(m in s for s in summaries.values())
-        }
-        overall = overall_ranks(per_metric)
-        for row in rows:
-            for m, r in per_metric.items():
-                row[f"{m}_rank"] = r.get(row["series"], math.nan)
-            row["overall_rank"] = overall[row["series"]]
-        out.extend(rows)
-    table = pd.DataFrame(out)
-    order = ["recipe", "overall_rank", "design", "method", "finetune"]
-    return table.sort_values(order, kind="stable").reset_index(drop=True)
+    """:func:`leaderboard`'s table alone."""
+    return leaderboard(df).table

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.findings.leaderboard import STATISTICS
 from bench.findings.rows import col, passkey, window_nll
 from bench.report.leaderboard import METRIC_TITLES, RULES
 
@@ -81,7 +82,7 @@ SCRIPT = """
 """
 
 #: columns of the display table sorted as numbers (by the underlying value, not the text)
-NUMERIC = {"overall": "overall_rank", "ppl at L": "ppl_at_L"}
+NUMERIC = {"overall": "overall_rank_lo", "ppl at L": "ppl_at_L"}
 
 
 def series_rows(labelled_rows: pd.DataFrame, series: str) -> pd.DataFrame:
@@ -116,7 +117,7 @@ def _cell(text: str, value: object, metric: str | None, anchor: str) -> str:
 
 
 def _table_html(table: pd.DataFrame, shown: pd.DataFrame) -> str:
-    metric_of = {title: m for m, title in METRIC_TITLES.items()}
+    metric_of = {METRIC_TITLES[m]: m for m in STATISTICS if METRIC_TITLES[m] in shown.columns}
     heads = []
     for name in shown.columns:
         numeric = name in NUMERIC or name in metric_of
@@ -132,7 +133,7 @@ def _table_html(table: pd.DataFrame, shown: pd.DataFrame) -> str:
         cells = []
         for name, value in zip(shown.columns, text, strict=True):
             if name in metric_of:
-                sort_value = getattr(row, f"{metric_of[name]}_eff")
+                sort_value = _sort_value(row, metric_of[name])
                 cells.append(_cell(value, sort_value, metric_of[name], anchor))
             else:
                 sort_value = getattr(row, NUMERIC[name]) if name in NUMERIC else value
@@ -146,6 +147,16 @@ def _table_html(table: pd.DataFrame, shown: pd.DataFrame) -> str:
         '<table id="board"><thead><tr>' + "".join(heads) + "</tr></thead><tbody>"
         + "\n".join(body) + "</tbody></table>"
     )  # fmt: skip
+
+
+def _sort_value(row, stat: str) -> float:
+    """A statistic's cell sorts by its mean, better first when ascending; a series not ranked on
+    it (failing at L on some seed) sorts last."""
+    value = getattr(row, f"{stat}_mean", math.nan)
+    fails = getattr(row, f"{stat}_fails", 0)
+    if value is None or not np.isfinite(value) or (fails == fails and fails):
+        return math.nan
+    return -value if STATISTICS[stat].higher_is_better else value
 
 
 def _select(ident: str, label: str, values: list[tuple[str, str]]) -> str:
@@ -181,34 +192,47 @@ def write_page(
     labelled_rows: pd.DataFrame,
     maps: list[str],
     heatmap_dir: Path,
+    summary: list[str] | None = None,
+    power: pd.DataFrame | None = None,
 ) -> None:
     """Write the self-contained page (module doc) for the leaderboard ``table``, shown as
     ``shown`` (:func:`bench.report.leaderboard_report.display_table`)."""
     recipes = [(r, r) for r in sorted(table["recipe_label"].unique())]
     designs = [(d, d) for d in sorted(table["design"].unique())]
     methods = [(m, m) for m in sorted(table["method"].unique())]
-    metrics = [(m, METRIC_TITLES[m]) for m in METRIC_TITLES if f"{m}_eff" in table]
+    metrics = [(m, METRIC_TITLES[m]) for m in STATISTICS
+               if METRIC_TITLES[m] in shown.columns]  # fmt: skip
+    summary_html = "".join(f"<p>{html.escape(p)}</p>" for p in summary or [])
+    power_html = "" if power is None else power.to_html(index=False, border=0)
     images = "".join(
         f'<h3>{METRIC_TITLES[m]}</h3><img alt="{m} heatmap" src="data:image/png;base64,'
         + base64.b64encode((heatmap_dir / f"{m}.png").read_bytes()).decode("ascii") + '">'
         for m in maps
     )  # fmt: skip
-    rules = "".join(f"<li>{METRIC_TITLES[m]}: {html.escape(RULES[m])}.</li>" for m, _ in metrics)
+    rules = "".join(
+        f"<li>{METRIC_TITLES[m]}: {html.escape(RULES[m])}.</li>"
+        for m in STATISTICS if METRIC_TITLES[m] in shown.columns
+    )  # fmt: skip
     data = table.drop(columns=["series"]).to_json(orient="records")
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>lenbench leaderboard</title>
 <style>{STYLE}</style></head><body>
 <h1>lenbench leaderboard</h1>
-<p>Effective length past the training length L per metric, in tokens (interval over seeds) and
-rank (#1 = longest; ties where intervals overlap); one block per training recipe, never ranked
+<p>Every pair of series of a training recipe compared on each statistic (paired where they
+share a trained model; a two-level bootstrap over seeds and documents or trials;
+Benjamini-Hochberg at 5% over the recipe's pairs). A rank #a–b is the interval every order
+consistent with the decided comparisons allows: two series whose intervals do not overlap have a
+decided comparison, overlapping ones are not ordered. One block per training recipe, never ranked
 together. Same numbers as report.md. Click a column to sort, a cell for its rows. "≥": every
-seed passes at the longest length measured; "fails at L": every seed fails at L; †: perplexity at L
-above 1.1 x the recipe's best (its flat perplexity past L starts from a bad value); ‡: the raw
-model of its design fails at L on that metric (the cell reflects its training more than the
-method).</p>
+seed passes at the longest length measured; "fails at L on k/n": not ranked on that statistic;
+†: perplexity at L decidedly above 1.1 x the recipe's best (ranked below every series that is
+not); ‡: the raw model of its design fails at L on some seed (the cell reflects its training
+more than the method).</p>
+<h2>Summary</h2>{summary_html}
 <ul>{rules}</ul>
 <div id="filters">{_select("f-recipe", "recipe", recipes)}{_select("f-design", "family", designs)}{_select("f-method", "method", methods)}{_select("f-metric", "metric", metrics)}</div>
 {_table_html(table, shown)}
+<h2>Power</h2>{power_html}
 <h2>Heatmaps</h2>{images}
 <h2>Rows</h2>{_rows_html(table, labelled_rows)}
 <script type="application/json" id="data">{html.escape(data)}</script>

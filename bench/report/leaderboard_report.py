@@ -1,7 +1,7 @@
-"""``lenbench-report --leaderboard``: report.md, one heatmap per metric, tables/leaderboard.csv
-and index.html (:mod:`bench.report.leaderboard_page`), all from one table
-(:func:`bench.report.leaderboard.leaderboard_table`), so the page shows the numbers report.md
-shows (the same :func:`cell_text`)."""
+"""``lenbench-report --leaderboard``: report.md, a heatmap per statistic, tables/leaderboard.csv,
+tables/comparisons.csv (every decided comparison), tables/power.csv and index.html
+(:mod:`bench.report.leaderboard_page`), all from one :class:`bench.report.leaderboard.Leaderboard`,
+so the page shows the numbers report.md shows (the same :func:`cell_text`)."""
 
 from __future__ import annotations
 
@@ -11,162 +11,281 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.findings.leaderboard import AT_L, METRICS, PPL_FLAT
-from bench.report.leaderboard import METRIC_TITLES, RULES, labelled, leaderboard_table
+from bench.findings.comparisons import FDR
+from bench.findings.leaderboard import AT_L, PPL_FLAT, STATISTICS
+from bench.report.leaderboard import (
+    LENGTHS,
+    METRIC_TITLES,
+    RULER_RELATIVE_RULE,
+    RULES,
+    TOP,
+    Leaderboard,
+    labelled,
+    leaderboard,
+)
 from bench.report.markdown import markdown_table
 
-__all__ = ["cell_text", "display_table", "write_leaderboard"]
+__all__ = ["cell_text", "display_table", "readme_block", "write_leaderboard"]
 
-#: marks a series whose perplexity at L exceeds PPL_FLAT x its recipe's best: its effective lengths
-#: are measured against a value that is already bad
+#: marks a series bad at L: its perplexity at L decidedly above PPL_FLAT x its recipe's best; it
+#: ranks below every series that is not, on the perplexity statistics and overall
 BAD_AT_L = "†"
-#: marks a series whose design's raw model (no method, no fine-tune) already fails at L on the
-#: metric: it never did the task at L under the recipe's training, so the cell says little of the
-#: method applied to it
+#: marks a series whose design's raw model (no method, no fine-tune) fails at L on the statistic
+#: on some seed: the cell reflects the recipe's training more than the method applied
 RAW_FAILS_AT_L = "‡"
+#: how many top-group series a README line names before "+k more"
+README_NAMES = 4
 
 
-def cell_text(row: pd.Series, metric: str, raw_fails: bool = False) -> str:
-    """One metric's cell: effective length in tokens (its interval over seeds) and its rank;
-    ``raw_fails`` adds :data:`RAW_FAILS_AT_L`."""
-    eff = row.get(f"{metric}_eff", math.nan)
-    if eff is None or not np.isfinite(eff):
+def _has(row: pd.Series, key: str) -> bool:
+    value = row.get(key, math.nan)
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def rank_text(row: pd.Series, stat: str) -> str:
+    """``#lo–hi`` (``#k`` where the interval is one rank); empty where the statistic is not ranked."""
+    if not _has(row, f"{stat}_rank_lo"):
+        return ""
+    lo, hi = int(row[f"{stat}_rank_lo"]), int(row[f"{stat}_rank_hi"])
+    return f"#{lo}" if lo == hi else f"#{lo}–{hi}"
+
+
+def _seed_count(row: pd.Series, stat: str) -> int:
+    return len(str(row[f"{stat}_seeds"]).split(","))
+
+
+def cell_text(row: pd.Series, stat: str, raw_fails: bool = False) -> str:
+    """One statistic's cell. A length: its mean in tokens ("≥" where every seed passes at the
+    longest length measured), the per-seed lengths and the rank interval. An AUC: its mean, 95%
+    interval and rank interval. A series failing at L on some seed of a gated statistic: "fails
+    at L on k/n" with the seeds' values, no rank. ``raw_fails`` adds :data:`RAW_FAILS_AT_L`."""
+    if not _has(row, f"{stat}_mean"):
         return "–"
-    lo, hi, rank = row[f"{metric}_lo"], row[f"{metric}_hi"], row[f"{metric}_rank"]
     mark = RAW_FAILS_AT_L if raw_fails else ""
-    if _fails_at_l(row, metric):
-        return f"fails at L{mark} #{int(rank)}"
-    span = "" if round(lo) == round(hi) else f" ({lo:.0f}–{hi:.0f})"
-    # every seed passes at the longest length measured: at least that long
-    at_least = "≥" if round(lo) == round(hi) == row[f"{metric}_max"] else ""
-    return f"{at_least}{eff:.0f}{span}{mark} #{int(rank)}"
+    seeds = str(row[f"{stat}_seeds"])
+    fails = int(row.get(f"{stat}_fails", 0) or 0) if _has(row, f"{stat}_fails") else 0
+    if stat in LENGTHS:
+        values = [int(x) for x in seeds.split(",")]
+        at_least = "≥" if all(v == row[f"{stat}_max"] for v in values) else ""
+        value = f"{at_least}{row[f'{stat}_mean']:.0f} ({seeds})"
+    else:
+        lo, hi = row[f"{stat}_lo"], row[f"{stat}_hi"]
+        value = f"{row[f'{stat}_mean']:.3f} ({lo:.3f}–{hi:.3f})"
+    if fails:
+        return f"fails at L on {fails}/{_seed_count(row, stat)}{mark} ({seeds})"
+    return f"{value}{mark} {rank_text(row, stat)}".rstrip()
 
 
-def _at_l_text(row: pd.Series, bad: bool) -> str:
-    """Perplexity at L (geometric mean over seeds), the bad-at-L mark and its rank."""
-    value = row.get("ppl_at_L", math.nan)
-    if value is None or not np.isfinite(value):
+def _at_l_text(row: pd.Series) -> str:
+    """Perplexity at L (geometric mean over seeds), † where bad at L, and its rank interval."""
+    if not _has(row, "ppl_at_L"):
         return "–"
-    return f"{value:.2f}{BAD_AT_L if bad else ''} #{int(row[f'{AT_L}_rank'])}"
+    mark = BAD_AT_L if row["bad_at_L"] else ""
+    return f"{row['ppl_at_L']:.2f}{mark} {rank_text(row, AT_L)}".rstrip()
 
 
-def _fails_at_l(row: pd.Series, metric: str) -> bool:
-    """Every seed's effective length is 0 (it fails at the shortest length, L)."""
-    return all(int(x) == 0 for x in str(row[f"{metric}_seeds"]).split(","))
+def overall_text(row: pd.Series) -> str:
+    """The overall rank interval (the block's primary statistic), or why the series has none."""
+    if _has(row, "overall_rank_lo"):
+        lo, hi = int(row["overall_rank_lo"]), int(row["overall_rank_hi"])
+        return f"#{lo}" if lo == hi else f"#{lo}–{hi}"
+    primary = row.get("primary")
+    if primary and _has(row, f"{primary}_fails") and row[f"{primary}_fails"]:
+        return (
+            f"not ranked: fails at L on {int(row[f'{primary}_fails'])}/{_seed_count(row, primary)}"
+        )
+    return "not ranked"
 
 
-def _length_text(row: pd.Series, metric: str) -> str:
-    if _fails_at_l(row, metric):
-        return "fails at L"
-    eff, length = row[f"{metric}_eff"], row["train_length"]
-    return f"{eff:.0f} tokens ({eff / length:.1f} L)"
-
-
-def _raw_fails_at_l(table: pd.DataFrame, metric: str) -> pd.Series:
-    """Per series: the raw series of its recipe and design (method and fine-tune none) has the
-    metric and fails at L on it."""
+def _raw_fails_at_l(table: pd.DataFrame, stat: str) -> pd.Series:
+    """Per series: the raw series of its recipe and design (method and fine-tune none) fails at L
+    on the gated statistic on some seed."""
+    if f"{stat}_fails" not in table:
+        return pd.Series(False, index=table.index)
     raw = table[(table["method"] == "none") & (table["finetune"] == "none")]
-    raw = raw[np.isfinite(raw[f"{metric}_eff"])]
-    failing = {(r["recipe"], r["design"]) for _, r in raw.iterrows() if _fails_at_l(r, metric)}
+    failing = {
+        (r["recipe"], r["design"]) for _, r in raw.iterrows()
+        if _has(r, f"{stat}_fails") and r[f"{stat}_fails"] > 0
+    }  # fmt: skip
     return pd.Series(
         [key in failing for key in zip(table["recipe"], table["design"], strict=True)],
         index=table.index,
     )
 
 
-def _bad_at_l(table: pd.DataFrame) -> pd.Series:
-    best = table.groupby("recipe")["ppl_at_L"].transform("min")
-    return table["ppl_at_L"] > PPL_FLAT * best
+def shown_statistics(table: pd.DataFrame) -> list[str]:
+    """The statistics with a column in the shown table (present in ``table``; ppl at L apart)."""
+    return [m for m in STATISTICS if m != AT_L and f"{m}_mean" in table]
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The ranked table as text, one column per metric present (what report.md and the page show)."""
-    metrics = [m for m in METRICS if f"{m}_eff" in table]
-    bad = _bad_at_l(table)
+    """The ranked table as text, one column per statistic present (what report.md and the page
+    show)."""
     out = pd.DataFrame(
         {
             "recipe": table["recipe_label"],
-            "overall": table["overall_rank"].map(lambda r: f"{r:.2f}"),
+            "overall": [overall_text(r) for _, r in table.iterrows()],
             "design": table["design"],
             "method": table["method"],
             "fine-tune": table["finetune"],
             "seeds": table["seeds"],
-            "ppl at L": [
-                _at_l_text(row, b) for (_, row), b in zip(table.iterrows(), bad, strict=True)
-            ],
+            "ppl at L": [_at_l_text(r) for _, r in table.iterrows()],
         }
     )
-    for m in metrics:
+    for m in shown_statistics(table):
         raw_fails = _raw_fails_at_l(table, m)
-        out[METRIC_TITLES[m]] = [cell_text(row, m, raw_fails[i]) for i, row in table.iterrows()]
+        out[METRIC_TITLES[m]] = [cell_text(r, m, raw_fails[i]) for i, r in table.iterrows()]
+    if "ruler_rel_seeds" in table:
+        out["RULER length (relative)"] = table["ruler_rel_seeds"].fillna("–")
     return out
 
 
-def _paragraph(table: pd.DataFrame, metric: str) -> str:
-    """What the metric shows, per recipe: the longest and shortest effective lengths and who."""
-    lines = [f"**{METRIC_TITLES[metric]}** ({RULES[metric]})."]
-    if f"{metric}_eff" not in table:
-        return lines[0] + " No series of these rows has it."
-    for _, block in table.groupby("recipe", sort=True):
-        recipe = block["recipe_label"].iloc[0]
-        block = block[np.isfinite(block[f"{metric}_eff"])]
-        if block.empty:
+# --------------------------------------------------------------------------- what a block shows
+
+
+def _name(row) -> str:
+    tune = "" if row.finetune == "none" else f" ({row.finetune})"
+    return f"{row.design} {row.method}{tune}"
+
+
+def top_group(block: pd.DataFrame) -> pd.DataFrame:
+    """The series no series is decidedly better than on the block's primary statistic (overall
+    rank interval starting at 1), the most decided first (narrowest interval), then by mean: a
+    series whose seeds disagree can rarely be excluded from first place at three seeds, and its
+    wide interval says so."""
+    top = block[block["overall_rank_lo"] == 1]
+    return top.assign(_order=np.arange(len(top))).sort_values(
+        ["overall_rank_hi", "_order"], kind="stable"
+    ).drop(columns="_order")  # fmt: skip
+
+
+def reach(rows: pd.DataFrame, stat: str) -> int | None:
+    """What every series of ``rows`` reaches on every seed on the length statistic ``stat``:
+    the smallest per-seed effective length among them (None without it)."""
+    if f"{stat}_seeds" not in rows or rows[f"{stat}_seeds"].isna().any():
+        return None
+    return min(int(x) for s in rows[f"{stat}_seeds"] for x in str(s).split(","))
+
+
+def _length_of(primary: str) -> str:
+    return {"ppl_auc": "ppl", "passkey_auc": "passkey", "ruler_auc": "ruler_abs"}[primary]
+
+
+def _versus_raw(block: pd.DataFrame, comparisons: pd.DataFrame, named: pd.DataFrame) -> list[str]:
+    """For each named series with a method or fine-tune: its decided comparison with its
+    design's raw series on the primary statistic (better or worse), where there is one."""
+    out = []
+    if comparisons.empty:
+        return out
+    primary = block["primary"].iloc[0]
+    c = comparisons[(comparisons["recipe"] == block["recipe"].iloc[0])
+                    & (comparisons["statistic"] == primary)]  # fmt: skip
+    raw = block[(block["method"] == "none") & (block["finetune"] == "none")].set_index("design")
+    for row in named.itertuples():
+        if (row.method == "none" and row.finetune == "none") or row.design not in raw.index:
             continue
-        best = block[block[f"{metric}_rank"] == 1]
-        worst = block[block[f"{metric}_eff"] == block[f"{metric}_eff"].min()].iloc[0]
-        top = block.loc[best[f"{metric}_eff"].idxmax()]
-        length = int(block["train_length"].iloc[0])
-        names = ", ".join(f"{r.design} {r.method}" + (f" ({r.finetune})" if r.finetune != "none" else "")
-                          for r in best.itertuples())  # fmt: skip
+        base = raw.loc[row.design]
+        for a, b, word in ((row.series, base["series"], "better"),
+                           (base["series"], row.series, "worse")):  # fmt: skip
+            hit = c[(c["a"] == a) & (c["b"] == b)]
+            if not hit.empty:
+                p = hit["p_adj"].iloc[0]
+                p_text = f"p_adj = {p:.2g}" if np.isfinite(p) else "implied by decided pairs"
+                out.append(f"{_name(row)} {word} than raw {row.design} ({p_text})")
+    return out
+
+
+def _block_paragraph(block: pd.DataFrame, lb: Leaderboard) -> str:
+    recipe, label = block["recipe"].iloc[0], block["recipe_label"].iloc[0]
+    primary = block["primary"].iloc[0]
+    length = int(block["train_length"].iloc[0])
+    if primary is None or not isinstance(primary, str):
+        return f"`{label}`: no ranked statistic."
+    ranked = block[block["overall_rank_lo"].notna()]
+    top = top_group(block)
+    names = ", ".join(f"{_name(r)} [{overall_text(pd.Series(r._asdict()))}]"
+                      for r in top.head(README_NAMES).itertuples())  # fmt: skip
+    more = f" and {len(top) - README_NAMES} more" if len(top) > README_NAMES else ""
+    reached = reach(top, _length_of(primary))
+    lines = [
+        f"`{label}` (L = {length}), {len(block)} series, ranked by {METRIC_TITLES[primary]}: "
+        f"{len(ranked)} ranked, {len(block) - len(ranked)} not (failing at L on some seed). "
+        f"Top group (no series decidedly better): {names}{more}"
+        + (f"; on every seed each reaches {reached} tokens ({reached / length:g} L) on "
+           f"{METRIC_TITLES[_length_of(primary)]}." if reached
+           else f"; some fail at L on {METRIC_TITLES[_length_of(primary)]} on some seed."
+           if reached == 0 else ".")
+    ]  # fmt: skip
+    power = lb.power[lb.power["recipe"] == recipe].set_index("statistic")
+    for stat in power.index:
+        p = power.loc[stat]
         lines.append(
-            f"In `{recipe}` (L = {length}), {len(block)} series: rank 1 ({len(best)} tied, "
-            f"intervals overlapping) is {names}, up to {_length_text(top, metric)}; the shortest "
-            f"is {worst['design']} {worst['method']}: {_length_text(worst, metric)}."
+            f"{METRIC_TITLES[stat]}: {int(p['pairs_decided'])} of {int(p['pairs_compared'])} "
+            f"pairs decided, {int(p['adjacent_decided'])} of {int(p['adjacent_pairs'])} adjacent."
         )
-        if metric == "longppl":
-            lines.append(_longppl_values(block))
-        lines.append(_raw_failures(block, metric))
-    return " ".join(line for line in lines if line)
+    versus = _versus_raw(block, lb.comparisons, top)
+    if versus:
+        lines.append("Decided against the raw model: " + "; ".join(versus[:3]) + ".")
+    failing = sorted(set(block.loc[_raw_fails_at_l(block, primary), "design"]))
+    if failing:
+        lines.append(
+            f"Raw models failing at L on some seed ({RAW_FAILS_AT_L}: their series say more of "
+            f"the training than of the method): {', '.join(failing)}."
+        )
+    return " ".join(lines)
 
 
-def _raw_failures(block: pd.DataFrame, metric: str) -> str:
-    """The designs whose raw model fails at L: their series are marked, not explained by a method."""
-    failing = sorted(set(block.loc[_raw_fails_at_l(block, metric), "design"]))
-    if not failing:
-        return ""
-    return (
-        f"Raw models that fail at L ({RAW_FAILS_AT_L} on every series built on them: the model "
-        "did not do the task at L after the recipe's training, so those cells say little of the "
-        f"method applied): {', '.join(failing)}."
-    )
+def _seeds_text(value: object) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "–"
+    return f"{float(value):.0f}"
 
 
-def _longppl_values(block: pd.DataFrame) -> str:
-    """What the ratio rule does not read: LongPPL itself at the longest length (not ranked)."""
-    at = block.dropna(subset=["longppl_at_longest"]).sort_values("longppl_at_longest")
-    named = [f"{r.design} {r.method}" + (f" ({r.finetune})" if r.finetune != "none" else "")
-             + f" {r.longppl_at_longest:.1f}" for r in at.itertuples()]  # fmt: skip
-    return (
-        "Its value at the longest length, which the rule does not read (not ranked; geometric "
-        f"mean over seeds): lowest {', '.join(named[:3])}; highest {named[-1]}."
-    )
+def power_table(lb: Leaderboard, table: pd.DataFrame) -> pd.DataFrame:
+    """Per block and statistic: pairs decided, adjacent pairs decided, the top-10 adjacent pairs
+    decided and the seeds a series that would decide the undecided ones (at 80% power)."""
+    labels = table.drop_duplicates("recipe").set_index("recipe")["recipe_label"]
+    p = lb.power
+    return pd.DataFrame(
+        {
+            "recipe": p["recipe"].map(labels),
+            "statistic": p["statistic"].map(METRIC_TITLES),
+            "series ranked": p["series"],
+            "pairs decided": [f"{int(a)} / {int(b)}" for a, b in
+                              zip(p["pairs_decided"], p["pairs_compared"], strict=True)],
+            "adjacent decided": [f"{int(a)} / {int(b)}" for a, b in
+                                 zip(p["adjacent_decided"], p["adjacent_pairs"], strict=True)],
+            f"top-{TOP} adjacent decided": [f"{int(a)} / {int(b)}" for a, b in
+                                           zip(p["top_decided"], p["top_pairs"], strict=True)],
+            "seeds to decide the rest (median / max)": [
+                f"{_seeds_text(m)} / {_seeds_text(x)}"
+                + (f" ({int(c)} beyond 1000 or without a difference)" if c else "")
+                for m, x, c in zip(p["top_undecided_seeds_median"], p["top_undecided_seeds_max"],
+                                   p["top_undecided_beyond_cap"], strict=True)
+            ],
+        }
+    )  # fmt: skip
 
 
-def heatmap(table: pd.DataFrame, metric: str, path: Path) -> bool:
-    """Design (with recipe and fine-tune) x method, colour = log2(effective length / L); False when
-    no series has the metric."""
+def heatmap(table: pd.DataFrame, stat: str, path: Path) -> bool:
+    """Design (with recipe and fine-tune) x method, colour = the statistic's mean over seeds
+    (lengths as log2(eff / L)); False when no series has it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if f"{metric}_eff" not in table:
+    if f"{stat}_mean" not in table:
         return False
-    t = table[np.isfinite(table[f"{metric}_eff"])]
+    t = table[np.isfinite(table[f"{stat}_mean"].astype(float))]
     if t.empty:
         return False
     rows = t["design"] + " · " + t["finetune"] + " · " + t["recipe_label"]
-    values = np.log2(t[f"{metric}_eff"] / t["train_length"])
+    values = t[f"{stat}_mean"].astype(float)
+    label = METRIC_TITLES[stat]
+    if stat in LENGTHS:
+        values = np.log2(np.maximum(values, 1e-9) / t["train_length"])
+        label = f"log2({label} / L)"
     grid = pd.DataFrame({"row": rows, "method": t["method"], "v": values}).pivot_table(
         index="row", columns="method", values="v", aggfunc="first"
     )
@@ -176,9 +295,9 @@ def heatmap(table: pd.DataFrame, metric: str, path: Path) -> bool:
     ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=7)
     for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
         if np.isfinite(v):
-            ax.text(j, i, f"{v:.1f}", ha="center", va="center", color="w", fontsize=7)
-    fig.colorbar(image, ax=ax, label="log2(effective length / L)")
-    ax.set_title(f"{METRIC_TITLES[metric]}: effective length ({RULES[metric][:60]}...)", fontsize=8)
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=6)
+    fig.colorbar(image, ax=ax, label=label)
+    ax.set_title(f"{METRIC_TITLES[stat]}: {RULES[stat][:70]}...", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")  # the long row labels whole
@@ -186,58 +305,114 @@ def heatmap(table: pd.DataFrame, metric: str, path: Path) -> bool:
     return True
 
 
-def _report_md(table: pd.DataFrame, shown: pd.DataFrame, maps: list[str], sources: str) -> str:
+PREAMBLE = (
+    "One block per training recipe: rows of different recipes are never ranked together. Within "
+    "a block every pair of series is compared on each statistic: paired over seeds and documents "
+    "where the two share a trained model (eval-time methods on one seed's weights), unpaired "
+    "otherwise; a two-level bootstrap (seeds, then each seed's documents or trials) gives the "
+    "standard error of the difference, a t test (seed-level n/(n-1) correction) its p, and "
+    f"Benjamini-Hochberg at {FDR:.0%} over the block's pairs decides it "
+    "(`bench/findings/comparisons.py`). A rank interval #a–b is [1 + the series decidedly "
+    "better, N - the series decidedly worse] (decided comparisons closed transitively): two "
+    "series whose intervals do not overlap have a decided comparison; series whose intervals "
+    "overlap are not ordered. Lengths: the mean over seeds of log2(eff / L) as tokens, with "
+    "the per-seed lengths; AUCs: the mean with its 95% interval. A series failing at L on some "
+    "seed (passkey, RULER absolute: effective length 0) is not ranked on that statistic and "
+    "shows its count. Overall: the rank interval of the block's primary statistic (the first "
+    "of RULER AUC, passkey AUC, perplexity AUC it has), fixed before the ranks were computed. "
+    f"{BAD_AT_L}: perplexity at L decidedly above {PPL_FLAT} x the block's best; such a series "
+    "ranks below every series that is not, on the perplexity statistics and overall. "
+    f"{RAW_FAILS_AT_L}: the raw model of its design fails at L on some seed. LongPPL is not "
+    "ranked (its key tokens differ per window length; `bench/findings/leaderboard.py`)."
+)
+
+
+def _report_md(
+    lb: Leaderboard, shown: pd.DataFrame, power: pd.DataFrame, maps: list[str], sources: str
+) -> str:
+    table = lb.table
+    stats = shown_statistics(table)
     parts = [
         "# Leaderboard: which design and method keeps working past the training length",
         "",
-        f"Generated by `lenbench-report --leaderboard` from {sources} (do not edit). One block per "
-        "training recipe: rows of different recipes are never ranked together. Each metric's "
-        "cell: the effective length in tokens (2 to the mean over seeds of log2(eff / L), times "
-        "L; ≥ where every seed passes at the longest length measured), its 95% t-interval over "
-        "seeds, and its rank (1 + the series whose interval lies "
-        "entirely above; ties where intervals overlap; an effective length of 0, failing at the "
-        "shortest length, counts as L / 2). Ppl at L: the perplexity at the training length "
-        "(geometric mean over seeds) and its rank (lower is better, the same tie rule on the "
-        "log perplexity's t-interval), so that no method wins by being bad at L. Overall: the "
-        "mean rank over the metrics a series has, ppl at L included. "
-        f"{BAD_AT_L}: perplexity at L above {PPL_FLAT} x its recipe's best, so its flat "
-        "perplexity past L is measured from an already bad value (`bench/findings/leaderboard.py`). "
-        f"{RAW_FAILS_AT_L}: the raw model of its recipe and design (no method, no fine-tune) fails "
-        "at L on that metric, so the cell reflects the model's training more than the method.",
+        f"Generated by `lenbench-report --leaderboard` from {sources} (do not edit). " + PREAMBLE,
         "",
         "## Rules",
         "",
-        *[f"- {METRIC_TITLES[m]}: {RULES[m]}." for m in METRICS],
+        *[f"- {METRIC_TITLES[m]}: {RULES[m]}." for m in [*stats, AT_L]],
+        *(
+            [f"- RULER length (relative, shown, not ranked): {RULER_RELATIVE_RULE}."]
+            if "ruler_rel_seeds" in table
+            else []
+        ),  # fmt: skip
         "",
         "## Ranked",
         "",
         markdown_table(shown),
         "",
-        "## What each metric shows",
+        "## What each block shows",
         "",
     ]
-    parts += [_paragraph(table, m) + "\n" for m in METRICS]
-    parts += ["## Heatmaps", ""] + [f"![{m}](heatmaps/{m}.png)" for m in maps]
+    parts += [_block_paragraph(b, lb) + "\n" for _, b in table.groupby("recipe", sort=True)]
+    parts += [
+        "## Power",
+        "",
+        f"Per block and statistic: how many pairs and adjacent pairs (in the order of the means, "
+        f"within a tier) are decided, the top {TOP} adjacent pairs among them, and for those "
+        "undecided the seeds per series at which a t test at BH's next bar would decide them "
+        "with 80% power, from the measured per-seed spread (tables/power.csv).",
+        "",
+        markdown_table(power),
+        "",
+        "## Heatmaps",
+        "",
+    ]
+    parts += [f"![{m}](heatmaps/{m}.png)" for m in maps]
     return "\n".join(parts) + "\n"
 
 
-def write_leaderboard(df: pd.DataFrame, out: Path, sources: str) -> pd.DataFrame:
-    """Write ``out``/report.md, heatmaps/<metric>.png, tables/leaderboard.csv and index.html from
-    the result rows ``df``; return the leaderboard table."""
+def write_leaderboard(df: pd.DataFrame, out: Path, sources: str) -> Leaderboard:
+    """Write ``out``/report.md, heatmaps/<statistic>.png, tables/leaderboard.csv,
+    tables/comparisons.csv, tables/power.csv and index.html from the result rows ``df``; return
+    the leaderboard (its table, comparisons and power)."""
     from bench.report.leaderboard_page import write_page
 
     rows = labelled(df)  # once: the table and the page's rows read the same keys
-    table = leaderboard_table(rows)
+    lb = leaderboard(rows)
+    table = lb.table
     if table.empty:
-        raise ValueError("no series with a leaderboard metric (nll, longppl, passkey, RULER) here.")
+        raise ValueError("no series with a leaderboard metric (nll, passkey, RULER) here.")
     out.mkdir(parents=True, exist_ok=True)
-    maps = [m for m in METRICS if heatmap(table, m, out / "heatmaps" / f"{m}.png")]
+    maps = [m for m in shown_statistics(table) if heatmap(table, m, out / "heatmaps" / f"{m}.png")]
     shown = display_table(table)
+    power = power_table(lb, table)
     (out / "tables").mkdir(exist_ok=True)
     table.drop(columns=["series"]).to_csv(out / "tables" / "leaderboard.csv", index=False)
-    (out / "report.md").write_text(_report_md(table, shown, maps, sources))
-    write_page(out / "index.html", table, shown, rows, maps, out / "heatmaps")
-    return table
+    _named_comparisons(lb, table).to_csv(
+        out / "tables" / "comparisons.csv", index=False, float_format="%.4g"
+    )
+    power.to_csv(out / "tables" / "power.csv", index=False)
+    (out / "report.md").write_text(_report_md(lb, shown, power, maps, sources))
+    summary = [_block_paragraph(b, lb) for _, b in table.groupby("recipe", sort=True)]
+    write_page(out / "index.html", table, shown, rows, maps, out / "heatmaps", summary, power)
+    return lb
+
+
+def _named_comparisons(lb: Leaderboard, table: pd.DataFrame) -> pd.DataFrame:
+    """The comparisons decided directly (the closure's implied ones follow from them), the series
+    as readers name them (design, method, fine-tune)."""
+    if lb.comparisons.empty:
+        return lb.comparisons
+    names = {r.series: _name(r) for r in table.itertuples()}
+    labels = table.drop_duplicates("recipe").set_index("recipe")["recipe_label"]
+    direct = lb.comparisons[lb.comparisons["direct"]]
+    c = direct.assign(
+        recipe=direct["recipe"].map(labels),
+        better=direct["a"].map(names), worse=direct["b"].map(names),
+    )  # fmt: skip
+    cols = ["recipe", "statistic", "better", "worse", "diff", "se", "df", "paired", "p",
+            "p_adj"]  # fmt: skip
+    return c[cols].sort_values(["recipe", "statistic", "better", "worse"], kind="stable")
 
 
 # --------------------------------------------------------------------------- the README's block
@@ -246,49 +421,59 @@ README_START = (
     "<!-- leaderboard: generated by lenbench-report --leaderboard --readme; do not edit -->"
 )
 README_END = "<!-- leaderboard: end -->"
-#: how many rank-1 series a README line names before "+k more"
-README_NAMES = 4
 
 
-def readme_block(table: pd.DataFrame, page: str = "reports/leaderboard") -> str:
-    """What lenbench found, for the README's top: per metric and recipe, the rank-1 series (those
-    good at L first; the rest as a count) and how far they reach; a link to the report and page."""
-    bad = _bad_at_l(table)
+def readme_block(lb: Leaderboard, page: str = "reports/leaderboard") -> str:
+    """What lenbench found, for the README's top, from decided statements only: per recipe, the
+    primary statistic, its top group (no series decidedly better; rank intervals), what every
+    named series reaches on every seed, how many comparisons are decided, and up to two decided
+    comparisons against the raw model."""
+    table = lb.table
     lines = [
         README_START,
-        f"Rank 1 per metric in [the leaderboard]({page}/report.md) ([page]({page}/index.html)); "
-        f"each recipe ranked on its own, ties where seed intervals overlap; {BAD_AT_L}: perplexity "
-        f"at L above {PPL_FLAT} x the recipe's best.",
+        f"Per recipe in [the leaderboard]({page}/report.md) ([page]({page}/index.html)): the top "
+        "group on the recipe's primary statistic (no series decidedly better: Benjamini-Hochberg "
+        "at 5% over the recipe's pairs, rank intervals #a–b), what every named series reaches on "
+        "every seed, and how many comparisons are decided; series failing at L on some seed are "
+        "not ranked.",
         "",
-        "| metric | recipe (L) | rank 1 | reaches |",
-        "|---|---|---|---|",
+        "| recipe (L) | ranked by | top group | reaches, every seed | decided |",
+        "|---|---|---|---|---|",
     ]
-    for metric in METRICS:
-        if f"{metric}_rank" not in table:
+    for _, block in table.groupby("recipe", sort=True):
+        primary = block["primary"].iloc[0]
+        if not isinstance(primary, str):
             continue
-        for _, block in table.groupby("recipe", sort=True):
-            recipe = block["recipe_label"].iloc[0]
-            top = block[block[f"{metric}_rank"] == 1]
-            if top.empty:
-                continue
-            good, poor = top[~bad[top.index]], top[bad[top.index]]
-            names = [f"{r.design} {r.method}" + ("" if r.finetune == "none" else f" ({r.finetune})")
-                     for r in good.itertuples()]  # fmt: skip
-            shown = ", ".join(names[:README_NAMES])
-            if len(names) > README_NAMES:
-                shown += f" +{len(names) - README_NAMES} more"
-            if not poor.empty:
-                shown += f"{'; ' if shown else ''}+{len(poor)} worse at L{BAD_AT_L}"
-            # how far the series named reach; the bad-at-L ones' only where none is named
-            reached = good if not good.empty else poor
-            best = reached.loc[reached[f"{metric}_eff"].idxmax()]
-            reach = cell_text(best, metric).rsplit(" #", 1)[0] + (
-                "" if reached is good else BAD_AT_L
-            )
-            lines.append(
-                f"| {METRIC_TITLES[metric]} | `{recipe}` ({int(block['train_length'].iloc[0])}) | "
-                f"{shown} | {reach} |"
-            )
+        top = top_group(block)
+        names = [f"{_name(r)} {overall_text(pd.Series(r._asdict()))}" for r in top.itertuples()]
+        shown = ", ".join(names[:README_NAMES])
+        if len(names) > README_NAMES:
+            shown += f" +{len(names) - README_NAMES} more"
+        length = int(block["train_length"].iloc[0])
+        stat = _length_of(primary)
+        reached = reach(top, stat)
+        reach_text = (
+            "–" if reached is None
+            else f"fails at L on some seed ({METRIC_TITLES[stat]})" if reached == 0
+            else f"{reached} ({METRIC_TITLES[stat]})"
+        )  # fmt: skip
+        decided = "–"
+        if not lb.power.empty:
+            p = lb.power[(lb.power["recipe"] == block["recipe"].iloc[0])
+                         & (lb.power["statistic"] == primary)]  # fmt: skip
+            if not p.empty:
+                p = p.iloc[0]
+                decided = (
+                    f"{int(p['pairs_decided'])}/{int(p['pairs_compared'])} pairs; top-{TOP} "
+                    f"adjacent {int(p['top_decided'])}/{int(p['top_pairs'])}"
+                )
+        versus = _versus_raw(block, lb.comparisons, top)
+        if versus:
+            decided += "; " + "; ".join(versus[:2])
+        lines.append(
+            f"| `{block['recipe_label'].iloc[0]}` ({length}) | {METRIC_TITLES[primary]} | "
+            f"{shown} | {reach_text} | {decided} |"
+        )
     return "\n".join([*lines, README_END])
 
 

@@ -1,0 +1,227 @@
+"""Per series and seed, the leaderboard's statistics (:data:`bench.findings.leaderboard.STATISTICS`)
+and their within-seed replicates, as :class:`bench.findings.comparisons.Sample` values.
+
+Every statistic is computed by one function on arrays with a trailing replicate axis: on the
+seed's own documents or trials (one column: the point value) and on :data:`REPLICATES`
+resamples of them. Perplexity resamples the seed's documents (the same documents at every
+length, drawn by a generator seeded by recipe and seed, so series on one model's seed share the
+draws and are paired by document); passkey and RULER resample the trials of each (length, depth)
+or (length, task) cell binomially (per-trial outcomes are not stored, so their trials cannot be
+paired across series). A seed whose rows lack what the resampling needs has no replicates (no
+within-seed noise is assumed for it).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from bench.findings.comparisons import REPLICATES, Sample
+from bench.findings.leaderboard import (
+    PASSKEY_MIN,
+    PPL_FLAT,
+    RULER_ABSOLUTE,
+    RULER_RELATIVE,
+)
+from bench.findings.rows import col, passkey, window_nll
+
+__all__ = ["series_samples"]
+
+
+def _rng(*key: object) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32("/".join(map(str, key)).encode()))
+
+
+def _effective(lengths: list[int], passes: np.ndarray) -> np.ndarray:
+    """Per replicate (``passes``: [n_lengths, R] over ``lengths`` sorted): the largest length with
+    it and every shorter one passing; 0 where the shortest fails."""
+    leading = np.cumprod(passes, axis=0).sum(axis=0)  # [R]
+    table = np.array([0, *lengths], dtype=float)
+    return table[leading]
+
+
+def _log2_ratio(eff: np.ndarray, train_length: int) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(eff > 0, np.log2(np.maximum(eff, 1) / train_length), -1.0)
+
+
+def _auc(lengths: list[int], scores: np.ndarray, train_length: int) -> np.ndarray:
+    """Retention AUC per replicate (:func:`bench.findings.leaderboard.retention_auc`, vectorised
+    over the columns of ``scores``: [n_lengths, R]; lengths below L dropped)."""
+    keep = [i for i, x in enumerate(lengths) if x >= train_length]
+    if len(keep) < 2 or lengths[keep[0]] != train_length:
+        return np.full(scores.shape[1], math.nan)
+    t = np.log2(np.array([lengths[i] for i in keep], dtype=float) / train_length)
+    y = scores[keep]
+    return ((y[1:] + y[:-1]) / 2 * np.diff(t)[:, None]).sum(axis=0) / t[-1]
+
+
+def _wilson_lower(k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    z = sps.norm.ppf(0.975)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return np.maximum(0.0, centre - half)
+
+
+# --------------------------------------------------------------------------- perplexity
+
+
+def _ppl_stats(lengths: list[int], nll: np.ndarray, train_length: int) -> dict[str, np.ndarray]:
+    """``nll``: [n_lengths, R] mean NLL per token; the perplexity statistics per replicate."""
+    at_l = nll[lengths.index(train_length)]
+    rise = nll - at_l  # log(ppl / ppl at L)
+    eff = _effective(lengths, rise <= math.log(PPL_FLAT) + 1e-12)
+    return {
+        "ppl_auc": _auc(lengths, rise, train_length),
+        "ppl": _log2_ratio(eff, train_length),
+        "ppl_at_L": at_l,
+        "_ppl_eff": eff,
+    }
+
+
+def _ppl_seed(g: pd.DataFrame, train_length: int, recipe: str, seed: int):
+    by_length = g.groupby("eval_length")
+    lengths = sorted(int(x) for x in by_length.groups)
+    if train_length not in lengths:
+        return None
+    point = np.array(
+        [[np.average(x["value"], weights=x["n"])] for _, x in sorted(by_length, key=lambda t: t[0])]
+    )  # [n_lengths, 1]
+    values = {k: float(v[0]) for k, v in _ppl_stats(lengths, point, train_length).items()}
+    sums = [col(by_length.get_group(x), "doc_nll_sums").iloc[0] for x in lengths]
+    tokens = [col(by_length.get_group(x), "doc_tokens").iloc[0] for x in lengths]
+    docs = {len(s) if isinstance(s, (list, np.ndarray)) else -1 for s in sums}
+    one_row = all(len(by_length.get_group(x)) == 1 for x in lengths)
+    if not one_row or len(docs) != 1 or min(docs) < 2:
+        return values, {}
+    n_docs = docs.pop()
+    s, t = np.array(sums, dtype=float), np.array(tokens, dtype=float)  # [n_lengths, D]
+    draws = _rng(recipe, seed, n_docs).integers(0, n_docs, size=(REPLICATES, n_docs))  # [R, D]
+    nll = s[:, draws].sum(axis=2) / t[:, draws].sum(axis=2)  # [n_lengths, R]
+    return values, _ppl_stats(lengths, nll, train_length)
+
+
+# --------------------------------------------------------------------------- passkey and RULER
+
+
+def _passkey_stats(lengths, k, n, train_length) -> dict[str, np.ndarray]:
+    """``k``, ``n``: [n_lengths, R] successes and trials per length."""
+    eff = _effective(lengths, _wilson_lower(k, n) >= PASSKEY_MIN)
+    return {
+        "passkey_auc": _auc(lengths, k / n, train_length),
+        "passkey": _log2_ratio(eff, train_length),
+        "_passkey_eff": eff,
+    }
+
+
+def _passkey_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
+    per_length = passkey(g)
+    per_length = per_length[per_length["eval_length"] > 0]
+    if per_length.empty:
+        return None
+    lengths = sorted(int(x) for x in per_length["eval_length"].unique())
+    k = np.array(
+        [[float((x["value"] * x["n"]).sum())] for _, x in per_length.groupby("eval_length")]
+    )
+    n = np.array([[float(x["n"].sum())] for _, x in per_length.groupby("eval_length")])
+    values = {
+        a: float(b[0]) for a, b in _passkey_stats(lengths, k.round(), n, train_length).items()
+    }
+    depth = g[(g["metric"] == "passkey_acc") & (col(g, "axis") == "depth")]
+    cells = depth.groupby("eval_length")["n"].sum() if not depth.empty else pd.Series(dtype=float)
+    if [int(x) for x in cells.index] != lengths or not np.allclose(cells.to_numpy(), n[:, 0]):
+        depth = per_length  # no depth cells adding up to the lengths' trials: resample per length
+    kk = np.zeros((len(lengths), REPLICATES))
+    for i, x in enumerate(lengths):
+        for _, row in depth[depth["eval_length"] == x].iterrows():
+            trials = int(row["n"])
+            kk[i] += rng.binomial(trials, min(max(float(row["value"]), 0.0), 1.0), REPLICATES)
+    nn = np.repeat(n, REPLICATES, axis=1)
+    return values, _passkey_stats(lengths, kk, nn, train_length)
+
+
+def _ruler_stats(lengths, exact, train_length) -> dict[str, np.ndarray]:
+    """``exact``: [n_lengths, R] the tasks' mean exact score per length."""
+    absolute = _effective(lengths, exact >= RULER_ABSOLUTE)
+    at_l = exact[lengths.index(train_length)] if train_length in lengths else None
+    relative = (
+        np.where(at_l > 0, _effective(lengths, exact >= RULER_RELATIVE * at_l), 0.0)
+        if at_l is not None
+        else np.zeros(exact.shape[1])
+    )
+    return {
+        "ruler_auc": _auc(lengths, exact, train_length),
+        "ruler_abs": _log2_ratio(absolute, train_length),
+        "_ruler_abs_eff": absolute,
+        "_ruler_eff": relative,
+    }
+
+
+def _ruler_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
+    task = col(g, "task")
+    exact = g[
+        task.notna() & (g["metric"] != "effective_length") & (col(g, "axis") == "score")
+        & (col(g, "axis_value") == "exact")
+    ]  # fmt: skip
+    if exact.empty:
+        return None
+    lengths = sorted(int(x) for x in exact["eval_length"].unique())
+    if train_length not in lengths:
+        return None
+    point = np.array([[x["value"].mean()] for _, x in exact.groupby("eval_length")])
+    values = {a: float(b[0]) for a, b in _ruler_stats(lengths, point, train_length).items()}
+    reps = np.zeros((len(lengths), REPLICATES))
+    for i, x in enumerate(lengths):
+        cells = exact[exact["eval_length"] == x]
+        for _, row in cells.iterrows():
+            trials = max(int(row["n"]), 1)
+            p = min(max(float(row["value"]), 0.0), 1.0)
+            reps[i] += rng.binomial(trials, p, REPLICATES) / trials
+        reps[i] /= len(cells)
+    return values, _ruler_stats(lengths, reps, train_length)
+
+
+# --------------------------------------------------------------------------- per series
+
+
+def series_samples(rows: pd.DataFrame, recipe: str, group: object) -> dict[str, Sample]:
+    """One series' rows (one recipe, design, method, fine-tune): per statistic its Sample over
+    the seeds that have it; ``_..._eff`` entries hold the per-seed effective lengths in tokens."""
+    train_length = int(rows["train_length"].iloc[0])
+    series = str(rows["_series"].iloc[0])
+    per_stat: dict[str, tuple[dict[int, float], dict[int, np.ndarray]]] = {}
+    nll = window_nll(rows)
+    for seed, g in rows.groupby("seed", sort=True):
+        seed = int(seed)
+        found = [
+            _ppl_seed(nll[nll["seed"] == seed], train_length, recipe, seed)
+            if (nll["seed"] == seed).any() else None,
+            _passkey_seed(g, train_length, _rng(series, seed, "passkey")),
+            _ruler_seed(g, train_length, _rng(series, seed, "ruler")),
+        ]  # fmt: skip
+        for result in found:
+            if result is None:
+                continue
+            values, reps = result
+            for name, value in values.items():
+                v, r = per_stat.setdefault(name, ({}, {}))
+                v[seed] = value
+                if name in reps and not name.startswith("_"):
+                    r[seed] = reps[name]
+    out = {}
+    for name, (values, reps) in per_stat.items():
+        if any(math.isnan(x) for x in values.values()):
+            continue
+        seeds = tuple(sorted(values))
+        out[name] = Sample(values, reps, group=(*_as_tuple(group), seeds))
+    return out
+
+
+def _as_tuple(group: object) -> tuple:
+    return tuple(group) if isinstance(group, tuple) else (group,)
