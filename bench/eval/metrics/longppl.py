@@ -15,6 +15,14 @@ window, not which tokens were scored (where the length does not divide S, the la
 at S and counts only the targets the windows before it left); ``max_windows: 1`` reads each
 document's first window only.
 
+With ``key_set: longest`` (issue #73 item 5; default ``per_length``, as above) the key tokens are
+chosen once per document, by the evaluator at the longest LongPPL length, and the same tokens are
+scored at every length (those every length judges: a window's first token is no target), so a
+ratio between two lengths measures the judged model's window alone; it needs ``max_windows: fill``.
+Per length, the key tokens of a longer window are other tokens, those whose prediction needs the
+context the shorter window lacks, so per-length LongPPL rises with the window even where
+perplexity stays flat.
+
 The key tokens are chosen once per document, length and evaluator, so every series of a study is
 scored on the same tokens: the evaluator is one model for all of them (``evaluator: auto``: the
 job's recipe with RoPE, no scaling and no fine-tune, seed ``evaluator_seed``, trained at the
@@ -44,10 +52,15 @@ from bench.eval.metrics.nll import nll_windows
 from bench.eval.metrics.registry import MetricConfig, register_metric
 from models.lazy import torch
 
-__all__ = ["Evaluator", "LongPPLConfig", "key_token_mask", "longppl_value", "tiled_windows"]
+__all__ = [
+    "Evaluator", "LongPPLConfig", "fixed_key_mask", "key_token_mask", "longppl_value",
+    "tiled_windows", "window_positions",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 AUTO = "auto"
+#: which tokens are key: chosen at each length, or once at the longest length (module doc)
+KEY_SETS = ("per_length", "longest")
 _KEY = re.compile(r"[0-9a-f]{16}")
 
 
@@ -70,14 +83,26 @@ class LongPPLConfig(MetricConfig):
     # a pretrained model's evaluator: a transformers model (directory or hub id) with the same
     # tokenizer; required for a pretrained job, refused for a lenbench one (byte tokens)
     evaluator_pretrained: str | None = None
+    key_set: str = "per_length"  # per_length or longest: the same key tokens at every length
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.key_set not in KEY_SETS:
+            raise ValueError(
+                f"{self.key('key_set')} {self.key_set!r} is invalid; allowed: "
+                f"{', '.join(KEY_SETS)}."
+            )
         self.max_docs = integer(self.key("max_docs"), self.max_docs, 1)
         self.alpha = number(self.key("alpha"), self.alpha, 0.0)  # nats the long context gains
         self.beta = number(self.key("beta"), self.beta, -math.inf, 0.0)  # a log-probability
         self.evaluator_seed = integer(self.key("evaluator_seed"), self.evaluator_seed, 0)
         self.max_windows = windows_setting(self.key("max_windows"), self.max_windows)
+        if self.key_set == "longest" and self.max_windows != "fill":
+            raise ValueError(
+                f"{self.key('key_set')} longest scores the same tokens at every length, which "
+                f"needs {self.key('max_windows')} fill (the same text at every length), not "
+                f"{self.max_windows!r}."
+            )
         if not isinstance(self.evaluator, str) or not (
             self.evaluator == AUTO or _KEY.fullmatch(self.evaluator)
         ):
@@ -186,6 +211,40 @@ def tiled_windows(
     return torch.stack(windows), torch.stack(counted)
 
 
+def window_positions(length: int, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per window of :func:`tiled_windows`' tiling of one document at ``length``: each target
+    column's position in the document and whether it counts ([n_windows, length - 1] each)."""
+    tiling = nll_windows(span + 1, length, None, "nonoverlapping", length, span)
+    target = torch.arange(1, length)  # [length - 1]
+    positions = torch.stack([start + target for start, _ in tiling])
+    counted = torch.stack([target >= max(score_from, 1) for _, score_from in tiling])
+    return positions, counted
+
+
+def fixed_key_mask(
+    key_at_longest: torch.Tensor, docs: int, lengths: Sequence[int], span: int, length: int
+) -> torch.Tensor:
+    """``key_set: longest``: the key tokens chosen at the longest of ``lengths``
+    (``key_at_longest``: [docs x its windows, longest - 1], key and counted) as the mask at
+    ``length`` ([docs x windows, length - 1]), keeping only the positions every one of
+    ``lengths`` judges, so that each length scores the same tokens."""
+    longest = max(lengths)
+    pos_long, _ = window_positions(longest, span)  # [W_long, longest - 1]
+    key = torch.zeros(docs, span + 1, dtype=torch.bool)  # [D, span + 1] by document position
+    per_doc = key_at_longest.reshape(docs, -1, longest - 1)  # [D, W_long, longest - 1]
+    for d in range(docs):
+        key[d, pos_long[per_doc[d]]] = True
+    judged_everywhere = torch.ones(span + 1, dtype=torch.bool)
+    for x in lengths:
+        pos, counted = window_positions(x, span)
+        judged = torch.zeros(span + 1, dtype=torch.bool)
+        judged[pos[counted]] = True
+        judged_everywhere &= judged
+    key &= judged_everywhere
+    pos, counted = window_positions(length, span)  # [W, length - 1]
+    return (key[:, pos] & counted).reshape(docs * pos.shape[0], length - 1)
+
+
 _MASKS: dict[tuple, torch.Tensor] = {}  # key tokens per evaluator, windows and rule
 
 
@@ -235,7 +294,13 @@ def longppl_metric(
     if not selected:
         return []
     windows, counted = tiled_windows(selected, length, span)  # [N, length], [N, length - 1]
-    mask = _key_tokens(ctx, windows, cfg) & counted
+    if cfg.key_set == "longest":  # the longest length's key tokens, the same at every length
+        longest = max(cfg.lengths or [length])
+        at_longest, counted_longest = tiled_windows(selected, longest, span)
+        chosen = _key_tokens(ctx, at_longest, cfg) & counted_longest
+        mask = fixed_key_mask(chosen, len(selected), cfg.lengths or [length], span, length)
+    else:
+        mask = _key_tokens(ctx, windows, cfg) & counted
     nll = _batched(ctx, length)(windows)  # [D, length - 1], the judged model
     value, count = longppl_value(nll, mask)
     if count == 0:
@@ -250,4 +315,6 @@ def longppl_metric(
         "windows": int(windows.shape[0]),
         "targets": int(counted.sum()),
     }
+    if cfg.key_set != "per_length":  # rows of the default keep their former task_params
+        params["key_set"] = cfg.key_set
     return [make_row("longppl", value, count, length, task_params=canonical_json(params))]

@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from bench.data.corpora import Document
-from bench.eval.metrics.longppl import LongPPLConfig, key_token_mask, longppl_value, tiled_windows
+from bench.eval.metrics.longppl import (
+    LongPPLConfig,
+    fixed_key_mask,
+    key_token_mask,
+    longppl_value,
+    tiled_windows,
+    window_positions,
+)
 
 from fixtures.hf import _llama, _training_text, train_bpe_tokenizer
 
@@ -154,6 +161,54 @@ def test_fill_judges_the_same_text_at_every_length():
     assert first.span_at(32) == 32 and len(tiled_windows([doc], 32, first.span_at(32))[0]) == 1
 
 
+def _selected_positions(mask: torch.Tensor, length: int, span: int) -> set[int]:
+    """The document positions a one-document mask at ``length`` selects."""
+    positions, _ = window_positions(length, span)
+    return set(positions[mask].tolist())
+
+
+def test_a_fixed_key_set_scores_the_same_tokens_at_every_length():
+    """``key_set: longest`` (issue #73 item 5): the key tokens chosen at the longest length (here
+    every third position) are the tokens scored at 16, 24 and 64, the same set at each, less the
+    positions some length does not judge (a window's first token: 16, 24, 32, 40, 48). Control:
+    the same positions read as a per-length mask at 16 are another set."""
+    span, lengths = 64, [16, 24, 64]
+    positions, counted = window_positions(64, span)
+    chosen = (positions % 3 == 0) & counted  # [1, 63]
+    unjudged = {16, 24, 32, 40, 48}
+    expected = {p for p in range(1, span) if p % 3 == 0} - unjudged
+    for length in lengths:
+        mask = fixed_key_mask(chosen, 1, lengths, span, length)
+        assert mask.shape == tiled_windows([Document("d", np.arange(100))], length, span)[1].shape
+        assert _selected_positions(mask, length, span) == expected, length
+    pos16, counted16 = window_positions(16, span)
+    per_length = (pos16 % 3 == 0) & counted16  # control: chosen at 16, not at the longest
+    assert _selected_positions(per_length, 16, span) != expected
+
+
+def test_a_fixed_key_set_measures_the_window_on_a_copied_span():
+    """100 random bytes, then their first 60 again (160 tokens, K = 32): at 160 the copy is key
+    (its source is in the window, beyond K). Read in windows of 80, the copy's source is in the
+    other window: per length, no token of the windows of 80 is key (no LongPPL at 80 at all);
+    with the key set fixed at 160, the copy is scored at 80 too, where the model cannot see its
+    source: LongPPL 1/0.99 at 160 and 256 (uniform) at 80, the window's effect alone."""
+    gen = torch.Generator().manual_seed(0)
+    source = torch.randint(0, 256, (100,), generator=gen)
+    doc = Document("copy", torch.cat([source, source[:60]]).numpy().astype(np.int16))
+    oracle, span = CopyOracle(), 160
+    at_160, counted_160 = tiled_windows([doc], 160, span)
+    chosen = key_token_mask(oracle, at_160, 32, 8, 2.0, -2.0) & counted_160
+    at_80, counted_80 = tiled_windows([doc], 80, span)
+    per_length = key_token_mask(oracle, at_80, 32, 8, 2.0, -2.0) & counted_80
+    assert not per_length.any()
+    fixed = fixed_key_mask(chosen, 1, [80, 160], span, 80)
+    assert _selected_positions(fixed, 80, span) == set(range(104, 160))
+    value_160, n_160 = longppl_value(oracle(at_160), chosen)
+    value_80, n_80 = longppl_value(oracle(at_80), fixed)
+    assert n_160 == n_80 == 56
+    assert value_160 == pytest.approx(1 / 0.99) and value_80 == pytest.approx(256.0)
+
+
 def test_config_refusals_are_one_sentence():
     cfg = LongPPLConfig(enabled=True)
     resolved = cfg.resolve(64, [64, 128, 256])
@@ -172,6 +227,11 @@ def test_config_refusals_are_one_sentence():
         ValueError, match=r"eval.longppl.max_windows must be 'fill' or an integer >= 1, got 'all'"
     ):
         LongPPLConfig(max_windows="all")
+    with pytest.raises(ValueError, match=r"eval.longppl.key_set 'fixed' is invalid; allowed: per_"):
+        LongPPLConfig(key_set="fixed")
+    with pytest.raises(ValueError, match=r"key_set longest .* needs eval.longppl.max_windows fill"):
+        LongPPLConfig(key_set="longest", max_windows=1)
+    assert LongPPLConfig(key_set="longest").key_set == "longest"  # control: with fill
 
 
 def test_a_named_evaluator_is_checked_before_any_training(tmp_path):
