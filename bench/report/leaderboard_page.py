@@ -202,7 +202,7 @@ def write_page(
     methods = [(m, m) for m in sorted(table["method"].unique())]
     metrics = [(m, METRIC_TITLES[m]) for m in STATISTICS
                if METRIC_TITLES[m] in shown.columns]  # fmt: skip
-    summary_html = "".join(f"<p>{html.escape(p)}</p>" for p in summary or [])
+    summary_html = "".join(f"<p>{html.escape(p.replace('`', ''))}</p>" for p in summary or [])
     power_html = "" if power is None else power.to_html(index=False, border=0)
     images = "".join(
         f'<h3>{METRIC_TITLES[m]}</h3><img alt="{m} heatmap" src="data:image/png;base64,'
