@@ -8,21 +8,27 @@ evaluation), shown as the median over seeds with the smallest and largest.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import random
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from bench.core.results import effective_length_score
+from bench.data.tokenizer import ByteTokenizer
 from bench.report.figures import line_colors, save_figure
 from bench.report.frame import GROUP_KEYS, aggregate, sort_series
 from bench.report.markdown import ReportDir, figure_md, note, write_table
-from bench.tasks.ruler import RULER_TASKS
+from bench.tasks.ruler import RULER_TASKS, RulerParams, make_ruler_example, min_ruler_length
+from bench.tasks.ruler_tasks.qa import QA_TASKS, chance_places, guesses
 
 #: panels of the per-model figure at most (the table has every series)
 MAX_PANELS = 12
+#: generated examples per reasoning task behind the heuristic baselines (fixed seeds)
+BASELINE_EXAMPLES = 1000
 
 
 def ruler_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -197,6 +203,7 @@ def ruler_section(rep: ReportDir, df: pd.DataFrame) -> str:
     parts += _filler_share(rep, rows)
     parts += _depth_curve(rep, rows, "kv_middle")
     parts += _passkey_beside(rep, df, set(t["series"]))
+    parts += _heuristic_baselines(rep)
     return "\n\n".join(parts)
 
 
@@ -319,3 +326,64 @@ def _passkey_beside(rep: ReportDir, df: pd.DataFrame, series: set) -> list[str]:
         "Source: `tables/ruler_passkey.csv`.",
         md,
     ]
+
+
+@functools.cache
+def _baselines(n: int, params: RulerParams) -> tuple[tuple, ...]:
+    tok = ByteTokenizer()
+    out = []
+    for task in QA_TASKS:
+        length = max(256, min_ruler_length(task, params))
+        hits = {"last": 0.0, "first": 0.0, "random": 0.0, "before_asked": 0.0}
+        for i in range(n):
+            rng = random.Random(f"lenbench-qa-baseline:{task}:{i}")
+            e = make_ruler_example(task, length, 0.5, rng=rng, params=params)
+            g = guesses(tok.decode(e.prompt_ids))
+            for name in ("last", "first", "before_asked"):
+                hits[name] += g[name] == e.answer_text
+            hits["random"] += (e.answer_text in g["random"]) / len(g["random"])
+        k = chance_places(task, params)
+        out.append((task, k, 1 / k, *(hits[h] / n for h in hits), n, length))
+    return tuple(out)
+
+
+def heuristic_baselines(n: int = BASELINE_EXAMPLES, params: RulerParams | None = None):
+    """Per reasoning task (qa1-qa3, ``bench.tasks.ruler_tasks.qa``): ``k`` (the places a guess
+    chooses among), chance ``1/k``, and the accuracy over ``n`` generated examples (fixed seeds,
+    length 256) of answering the last, the first, a uniformly random one of the ``k`` places
+    mentioned (its expected accuracy) and qa3's "the place moved from just before the asked
+    one" (``guesses``)."""
+    columns = ["task", "k", "chance", "last", "first", "random", "before_asked", "n", "length"]
+    t = pd.DataFrame(list(_baselines(n, params or RulerParams())), columns=columns)
+    t.loc[t["task"] != "qa3", "before_asked"] = math.nan
+    return t
+
+
+def _heuristic_baselines(rep: ReportDir) -> list[str]:
+    t = heuristic_baselines()
+    shown = t.set_index("task")[["k", "chance", "last", "first", "random", "before_asked"]]
+    shown = shown.astype(object).map(
+        lambda v: "" if pd.isna(v) else (f"{v:d}" if isinstance(v, int) else f"{v:.3f}")
+    )
+    shown.columns = [
+        "k",
+        "chance 1/k",
+        "last place mentioned",
+        "first place mentioned",
+        "random mentioned place",
+        "place before the asked one",
+    ]
+    md = write_table(rep, "ruler_heuristic_baselines", t, shown, index=True)
+    p = RulerParams()
+    text = (
+        "What the reasoning tasks (qa1-qa3; in these rows only where `eval.ruler.tasks` selects "
+        "them) give to a guess that reads the places and no names: accuracy over "
+        f"{BASELINE_EXAMPLES} generated examples per task (fixed seeds, length 256, the default "
+        f"params: {p.people} people, {p.moves} moves, {p.objects} object) of answering the last, "
+        "the first or a uniformly random one (its expected accuracy) of the k places the move "
+        "statements name (qa3: less the one its question names). Each is at chance 1/k by "
+        "construction (`bench/tasks/ruler_tasks/qa.py`). Not at chance: on qa3, the place of the "
+        "move just before the asked one (adjacent whenever no other move falls between the "
+        "holder's last two). Source: `tables/ruler_heuristic_baselines.csv`."
+    )
+    return ["### Heuristic baselines of the reasoning tasks", text, md]

@@ -1,18 +1,23 @@
 """The RULER section: task x length table (match / exact), the tasks' mean, effective lengths from
-the stored rows, the passkey accuracy beside them; no section without ruler rows."""
+the stored rows, the passkey accuracy beside them, the reasoning tasks' heuristic baselines; no
+section without ruler rows."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from bench.core.results import write_results
+from bench.data.tokenizer import ByteTokenizer
 from bench.report import generate_report
-from bench.tasks.ruler import default_ruler_tasks
+from bench.report.sections.ruler import heuristic_baselines
+from bench.tasks.ruler import RulerParams, default_ruler_tasks, make_ruler_example
 
 from fixtures.rows import row
+from fixtures.ruler import place_guesses
 
 RULER_TASKS = default_ruler_tasks()  # RULER's suite: the tasks these rows have
 
@@ -127,3 +132,33 @@ def test_score_table_builds_only_the_observed_series(tmp_path: Path, monkeypatch
     old = peak(lambda: per_seed.pivot_table(index=keys[:-1], columns="axis_value",
                                             values="value", dropna=False))  # fmt: skip
     assert new * 10 < old, (new, old)
+
+
+def test_the_heuristic_baselines_are_the_text_guesses_and_at_chance():
+    """Issue #73 item 7: the report's heuristic-baseline rows (every RULER report prints them)
+    equal the independent text-only guesses (``fixtures.ruler.place_guesses``) on the same
+    generated examples, k is the places each example names (qa3: less the asked one), and each
+    heuristic is within 1/k + 0.05. Control: a table with one guess moved off differs."""
+    n = 300
+    t = heuristic_baselines(n).set_index("task")
+    tok = ByteTokenizer()
+    for task in ("qa1", "qa2", "qa3"):
+        hits = {"last": 0, "first": 0, "random": 0.0}
+        for i in range(n):
+            rng = random.Random(f"lenbench-qa-baseline:{task}:{i}")
+            e = make_ruler_example(task, 256, 0.5, rng=rng, params=RulerParams())
+            g = place_guesses(tok.decode(e.prompt_ids))
+            assert len(g["places"]) == t.loc[task, "k"]
+            hits["last"] += g["last"] == e.answer_text
+            hits["first"] += g["first"] == e.answer_text
+            hits["random"] += (e.answer_text in g["places"]) / len(g["places"])
+        for name, value in hits.items():
+            assert abs(t.loc[task, name] - value / n) < 1e-12, (task, name)
+            assert abs(t.loc[task, name] - (value + 1) / n) > 1e-12  # control
+            assert t.loc[task, name] <= 1 / t.loc[task, "k"] + 0.05
+        assert t.loc[task, "chance"] == 1 / t.loc[task, "k"]
+    assert list(t["k"]) == [3, 3, 2]
+    committed = pd.read_csv(
+        Path(__file__).parents[3] / "reports" / "ruler" / "tables" / "ruler_heuristic_baselines.csv"
+    )
+    pd.testing.assert_frame_equal(committed, heuristic_baselines().reset_index(drop=True))
