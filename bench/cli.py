@@ -1,4 +1,4 @@
-"""The ``lenbench`` command: a Hydra app over the packaged ``conf/`` tree.
+"""The ``lenbench`` command: a Hydra app over the packaged ``conf/`` tree (:data:`CONFIG_DIR`).
 
 Every job runs :func:`bench.job.run_job`. A bad override or config stops before anything trains
 with one line ``lenbench: error: <sentence>`` (exit status 2); in a sweep, an error every cell
@@ -32,7 +32,11 @@ from bench.schema import JobConfig  # registers the config schema; imports no to
 
 log = logging.getLogger("lenbench")
 
-CONFIG_MODULE = "conf"
+#: lenbench's own config tree, found beside this package (a checkout, an editable install and a
+#: wheel all place ``conf/`` next to ``bench/``), not as the importable module ``conf``: a user's
+#: folder named ``conf/`` on the path (``PYTHONPATH=~/my_code`` holding ``~/my_code/conf``) would
+#: otherwise be that module, and Hydra would find no ``config.yaml`` in it.
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "config"
 DEFAULT_EXPERIMENT = "quickstart"
 STATUS_FILE = "lenbench_job.json"
@@ -140,7 +144,7 @@ class FailedModels:
         tmp.replace(self.root / key)
 
 
-@hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=CONFIG_NAME)
 def _hydra_app(cfg: DictConfig) -> dict[str, Any]:
     return task(cfg)
 
@@ -326,7 +330,7 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
         or args.experimental_rerun is not None
     ):
         return []
-    search_path = create_automatic_config_search_path(None, None, f"pkg://{CONFIG_MODULE}")
+    search_path = create_automatic_config_search_path(None, None, str(CONFIG_DIR))
     if args.config_dir is not None:
         search_path.prepend(
             provider="command-line",

@@ -163,11 +163,11 @@ def scaling_presets(config_dir: str | os.PathLike | None = None) -> dict[str, di
     Each is read as lenbench's ``scaling`` group is: merged into its typed schema
     (``bench.schema.ScalingSchema``), so a type error or an unknown key is the same one sentence.
     """
-    import conf
+    from bench.cli import CONFIG_DIR  # not ``import conf``: a user's conf/ folder may be that
     from bench.core.checks import parse_section
     from bench.core.sections import ScalingSchema
 
-    folders = [Path(conf.__file__).parent / "scaling"]
+    folders = [CONFIG_DIR / "scaling"]
     if config_dir is not None:
         user = Path(os.path.expandvars(os.path.expanduser(str(config_dir))))
         if not user.is_dir():

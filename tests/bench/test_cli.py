@@ -836,8 +836,8 @@ def test_wheel_ships_the_config_tree_and_the_app_runs_from_it(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     probe = (
-        "import sys, conf; from bench.cli import main; "
-        "print('CONF', conf.__file__); "
+        "import sys, conf; from bench.cli import CONFIG_DIR, main; "
+        "print('CONF', conf.__file__); print('DIR', CONFIG_DIR); "
         "sys.exit(main(['--cfg', 'hydra']))"
     )
     out = subprocess.run(
@@ -849,6 +849,7 @@ def test_wheel_ships_the_config_tree_and_the_app_runs_from_it(tmp_path):
         check=True,
     ).stdout
     assert f"CONF {site / 'conf' / '__init__.py'}" in out  # the wheel's copy, not the checkout
+    assert f"DIR {site.resolve() / 'conf'}" in out  # the tree Hydra reads: the wheel's, beside its bench
     assert "mode: MULTIRUN" in out and "sinusoidal,learned,rope,alibi,nope" in out
 
 

@@ -211,3 +211,54 @@ def test_a_family_of_the_users_package_brings_its_own_fields(tmp_path, monkeypat
         FAMILIES.pop("one_slope", None)
         for name in [m for m in sys.modules if m.startswith("ext_family")]:
             sys.modules.pop(name)
+
+
+def _user_folder_with_conf(root: Path, regular: bool) -> Path:
+    """The documented layout: ``~/my_code/{my_pkg, conf/scaling/my_pi.yaml}``; ``regular``: the
+    user's conf/ has an ``__init__.py`` (a regular package, ahead of lenbench's on any path)."""
+    (root / "my_pkg").mkdir(parents=True)
+    (root / "my_pkg" / "__init__.py").write_text("")
+    (root / "conf" / "scaling").mkdir(parents=True)
+    (root / "conf" / "scaling" / "my_pi.yaml").write_text(
+        "name: my_pi\nmethod: linear\nparams: {factor: auto}\n"
+    )
+    if regular:
+        (root / "conf" / "__init__.py").write_text("")
+    return root / "conf"
+
+
+@pytest.mark.parametrize("regular", [False, True], ids=["namespace_conf", "package_conf"])
+def test_a_users_conf_folder_does_not_hide_lenbenchs_configs(tmp_path, regular):
+    """Issue #75: a user's folder named ``conf/`` on the path (PYTHONPATH and the working
+    directory) is the importable module ``conf`` there (control), yet ``lenbench`` composes its
+    own config with the user's preset from ``--config-dir``, a bad value is lenbench's sentence
+    (not "Primary config module 'conf' not found"), and lenbench-harness reads its presets."""
+    user = tmp_path / "my_code"
+    conf = _user_folder_with_conf(user, regular)
+    # the package conf/ shadows lenbench's on any path; the namespace one where lenbench is
+    # installed (its finder comes after the path's folders), as it is where these tests run
+    path = [str(user), str(ROOT)] if regular else [str(user)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+    def python(code: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code, *args], cwd=user, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    shadow = python("import conf; print(list(conf.__path__))")
+    assert shadow.returncode == 0 and str(conf) in shadow.stdout, shadow  # the clash is real
+    cli = "import sys; from bench.cli import main; sys.argv[0] = 'lenbench'; sys.exit(main())"
+    common = ["--config-dir", str(conf), "extensions=[my_pkg]", "scaling=my_pi"]
+    done = python(cli, *common, "--cfg", "job")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "name: my_pi" in done.stdout and "method: linear" in done.stdout
+    assert "kind: rope" in done.stdout  # lenbench's own defaults composed around it
+    bad = python(cli, *common, "position=no_such_family")
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "position 'no_such_family' is unknown" in bad.stderr
+    assert "Primary config module" not in bad.stderr + bad.stdout
+    presets = python(
+        "from bench.harness.args import scaling_presets as p; import sys; "
+        "print(sorted(p(sys.argv[1])))", str(conf)
+    )  # fmt: skip
+    assert presets.returncode == 0, presets.stderr[-2000:]
+    assert "'linear'" in presets.stdout and "'my_pi'" in presets.stdout
