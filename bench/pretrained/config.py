@@ -1,16 +1,22 @@
 """A pretrained model's config section, its loading, and what lenbench reads off its config.
 
-A pretrained model is a transformers causal LM in a local directory or on the Hugging Face hub.
-From its config come the training length (``original_max_position_embeddings`` or the model's
-maximum length), the position family (rope / learned / alibi / nope) and its parameters; its
-``model_id`` hashes the hub id and revision, or the local weights files. Loading problems become
-one-sentence ValueErrors that say what to do. transformers is imported only when a model is used.
+A pretrained model is a transformers causal LM in a local directory, on the Hugging Face hub, or
+in a GGUF file (llama.cpp's format: ``path`` names the file, or a directory and ``gguf_file``),
+which transformers' own GGUF support dequantises to ``dtype`` (float32 for ``auto``), with the
+tokenizer from the same file. From its config come the training length
+(``original_max_position_embeddings`` or the model's maximum length), the position family (rope /
+learned / alibi / nope) and its parameters; its ``model_id`` hashes the hub id and revision, the
+local weights files, or the GGUF file's bytes. Loading problems become one-sentence ValueErrors
+that say what to do; a GGUF file's are found when the section is parsed (its first bytes, the
+``gguf`` package), before torch loads. transformers is imported only when a model is used.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -39,18 +45,23 @@ ALIBI_MODEL_TYPES = ("bloom", "mpt")
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+#: the first four bytes of every GGUF file
+GGUF_MAGIC = b"GGUF"
+#: the oldest ``gguf`` package transformers' GGUF loading takes
+GGUF_MIN_VERSION = "0.10.0"
 
 
 @dataclass
 class PretrainedConfig:
     """The ``pretrained`` section: a transformers model evaluated instead of a trained lenbench model."""
 
-    path: str | None = None  # local model directory or hub id (required)
+    path: str | None = None  # local model directory, hub id or .gguf file (required)
     revision: str | None = None  # hub branch, tag or commit (hub ids only)
-    dtype: str = "auto"  # auto (the checkpoint's) | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (the checkpoint's; GGUF: float32) | float32 | bfloat16 | float16
     attn_implementation: str | None = None  # sdpa | eager | flash_attention_2 ...; null = default
     train_length: int | None = None  # null = original_max_position_embeddings or max length
     trust_remote_code: bool = False  # run the model repository's own Python code
+    gguf_file: str | None = None  # a GGUF file in the directory ``path`` (null: path itself)
 
     def __post_init__(self) -> None:
         if self.path is None or str(self.path).strip() in ("", "???"):
@@ -61,10 +72,68 @@ class PretrainedConfig:
         choice("pretrained.dtype", self.dtype, DTYPES)
         self.train_length = integer("pretrained.train_length", self.train_length, 2, optional=True)
         self.trust_remote_code = boolean("pretrained.trust_remote_code", self.trust_remote_code)
+        if self.gguf_file is not None and not str(self.gguf_file).strip():
+            self.gguf_file = None
+        self.gguf(missing_ok=True)  # an existing GGUF file's checks, before torch loads
+
+    def _expanded(self) -> Path:
+        return Path(os.path.expandvars(os.path.expanduser(str(self.path))))
+
+    def gguf(self, missing_ok: bool = False) -> Path | None:
+        """The GGUF file this section names (``path`` itself, or ``gguf_file`` in the directory
+        ``path``), checked: it exists, begins with the bytes ``GGUF``, and the ``gguf`` package
+        transformers loads it with is installed; None for a model directory or hub id. Raises a
+        one-sentence ValueError; reads four bytes, imports nothing. ``missing_ok``: a ``path``
+        that does not exist (yet) gives None (refused when the job loads it, as a missing model
+        directory is), unless it is a hub id with ``gguf_file``."""
+        path = self._expanded()
+        hub = not str(self.path).startswith(("/", ".", "~")) and _HUB_ID.match(str(self.path))
+        if missing_ok and not path.exists() and (self.gguf_file is None or not hub):
+            return None
+        if self.gguf_file is not None:
+            if not path.exists() and not hub:
+                raise ValueError(
+                    f"pretrained.path {self.path!r} does not exist; give the local directory "
+                    f"that holds pretrained.gguf_file {self.gguf_file!r}."
+                )
+            if not path.is_dir():
+                raise ValueError(
+                    f"pretrained.gguf_file {self.gguf_file!r} needs pretrained.path to be the local "
+                    f"directory that holds it, got {self.path!r}; allowed: a directory, or the "
+                    "GGUF file itself as pretrained.path (gguf_file null)."
+                )
+            file, value = path / os.path.expanduser(str(self.gguf_file)), "pretrained.gguf_file"
+            shown = self.gguf_file
+        elif path.is_file() or (path.suffix.lower() == ".gguf" and not path.exists()):
+            file, value, shown = path, "pretrained.path", self.path
+        else:
+            return None
+        if not file.is_file():
+            raise ValueError(
+                f"{value} {shown!r} does not exist; give a GGUF file (.gguf), or a transformers "
+                "model directory (the output of save_pretrained) or hub id as pretrained.path."
+            )
+        with file.open("rb") as handle:
+            magic = handle.read(len(GGUF_MAGIC))
+        if magic != GGUF_MAGIC:
+            raise ValueError(
+                f"{value} {shown!r} is a file that is not GGUF (it does not begin with the bytes "
+                f"GGUF, but {magic!r}); allowed: a GGUF file, or a transformers model directory "
+                "(the output of save_pretrained) or hub id as pretrained.path."
+            )
+        version = _gguf_version()
+        if version is None or _version_tuple(version) < _version_tuple(GGUF_MIN_VERSION):
+            found = "is not installed" if version is None else f"is version {version}"
+            raise ValueError(
+                f"{value} {shown!r} is a GGUF file, which transformers loads with the gguf "
+                f"package (>= {GGUF_MIN_VERSION}), and it {found}; install it with "
+                "pip install -e '.[gguf]' (or pip install gguf)."
+            )
+        return file.resolve()
 
     def local_dir(self) -> Path | None:
-        """The local directory ``path`` names, or None when it is a hub id."""
-        path = Path(os.path.expandvars(os.path.expanduser(str(self.path))))
+        """The local directory (or GGUF file) ``path`` names, or None when it is a hub id."""
+        path = self._expanded()
         if path.exists():
             return path
         looks_local = str(self.path).startswith(("/", ".", "~")) or not _HUB_ID.match(
@@ -76,6 +145,20 @@ class PretrainedConfig:
                 "directory (the output of save_pretrained) or a hub id such as org/name."
             )
         return None
+
+
+def _gguf_version() -> str | None:
+    """The installed ``gguf`` package's version, None when it is missing (nothing imported)."""
+    try:
+        if importlib.util.find_spec("gguf") is None:
+            return None
+        return importlib.metadata.version("gguf")
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
 def _offline() -> bool:
@@ -106,17 +189,25 @@ def _hub_error(cfg: PretrainedConfig, exc: BaseException) -> ValueError:
 def load_config(cfg: PretrainedConfig):
     """The model's transformers config (no weights); raises one-sentence ValueErrors."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    gguf = cfg.gguf()  # a file that is not GGUF is refused here
+    if gguf is not None:
+        try:
+            config = AutoConfig.from_pretrained(
+                str(gguf.parent), gguf_file=str(gguf), trust_remote_code=cfg.trust_remote_code
+            )
+        except (OSError, ValueError, KeyError, ImportError, NotImplementedError) as exc:
+            raise ValueError(
+                f"{_gguf_name(cfg)} is a GGUF file whose model transformers cannot read "
+                f"({first_line(exc).rstrip('.')}); allowed: a GGUF of an architecture "
+                "transformers' GGUF support loads (Llama, Mistral, Qwen2, ...)."
+            ) from None
+        return _causal(cfg, config)
     local = cfg.local_dir()
     if local is not None and local.is_dir() and not (local / "config.json").exists():
         raise ValueError(
             f"pretrained.path {cfg.path!r} is a directory without config.json; give a transformers "
             "model directory (the output of save_pretrained)."
-        )
-    if local is not None and local.is_file():
-        raise ValueError(
-            f"pretrained.path {cfg.path!r} is a file; give the model's directory (with config.json)."
         )
     try:
         config = AutoConfig.from_pretrained(
@@ -132,6 +223,13 @@ def load_config(cfg: PretrainedConfig):
                 "pretrained.trust_remote_code=true for a model with its own code."
             ) from None
         raise _hub_error(cfg, exc) from None
+    return _causal(cfg, config)
+
+
+def _causal(cfg: PretrainedConfig, config):
+    """``config``, when it is a decoder-only model's that AutoModelForCausalLM loads."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or bool(
         getattr(config, "auto_map", {}) and "AutoModelForCausalLM" in config.auto_map
     )
@@ -150,6 +248,9 @@ def load_pretrained(cfg: PretrainedConfig, device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     load_config(cfg)  # the checks with their messages
+    gguf = cfg.gguf()
+    if gguf is not None:
+        return _load_gguf(cfg, gguf, device)
     source = str(cfg.local_dir() or cfg.path)
     dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
     kwargs: dict[str, Any] = {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
@@ -169,6 +270,50 @@ def load_pretrained(cfg: PretrainedConfig, device: str = "cpu"):
         raise ValueError(
             f"pretrained.path {cfg.path!r} has no tokenizer that AutoTokenizer can load "
             f"({type(exc).__name__}); save the model's tokenizer next to it."
+        ) from None
+    return model.to(device).eval(), tokenizer
+
+
+def _gguf_name(cfg: PretrainedConfig) -> str:
+    if cfg.gguf_file is not None:
+        return f"pretrained.gguf_file {cfg.gguf_file!r}"
+    return f"pretrained.path {cfg.path!r}"
+
+
+def _load_gguf(cfg: PretrainedConfig, file: Path, device: str):
+    """(model, tokenizer) of a GGUF file through transformers' GGUF support: every tensor
+    dequantised to ``cfg.dtype`` (float32 for ``auto``), the tokenizer from the file's metadata.
+
+    The model comes back as a plain one: transformers keeps the GGUF quantizer and a
+    ``quantization_config`` on the loaded model, which ``save_pretrained`` refuses, though the
+    weights are already dense; both are dropped."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils.quantization_config import GgufConfig
+
+    dtype = torch.float32 if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation is not None:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    # an absolute gguf_file: transformers would take a relative one from the working directory
+    source = {"pretrained_model_name_or_path": str(file.parent), "gguf_file": str(file)}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            **source, dtype=dtype, quantization_config=GgufConfig(dequantize=True), **kwargs
+        )
+    except (OSError, ValueError, ImportError, KeyError, NotImplementedError) as exc:
+        raise ValueError(
+            f"{_gguf_name(cfg)}: the GGUF model could not be loaded: {first_line(exc)}"
+        ) from None
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(**source, **kwargs)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(
+            f"{_gguf_name(cfg)} holds no tokenizer that transformers can build "
+            f"({first_line(exc).rstrip('.')}); allowed: a GGUF with tokenizer.ggml metadata "
+            "(llama.cpp's converter writes it)."
         ) from None
     return model.to(device).eval(), tokenizer
 
@@ -273,6 +418,8 @@ def position_params(cfg: PretrainedConfig, config, family: str) -> dict:
 
 
 def _display_name(cfg: PretrainedConfig) -> str:
+    if cfg.gguf_file is not None:
+        return Path(str(cfg.gguf_file)).name
     local = Path(os.path.expanduser(str(cfg.path)))
     return local.name if local.exists() else str(cfg.path)
 
@@ -288,9 +435,14 @@ def _file_sha256(path: Path, size: int, mtime_ns: int) -> str:
 
 
 def model_id(cfg: PretrainedConfig) -> str:
-    """sha256 hex[:16] of the hub id + revision, or of a local directory's weights files and config."""
+    """sha256 hex[:16] of the hub id + revision, of a local directory's weights files and config,
+    or of a GGUF file's sha256 (the file alone, whatever else its directory holds)."""
+    gguf = cfg.gguf()
     local = cfg.local_dir()
-    if local is None:
+    if gguf is not None:
+        stat = gguf.stat()
+        identity = {"gguf": _file_sha256(gguf, stat.st_size, stat.st_mtime_ns)}
+    elif local is None:
         identity: dict[str, Any] = {"hub": str(cfg.path), "revision": cfg.revision or "main"}
     else:
         files = sorted(
