@@ -3,12 +3,15 @@ composes and validates as a job; every script they name exists and every relativ
 the README's scaling-method example registers and runs, and its preset composes from a user's
 config directory (each with a negative control).
 
-The documents' code blocks are parsed; each ``lenbench ...`` line (with ``\\`` continuations) is
-split into words by bash itself (brace expansion, globbing, quotes and ``$VARS`` as a reader's
-shell does them), then composed by Hydra with its overrides (the first value of a sweep list,
-hydra.* keys with the Hydra config) and parsed into a typed JobConfig, which is what every job
-does first: a command that would stop with an error (a key that does not exist, two options that
-exclude each other) fails here. Every command (``lenbench-harness`` and ``lenbench-report`` too,
+The documents' code blocks are parsed; each ``lenbench ...`` line (with ``\\`` continuations, and
+the ``VAR=value`` assignments it may start with) is split into words by bash itself (brace
+expansion, globbing, quotes and ``$VARS`` as a reader's shell does them), parsed as lenbench's
+command line (Hydra's flags, then the overrides: an override before ``--config-dir`` is an
+error), then composed by Hydra with its overrides (the first value of a sweep list, hydra.* keys
+with the Hydra config; its PYTHONPATH on the path and its --config-dir searched, with
+docs/extending.md's ``~/my_code`` built in a temporary ``$HOME``) and parsed into a typed
+JobConfig, which is what every job does first: a command that would stop with an error (a key
+that does not exist, two options that exclude each other) fails here. Every command (``lenbench-harness`` and ``lenbench-report`` too,
 the command examples in conf/ comments) and every Hydra list or dict override the prose shows
 must reach the program as written: an unquoted ``key=[a,b]`` (a glob pattern: bash keeps it only
 while no file matches, zsh refuses it) or ``key=[{a:1,b:[x,y]}]`` (brace-expanded into several
@@ -17,10 +20,12 @@ words) fails. Placeholders in angle brackets are filled with a plausible value.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,14 +51,28 @@ DOCS = [
 PROGRAMS = ("lenbench", "lenbench-harness", "lenbench-report")
 
 
+#: a leading environment assignment of a command line: ``PYTHONPATH=~/my_code lenbench ...``
+ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=(?:'[^']*'|\"[^\"]*\"|[^\s'\"])*")
+
+
+def program_of(line: str) -> str:
+    """The program a command line runs: its first word after any ``VAR=value`` assignments."""
+    rest = line.strip()
+    while (match := ASSIGNMENT.match(rest)) and rest[match.end() : match.end() + 1].isspace():
+        rest = rest[match.end() :].lstrip()
+    return rest.split(" ")[0]
+
+
 def readme_commands(path: Path = README, programs: tuple[str, ...] = ("lenbench",)) -> list[str]:
+    """The command lines of ``path``'s bash blocks that run one of ``programs``, with the
+    environment assignments they start with (``VAR=value lenbench ...``)."""
     text = path.read_text(encoding="utf-8")
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
             line = line.split("  #")[0].strip()
-            if line.split(" ")[0] in programs:
+            if program_of(line) in programs:
                 commands.append(line)
     return commands
 
@@ -70,11 +89,14 @@ def _fill_placeholders(text: str) -> str:
     return re.sub(r"<[^>]+>", "placeholder", text)
 
 
-def bash_words(command: str, setup: str = "shopt -s failglob") -> list[str]:
+def bash_words(
+    command: str, setup: str = "shopt -s failglob", home: Path | None = None
+) -> list[str]:
     """The words bash makes of ``command`` (placeholders filled), in an empty folder.
 
     ``setup`` runs first: by default ``failglob``, so that an unquoted glob pattern such as a
-    Hydra list ``key=[a,b]`` is an error rather than kept only while no file matches.
+    Hydra list ``key=[a,b]`` is an error rather than kept only while no file matches. ``home``:
+    the ``$HOME`` (and ``~``) it expands, the user's by default.
     """
     command = _fill_placeholders(command)
     if UNSAFE.search(command):
@@ -83,7 +105,7 @@ def bash_words(command: str, setup: str = "shopt -s failglob") -> list[str]:
         proc = subprocess.run(
             ["bash", "--norc", "--noprofile", "-c", f"{setup}\nprintf '%s\\0' {command}"],
             cwd=empty,
-            env=BASH_ENV,
+            env=BASH_ENV if home is None else {**BASH_ENV, "HOME": str(home)},
             capture_output=True,
             text=True,
             timeout=30,
@@ -93,12 +115,13 @@ def bash_words(command: str, setup: str = "shopt -s failglob") -> list[str]:
     return proc.stdout.split("\0")[:-1]
 
 
-def pasted_words(command: str) -> list[str]:
-    """The words ``command`` reaches its program with when pasted into bash; a ValueError when
-    bash's brace expansion or globbing changes them (the words differ from bash's with both
-    turned off) or an unquoted glob pattern matches no file."""
-    words = bash_words(command)
-    literal = bash_words(command, setup="set +B -f")  # no brace expansion, no globbing
+def pasted_words(command: str, home: Path | None = None) -> list[str]:
+    """The words ``command`` reaches its program with when pasted into bash (its leading
+    ``VAR=value`` assignments first); a ValueError when bash's brace expansion or globbing
+    changes them (the words differ from bash's with both turned off) or an unquoted glob pattern
+    matches no file."""
+    words = bash_words(command, home=home)
+    literal = bash_words(command, setup="set +B -f", home=home)  # no brace expansion, no globbing
     if words != literal:
         raise ValueError(
             f"bash turns {command!r} into {words}, not {literal}: quote the override(s)."
@@ -126,25 +149,61 @@ def _first(value: str) -> str:
     return value if value.startswith("[") else value.split(",")[0]
 
 
-def _overrides(command: str) -> tuple[list[str], list[str]]:
-    """(job overrides, hydra overrides) of one command line."""
-    args = pasted_words(command)[1:]  # what the program gets from bash
-    hydra_overrides(args)
+def split_environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(the leading ``VAR=value`` assignments of a command's words, the program and its
+    arguments): what bash puts in the program's environment and what it passes it."""
+    env = {}
+    while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0], flags=re.S):
+        key, _, value = words[0].partition("=")
+        env[key], words = value, words[1:]
+    return env, words
+
+
+def lenbench_arguments(args: list[str]):
+    """``lenbench``'s arguments parsed as it parses them (Hydra's command line: flags, then the
+    overrides); a ValueError with argparse's message where it would stop (an override before
+    ``--config-dir`` leaves the overrides after it ``unrecognized arguments``)."""
+    import io
+
+    from hydra._internal.utils import get_args_parser
+
+    parser, err = get_args_parser(), io.StringIO()
+    parser.prog = "lenbench"
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_args(args)
+    except SystemExit:
+        message = err.getvalue().strip().splitlines()[-1:] or ["refused"]
+        raise ValueError(f"lenbench {' '.join(args)!r}: {message[0]}") from None
+
+
+def _overrides(command: str, home: Path | None = None) -> tuple[list[str], list[str], Command]:
+    """(job overrides, hydra overrides, what else it sets) of one command line; ``home`` is the
+    ``$HOME`` bash expands."""
+    env, argv = split_environment(pasted_words(command, home))  # what the program gets from bash
+    args = lenbench_arguments(argv[1:])
+    assert args.config_name is None and args.config_path is None, command  # config.yaml only
+    hydra_overrides(args.overrides)
     job, hydra = [], []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in ("-m", "--multirun"):
-            continue
-        if arg == "--cfg":
-            skip = True
-            continue
+    for arg in args.overrides:
         key, _, value = arg.partition("=")
         arg = f"{key}={_first(value)}" if value else arg
         (hydra if key.startswith("hydra") else job).append(arg)
-    return job, hydra
+    return job, hydra, Command(env, args.config_dir, args.overrides)
+
+
+@dataclass
+class Command:
+    """What a command line sets besides its overrides: its environment and ``--config-dir``."""
+
+    env: dict[str, str]
+    config_dir: str | None
+    overrides: list[str]
+
+    def folders(self) -> list[str]:
+        """The folders it names for the user's code: PYTHONPATH's entries, --config-dir."""
+        path = [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return [*path, *([self.config_dir] if self.config_dir else [])]
 
 
 COMMANDS = [c for doc in DOCS if doc.exists() for c in readme_commands(doc)]
@@ -155,14 +214,113 @@ def test_the_readme_shows_commands():
     assert all(doc.exists() for doc in DOCS), [d for d in DOCS if not d.exists()]
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_readme_command_composes_and_validates(command: str):
-    job, hydra = _overrides(command)
-    if not any(a.startswith("+experiment=") for a in job) and command.strip() == "lenbench":
+#: the user's code that docs/extending.md's commands name (``~/my_code``): a package with a metric
+#: and a config folder with a scaling preset, built in the ``$HOME`` the commands are expanded in
+USER_METRIC = """
+from dataclasses import dataclass
+
+from bench.eval.metrics import MetricConfig, register_metric
+from bench.eval.metrics.context import make_row
+
+
+@dataclass
+class MyMetricConfig(MetricConfig):
+    enabled: bool = False
+
+
+@register_metric("my_metric", config=MyMetricConfig)
+def my_metric(ctx, cfg, docs, length):
+    return [make_row("my_metric", float(len(docs)), len(docs), length)]
+"""
+
+
+def write_user_code(home: Path) -> None:
+    code = home / "my_code"
+    (code / "my_pkg").mkdir(parents=True)
+    (code / "my_pkg" / "__init__.py").write_text("")
+    (code / "my_pkg" / "metrics.py").write_text(USER_METRIC)
+    (code / "conf" / "scaling").mkdir(parents=True)
+    (code / "conf" / "scaling" / "my_pi.yaml").write_text(
+        "name: my_pi\nmethod: linear\nparams: {factor: auto}\n"
+    )
+
+
+@contextlib.contextmanager
+def user_code(command: Command):
+    """The command's PYTHONPATH on sys.path while it composes (its ``--config-dir`` is searched
+    by the caller); the registries and modules its extensions add are removed afterwards."""
+    import sys
+
+    from bench.eval.metrics import METRICS
+    from models.positions import FAMILIES
+    from models.scaling import SCALING_METHODS
+
+    missing = [f for f in command.folders() if not Path(f).is_dir()]
+    assert not missing, f"the command names {missing}: build them in write_user_code"
+    registries = (METRICS, FAMILIES, SCALING_METHODS)
+    before = [set(r) for r in registries]
+    modules, path = set(sys.modules), list(sys.path)
+    sys.path[:0] = [f for f in command.env.get("PYTHONPATH", "").split(os.pathsep) if f]
+    try:
+        yield
+    finally:
+        sys.path[:] = path
+        for registry, names in zip(registries, before, strict=True):
+            for name in set(registry) - names:
+                registry.pop(name)
+        for name in set(sys.modules) - modules:
+            sys.modules.pop(name)
+
+
+def compose_command(command: str, home: Path) -> None:
+    """Compose and check one document command as ``lenbench`` would (its environment's
+    PYTHONPATH and ``--config-dir`` included), with the user's code of the documents in
+    ``home``."""
+    job, hydra, parsed = _overrides(command, home)
+    if not parsed.overrides and program_of(command) == command.strip():
         job = ["+experiment=quickstart"]  # what lenbench with no arguments runs
-    compose_job(*job)
-    if hydra:
-        compose_config(*job, *hydra, hydra=True)
+    if parsed.config_dir:  # what --config-dir does: the folder searched before lenbench's
+        job = [f"hydra.searchpath=[file://{os.path.abspath(parsed.config_dir)}]", *job]
+    with user_code(parsed):
+        compose_job(*job)
+        if hydra:
+            compose_config(*job, *hydra, hydra=True)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_composes_and_validates(command: str, tmp_path):
+    write_user_code(tmp_path)
+    compose_command(command, tmp_path)
+
+
+def test_a_command_with_an_environment_is_checked(tmp_path):
+    """Issue #75: a command that starts ``VAR=value`` is one of the documents' commands and is
+    checked like the others; docs/extending.md's former line (overrides before --config-dir,
+    its list unquoted) is caught, and so is its order once quoted; the fixed line composes with
+    the user's preset and metric (control), and without its --config-dir it does not."""
+    write_user_code(tmp_path)
+    fixed = (
+        "PYTHONPATH=~/my_code lenbench --config-dir ~/my_code/conf 'extensions=[my_pkg]' "
+        "scaling=my_pi +eval.my_metric.enabled=true"
+    )
+    assert fixed in [" ".join(c.split()) for c in COMMANDS]  # the documented command is checked
+    compose_command(fixed, tmp_path)  # control
+    old = (
+        "PYTHONPATH=~/my_code lenbench extensions=[my_pkg] --config-dir ~/my_code/conf "
+        "scaling=my_pi +eval.my_metric.enabled=true"
+    )
+    assert program_of(old) == "lenbench"  # found as a command (it was skipped as PYTHONPATH=...)
+    with pytest.raises(ValueError, match="no match"):  # a glob pattern to bash
+        compose_command(old, tmp_path)
+    quoted = old.replace("extensions=[my_pkg]", "'extensions=[my_pkg]'")
+    with pytest.raises(ValueError, match="unrecognized arguments: scaling=my_pi"):
+        compose_command(quoted, tmp_path)
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match="scaling/my_pi"):  # the user's preset
+        compose_command(fixed.replace(" --config-dir ~/my_code/conf", ""), tmp_path)
+    env, words = split_environment(pasted_words(fixed, tmp_path))
+    assert env == {"PYTHONPATH": str(tmp_path / "my_code")} and words[0] == "lenbench"
 
 
 #: a command example in a conf/ comment: ``#   lenbench +experiment=smoke``
@@ -206,7 +364,7 @@ def prose_overrides() -> list[str]:
 
 
 def test_the_documents_show_commands_everywhere():
-    assert {c.split(" ")[0] for c in ALL_COMMANDS} == set(PROGRAMS), ALL_COMMANDS
+    assert {program_of(c) for c in ALL_COMMANDS} == set(PROGRAMS), ALL_COMMANDS
     assert any(c.startswith("lenbench") for c in conf_commands())
     assert len(prose_overrides()) >= 5, prose_overrides()
 
@@ -215,10 +373,10 @@ def test_the_documents_show_commands_everywhere():
 def test_every_command_reaches_its_program_as_written(command: str):
     """Pasted into bash, a command gives its program the words it shows (nothing brace-expanded,
     no glob pattern left to chance), and each Hydra override among them parses."""
-    words = pasted_words(command)
+    _, words = split_environment(pasted_words(command))
     assert words[0] in PROGRAMS
     if words[0] == "lenbench":
-        hydra_overrides(words[1:])
+        hydra_overrides(lenbench_arguments(words[1:]).overrides)
 
 
 @pytest.mark.parametrize("span", prose_overrides())
