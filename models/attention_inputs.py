@@ -19,10 +19,16 @@ from models.scaling import PairPositions
 __all__ = [
     "AttentionInputs",
     "PairInputs",
+    "attended_keys",
     "fused_plain",
     "pair_inputs",
     "span_mask",
+    "ssmax_log_keys",
 ]
+
+#: at most this many query-key entries per tile when counting the keys each query attends
+#: (:func:`attended_keys`, for a span or a training-free method's sinks): bounds the [N, T, S] mask
+ATTENDED_COUNT_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -161,8 +167,9 @@ class AttentionInputs:
     # the eps of a weightless RMS norm of the layer's queries and keys after the rotation (Llama
     # 4's QK-norm on iRoPE's RoPE layers, models.families.hybrid); None = none
     qk_norm: float | None = None
-    # SSMax (model.attn_scale=ssmax): ln of the number of real keys each query sees, [N, 1, L, 1]
-    # float32 (cached and new, padding not counted); None = no SSMax
+    # SSMax (model.attn_scale=ssmax): ln of the number of real keys each query attends, [N, 1, L, 1]
+    # float32 (cached and new, padding not counted; only those inside the layer's window or chunk
+    # and a training-free method's sinks + window: :func:`ssmax_log_keys`); None = no SSMax
     log_keys: torch.Tensor | None = None
     # per forward pass: the flex block mask, shared by all layers (built on first use)
     flex_cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -193,3 +200,41 @@ def span_mask(
             == torch.div(k_pos, chunk, rounding_mode="floor")
         )
     return inside
+
+
+def attended_keys(inputs: AttentionInputs) -> torch.Tensor:
+    """How many real keys each new query attends, [N, L] int64 (at least 1): the causal keys up to
+    it, padding left out, and where the layer has a window or chunks (``window``, ``chunk``) or a
+    training-free method masks far pairs past its sinks (StreamingLLM), only those it leaves
+    visible: the same pairs as the kernels' mask (``models.tiled_attention``), so the count is
+    the size of the cache or span the query reads, not every key seen."""
+    n, length = inputs.q_pos.shape
+    s = inputs.k_pos.shape[1]
+    device = inputs.k_pos.device
+    valid = inputs.k_valid
+    if valid is None:
+        valid = torch.ones(n, s, dtype=torch.bool, device=device)
+    pairs = inputs.pairs
+    sink_end = pairs.sink_end if pairs is not None else None
+    if inputs.window is None and inputs.chunk is None and sink_end is None:  # every causal key
+        return valid.cumsum(dim=1)[:, s - length :].clamp(min=1)
+    k_index = torch.arange(s, device=device)
+    k_pos = inputs.k_pos[:, None, :]  # [N, 1, S]
+    tile = max(1, ATTENDED_COUNT_ELEMENTS // max(1, n * s))
+    counts = []
+    for start in range(0, length, tile):
+        stop = min(length, start + tile)
+        q_index = inputs.past_len + torch.arange(start, stop, device=device)
+        q_pos = inputs.q_pos[:, start:stop, None]  # [N, T, 1]
+        seen = (k_index[None, :] <= q_index[:, None])[None] & valid[:, None, :]  # [N, T, S]
+        seen = seen & span_mask(q_pos, k_pos, inputs.window, inputs.chunk)
+        if sink_end is not None:  # far pairs attend only to the sinks
+            near = pairs.region(q_pos, k_pos) == 0
+            seen = seen & (near | (k_pos < sink_end[:, 0]))
+        counts.append(seen.sum(dim=-1))
+    return torch.cat(counts, dim=1).clamp(min=1)
+
+
+def ssmax_log_keys(inputs: AttentionInputs) -> torch.Tensor:
+    """SSMax's ln n per query, [N, 1, L, 1] float32, n = :func:`attended_keys`."""
+    return attended_keys(inputs).to(torch.float32).log()[:, None, :, None]

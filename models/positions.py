@@ -251,6 +251,9 @@ class Family:
     #: its parameters learn): it enters the checkpoint key when > 0 (``bench.train.cache``), so that
     #: this family's cached checkpoints are retrained and every other family's are kept
     weights_revision: int = 0
+    #: whether some layers attend within a window or chunks (``models.families.hybrid``), so that
+    #: SSMax's key count on them is their span's (it enters the checkpoint key with SSMax on)
+    layer_spans: bool = False
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         """Raise ValueError (one sentence) for fields this family cannot use with this geometry."""

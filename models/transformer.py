@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.attention import Attention, logn_query_scale
-from models.attention_inputs import AttentionInputs, pair_inputs
+from models.attention_inputs import AttentionInputs, pair_inputs, ssmax_log_keys
 from models.model_config import ATTENTION_SINKS, ModelConfig, check_combination
 from models.positions import (
     PositionConfig,
@@ -91,6 +91,21 @@ def _with_sink_token(positions: _Positions) -> _Positions:
     position_ids = torch.cat((sink_pos, positions.position_ids), dim=1)  # [N, L + 1]
     k_valid = torch.cat((torch.ones_like(valid[:, :1]), valid), dim=1)
     return _Positions(position_ids, positions.row_lengths, position_ids, k_valid, 0)
+
+
+def _spans_log_keys(layer_inputs: list[AttentionInputs]) -> list[AttentionInputs]:
+    """Each layer's inputs with SSMax's ln n counted over the keys its window or chunks leave it
+    (a hybrid family's layers share the model's inputs otherwise), once per distinct span."""
+    by_span: dict[int, AttentionInputs] = {}
+    out = []
+    for inputs in layer_inputs:
+        if inputs.window is None and inputs.chunk is None:
+            out.append(inputs)
+            continue
+        if id(inputs) not in by_span:
+            by_span[id(inputs)] = replace(inputs, log_keys=ssmax_log_keys(inputs))
+        out.append(by_span[id(inputs)])
+    return out
 
 
 @dataclass
@@ -323,6 +338,8 @@ class DecoderLM(nn.Module):
             x = x + added.to(x.dtype)
         inputs = self._attention_inputs(positions, output_attn_entropy)
         layer_inputs = family.layer_inputs(self, inputs)  # one per block: its own span, rotation
+        if self.model_cfg.attn_scale == "ssmax":  # a layer's window or chunks: the keys in it
+            layer_inputs = _spans_log_keys(layer_inputs)
         hidden_states = [x[:, sunk:]] if output_hidden_states else None
         x, kept, stats = self._blocks(
             x, layer_inputs, past, logits_from + sunk if logits_from else 0
@@ -429,7 +446,6 @@ class DecoderLM(nn.Module):
             pairs = pair_inputs(
                 spec, positions.position_ids, positions.k_pos, inv_freq, positions.k_valid
             )
-        n_new = positions.position_ids.shape[1]
         q_scale = None
         if self.scaling.logn:  # at each query's position (StreamingLLM's: in its cache)
             at = positions.position_ids
@@ -446,11 +462,7 @@ class DecoderLM(nn.Module):
             factor = llama4_query_temperature(at, floor, self.model_cfg.attn_temperature)
             factor = factor[:, None, :, None]  # [N, 1, L, 1]
             q_scale = factor if q_scale is None else q_scale * factor
-        log_keys = None
-        if self.model_cfg.attn_scale == "ssmax":  # real keys up to each query, cached + new
-            seen = positions.k_valid.cumsum(dim=1)[:, positions.k_valid.shape[1] - n_new :]
-            log_keys = seen.clamp(min=1).to(torch.float32).log()[:, None, :, None]
-        return AttentionInputs(
+        inputs = AttentionInputs(
             cos=cos,
             sin=sin,
             layout=family.qk_layout or getattr(self.position_cfg, "layout", "half"),  # none: unused
@@ -460,7 +472,6 @@ class DecoderLM(nn.Module):
                 else None
             ),
             q_scale=q_scale,
-            log_keys=log_keys,
             q_pos=positions.position_ids,
             k_pos=positions.k_pos,
             k_valid=None if bool(k_valid.all()) else k_valid,
@@ -474,6 +485,9 @@ class DecoderLM(nn.Module):
             ),
             pairs=pairs,
         )
+        if self.model_cfg.attn_scale == "ssmax":  # the real keys each query attends, cached + new
+            inputs = replace(inputs, log_keys=ssmax_log_keys(inputs))
+        return inputs
 
     @torch.no_grad()
     def generate_greedy(

@@ -110,6 +110,10 @@ def weights_config(job: JobConfig, corpus: Corpus | str | None = None) -> dict[s
     revision = job.position.family.weights_revision
     if revision:  # a family's own code change (models.positions.Family.weights_revision)
         out["position_revision"] = revision
+    if job.model.attn_scale == "ssmax" and job.position.family.layer_spans:
+        # SSMax's n on a windowed or chunked layer counts the keys in its span (issue 76 item 2),
+        # no longer every key seen: such models train to other weights than before
+        out["ssmax_keys"] = "attended"
     if job.train.passkey_fraction > 0:
         # the template's text, not only its name: editing a template retrains its models
         out["passkey_text"] = asdict(passkey_template(job.train.passkey_template))

@@ -77,6 +77,7 @@ class _Hybrid(Rope):
     default_layers: tuple[str, ...] = ()
     #: the layer kinds this family's fields describe (its span: a window or chunks)
     layer_kinds: tuple[str, ...] = ()
+    layer_spans = True
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         super().check(cfg, head_dim, d_model)

@@ -95,3 +95,77 @@ def test_attn_scale_in_the_key_only_when_set_and_an_unknown_one_refused():
         ValueError, match=r"^model\.attn_scale 'bogus' is unknown; allowed: none, ssmax, llama4\.$"
     ):
         JobConfig.from_hydra({"model": {"attn_scale": "bogus"}})
+
+
+# ----------------------------------------------------------- issue 76 item 2: the keys attended
+
+
+def _one_layer(kind: str, attn_scale: str = "ssmax", **position) -> DecoderLM:
+    """One layer of ``kind`` (its fields ``position``), weights large enough that n shows."""
+    torch.manual_seed(3)
+    cfg = ModelConfig(vocab_size=40, n_layers=1, d_model=32, n_heads=4, attn_scale=attn_scale)
+    model = DecoderLM(cfg, PositionConfig(kind=kind, **position), 32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(4.0)
+        if attn_scale == "ssmax":
+            model.blocks[0].attn.ssmax.copy_(torch.tensor([0.43, 0.9, 0.6, 1.2]))
+    return model
+
+
+IDS = torch.randint(0, 40, (2, 40), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kind", ["rope", "nope", "alibi"])
+def test_ssmax_under_streaming_counts_the_cache_a_dense_model_reads(kind):
+    """StreamingLLM keeps 3 sinks + a window of 9: the last of 40 tokens under SSMax equals the
+    dense model reading only those 12 tokens (n = 12, not the 40 keys seen), in a prefill and
+    token by token. Control: the same comparison without SSMax holds too, and n = 40 (the old
+    count: every key seen) gives other logits."""
+    from models.scaling_config import ScalingConfig
+
+    from fixtures.decoding import scaled_decoded, scaled_logits
+
+    sinks, window, length = 3, 9, IDS.shape[1]
+    scaling = ScalingConfig("streaming", "streaming", {"sink_tokens": sinks, "window": window})
+    kept = list(range(sinks)) + list(range(length - window, length))
+    for attn_scale in ("ssmax", "none"):
+        model = _one_layer(kind, attn_scale)
+        with torch.no_grad():
+            last = scaled_logits(model, IDS, scaling)[:, -1]
+            decoded = scaled_decoded(model, IDS, scaling, prefill=5)[:, -1]
+            dense = model(IDS[:, kept]).logits[:, -1]
+        torch.testing.assert_close(last, dense, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(decoded, dense, atol=1e-4, rtol=1e-4)
+    model = _one_layer(kind)
+    with torch.no_grad():  # s_h ln 40 in place of s_h ln 12: what the old count gave
+        model.blocks[0].attn.ssmax.mul_(math.log(length) / math.log(sinks + window))
+        miscounted = model(IDS[:, kept]).logits[:, -1]
+    assert (miscounted - last).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("kind", "span", "first"),
+    [("rnope_swa", {"window": 8}, 32), ("irope", {"chunk": 8}, 32)],
+    ids=["window", "chunk"],
+)
+def test_ssmax_on_a_windowed_or_chunked_layer_counts_the_keys_in_its_span(kind, span, first):
+    """A sliding-window (rnope_swa) or chunked (irope) layer under SSMax: the last of 40 tokens
+    (position 39: window 32..39, chunk 32..39) equals the same weights with full causal attention
+    (layer kind rope) reading only the span's 8 tokens; the KV cache decodes the same. Control:
+    the full-attention layer on all 40 tokens differs (it sees more keys and counts them)."""
+    spanned = _one_layer(kind, layers=["swa" if kind == "rnope_swa" else "chunked"], **span)
+    full = _one_layer(kind, layers=["rope"], **span)
+    full.load_state_dict(spanned.state_dict())
+    with torch.no_grad():
+        last = spanned(IDS).logits[:, -1]
+        dense = full(IDS[:, first:]).logits[:, -1]
+        out = spanned(IDS[:, :30], use_cache=True)
+        past = out.past
+        for t in range(30, IDS.shape[1]):
+            out = spanned(IDS[:, t : t + 1], past=past, use_cache=True)
+            past = out.past
+        everything = full(IDS).logits[:, -1]
+    torch.testing.assert_close(last, dense, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.logits[:, -1], dense, atol=1e-4, rtol=1e-4)
+    assert (everything - dense).abs().max() > 1e-2

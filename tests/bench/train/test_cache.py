@@ -242,6 +242,22 @@ def test_a_family_revision_changes_only_that_familys_keys(monkeypatch: pytest.Mo
             assert (weights_key(job) != key) == revised, kind
 
 
+def test_ssmax_on_a_hybrid_family_changes_only_its_keys() -> None:
+    """Issue 76 item 2: SSMax's n on a windowed or chunked layer is now its span's keys, so
+    rnope_swa and irope with model.attn_scale=ssmax get new keys; the same families without SSMax
+    and RoPE with SSMax (every layer full: n unchanged) keep theirs (no entry)."""
+    cfg = make_cfg()
+    for kind in ("rnope_swa", "irope", "rope"):
+        for attn_scale in ("ssmax", "none"):
+            job = replace(
+                cfg,
+                position=PositionSchema(kind=kind),
+                model=replace(cfg.model, attn_scale=attn_scale),
+            )
+            marked = kind != "rope" and attn_scale == "ssmax"
+            assert weights_config(job).get("ssmax_keys") == ("attended" if marked else None)
+
+
 # --------------------------------------------------------------------------- get_or_train
 
 
