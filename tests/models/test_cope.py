@@ -168,6 +168,49 @@ def test_position_interpolation_divides_the_counted_positions():
     assert model.family.contextual_bias(model).args[1] == 1.0
 
 
+def test_position_interpolation_changes_a_trained_copes_logits(monkeypatch):
+    """Issue #75: ``position=cope scaling=linear`` is CoPE with its counted positions divided by
+    the factor, not raw CoPE: once the table has learned (ten steps), linear at 4x its
+    training length gives other logits than raw, the logits raw CoPE gives with its counts
+    divided by 4. Control: at initialisation the table is zero, no position can matter yet, and
+    every scaling gives the raw logits (the difference 0.0 the issue saw)."""
+    import models.families.cope as cope
+
+    torch.manual_seed(0)
+    model = DecoderLM(
+        ModelConfig(n_layers=2, d_model=32, n_heads=4), PositionConfig(kind="cope"), 16
+    )
+    ids = torch.randint(0, 250, (2, 64), generator=torch.Generator().manual_seed(1))
+    linear = ScalingConfig(name="linear", method="linear", params={"factor": 4.0})
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            raw = model(ids).logits
+            with model.scaled(linear):
+                return raw, model(ids).logits
+
+    raw, scaled = both()
+    assert not model.cope_emb.any() and torch.equal(raw, scaled)  # control: nothing learned yet
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(10):
+        batch = torch.randint(0, 250, (4, 17), generator=torch.Generator().manual_seed(10 + step))
+        logits = model(batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    raw, scaled = both()
+    assert model.cope_emb.abs().max() > 1e-3
+    assert float((scaled - raw).abs().max()) > 1e-4  # rows labelled linear are not raw CoPE
+    counted = cope.cope_positions
+    monkeypatch.setattr(
+        cope, "cope_positions", lambda logits, factor, npos: counted(logits, factor * 4.0, npos)
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, scaled)  # raw with counts / 4 is linear
+
+
 def test_cope_fields_methods_and_bad_values():
     from bench.core.checks import weights_dict
 

@@ -4,8 +4,10 @@ its facts, never a method's name.
 A renamed copy of ``linear`` changes every family that offers methods acting on positions exactly
 as ``linear`` does (negative control: before the resolved position transform, the score-bias
 families, the learned table and CoPE read a factor set only for the name ``linear`` and gave the
-raw logits). A method that changes nothing is refused where it is registered or set, one sentence
-each; a method is offered only to families that can honour it. The per-forward rebuilds (pair
+raw logits); the families are the registry's, so a family that declares ``positions`` and ignores
+the factor fails it (issue #75; control: such a family registered here). A method that changes
+nothing is refused where it is registered or set, one sentence each; a method is offered only to
+families that can honour it. The per-forward rebuilds (pair
 spec, Sandwich table, factor tensor, xPos scale) are cached without changing a number.
 """
 
@@ -19,7 +21,14 @@ import torch
 
 from models.families.rotary import xpos_scale
 from models.families.zoo import sandwich_table
-from models.positions import PositionConfig, families
+from models.positions import (
+    FAMILIES,
+    Family,
+    PositionConfig,
+    ScoreBias,
+    families,
+    register_family,
+)
 from models.resolved_scaling import PROBE_ROTARY_DIM
 from models.scaling import (
     SCALING_METHODS,
@@ -31,24 +40,14 @@ from models.scaling import (
 )
 from models.transformer import DecoderLM, ModelConfig, ScalingConfig, resolved_scaling
 
-#: the families that offer methods acting on positions (issue 52's thirteen, and hope)
-POSITION_FAMILIES = (
-    "rope",
-    "sinusoidal",
-    "learned",
-    "t5",
-    "kerple_log",
-    "kerple_power",
-    "fire",
-    "sandwich",
-    "p_rope",
-    "xpos",
-    "cope",
-    "rnope_swa",
-    "irope",
-    "hope",
-    "pope",
-)
+
+def positions_families() -> tuple[str, ...]:
+    """The registered families that offer methods acting on positions: every family of
+    models/families/ whose ``capabilities`` hold ``positions`` (no hand list to keep)."""
+    return tuple(k for k, f in families().items() if "positions" in f.capabilities)
+
+
+POSITION_FAMILIES = positions_families()
 MODEL = ModelConfig(n_layers=2, d_model=32, n_heads=4)
 
 
@@ -78,11 +77,14 @@ def linear_copy(name: str = "my_linear"):
 
 
 def model_of(kind: str, train_length: int = 16) -> DecoderLM:
+    """A model of ``kind`` whose zero-initialised parameters are drawn at random: CoPE's table
+    (any family's zero-initialised position parameters) starts at zero, where no position can
+    matter yet and every scaling gives the raw logits."""
     torch.manual_seed(0)
     model = DecoderLM(MODEL, PositionConfig(kind=kind), train_length).eval()
-    with torch.no_grad():  # CoPE's embeddings start at zero, where no position can matter
-        for name, param in model.named_parameters():
-            if name.startswith("cope_"):
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.any():
                 param.normal_()
     return model
 
@@ -93,15 +95,18 @@ def logits(model: DecoderLM, scaling: ScalingConfig | None, ids: torch.Tensor) -
 
 
 def test_the_families_that_offer_positions_methods():
-    offering = {k for k, f in families().items() if "positions" in f.capabilities}
-    assert offering == set(POSITION_FAMILIES)
+    offering = set(POSITION_FAMILIES)  # the registry's, so every such family is tested below
+    assert {"rope", "sinusoidal", "learned", "t5", "fire", "cope", "irope"} <= offering
+    assert not offering & {"alibi", "nope", "fox"}  # control: families without position methods
     with linear_copy():
         assert {k for k in families() if "my_linear" in applicable_methods(k)} == offering
     assert "my_linear" not in SCALING_METHODS  # removed again
 
 
-@pytest.mark.parametrize("kind", POSITION_FAMILIES)
-def test_a_renamed_linear_acts_as_linear_on_every_family(kind):
+def assert_linear_acts(kind: str) -> None:
+    """``linear`` at factor 4 changes ``kind``'s logits, exactly as a renamed copy of it does,
+    and the family reads the factor it was given (from its frequencies or as its position
+    transform): a family that declares ``positions`` but ignores the factor fails here."""
     model = model_of(kind)
     ids = torch.randint(0, 250, (2, 12), generator=torch.Generator().manual_seed(1))
     raw = logits(model, None, ids)
@@ -115,11 +120,55 @@ def test_a_renamed_linear_acts_as_linear_on_every_family(kind):
             16,
         )
     torch.testing.assert_close(renamed, linear, rtol=0, atol=0)
-    assert float((renamed - raw).abs().max()) > 1e-5  # control: the method changes the logits
+    change = float((linear - raw).abs().max())
+    assert change > 1e-5, (
+        f"position={kind} declares 'positions' but linear (factor 4) leaves its logits as they "
+        f"are (max difference {change:g}): it ignores the position transform, so its rows "
+        f"labelled linear would be the raw ones; read model.resolved_scaling.position_factor "
+        f"(or its frequencies), or drop 'positions' from its capabilities."
+    )
     if resolved.has_frequencies:  # the rotary families and sinusoidal read the frequencies
         assert resolved.position_factor is None
     else:
         assert resolved.position_factor == 4.0
+
+
+@pytest.mark.parametrize("kind", POSITION_FAMILIES)
+def test_a_renamed_linear_acts_as_linear_on_every_family(kind):
+    assert_linear_acts(kind)
+
+
+def _distance_bias(head, q_pos, k_pos, factor):
+    return -0.5 * ((q_pos - k_pos).clamp(min=0).float() / factor)
+
+
+class _DistanceBias(Family):
+    """A score-bias family that declares ``positions``; ``reads_factor`` False: it ignores the
+    position transform (the issue-75 trap), True: it divides its distances by it."""
+
+    name, acts_on, capabilities, reads_factor = "", "scores", ("positions", "pairs"), True
+
+    def score_bias(self, model, length):
+        factor = model.resolved_scaling.position_factor if self.reads_factor else None
+        return ScoreBias(_distance_bias, (float(factor or 1.0),))
+
+
+def test_a_family_whose_linear_is_a_no_op_fails_the_check():
+    """Negative control of the check above (issue #75): a family that declares ``positions`` but
+    ignores ``position_factor`` is caught, in one sentence; the same family reading the factor
+    passes (control). A family registered in models/families/ is on the derived list."""
+    deaf = type("Deaf", (_DistanceBias,), {"name": "deaf_positions", "reads_factor": False})
+    hearing = type("Hearing", (_DistanceBias,), {"name": "hearing_positions"})
+    try:
+        for family in (deaf, hearing):
+            register_family(family)
+        assert {"deaf_positions", "hearing_positions"} <= set(positions_families())
+        with pytest.raises(AssertionError, match=r"position=deaf_positions declares 'positions'"):
+            assert_linear_acts("deaf_positions")
+        assert_linear_acts("hearing_positions")
+    finally:
+        for family in (deaf, hearing):
+            FAMILIES.pop(family.name, None)
 
 
 @pytest.mark.parametrize("factor", [1.0, 4.0, 6.0, 1000 / 300, 3.90625])
