@@ -120,6 +120,7 @@ class TrainedSource:
     def plan(self) -> tuple[ResolvedEval, ScalingConfig]:
         job = self.job
         resolved = job.eval.resolve(job.train.length)
+        check_row_span(job, resolved.lengths)  # before the scaling checks, which load torch
         ruler = resolved.metrics.get("ruler")
         partial = ruler.check_fit() if ruler is not None else None  # raises if none fits
         if partial:
@@ -220,6 +221,20 @@ class TrainedSource:
             # one id for every update count of this fine-tune recipe: the points of one curve
             columns["finetune_curve_id"] = model_config_id(curve_job(job, 0), corpus)
         return columns
+
+
+def check_row_span(job: JobConfig, eval_lengths: Sequence[int]) -> None:
+    """The longest row the job trains or evaluates (its position ids' span) must be one the
+    position family encodes (``Family.check_row_span``: xPos's scales stay finite), else one
+    sentence naming the setting and its value."""
+    train = job.train
+    rows = [("eval length", max(eval_lengths)), ("train.length", train.length)]
+    if train.position_sampling != "contiguous":  # sampled position ids reach train.max_position
+        rows.append(("train.max_position", train.sampled_positions))
+    if job.extend.active:
+        rows.append(("extend.length", job.extend.length))
+    what, span = max(rows, key=lambda row: row[1])
+    job.position.family.check_row_span(job.position, span, what)
 
 
 def check_scaling_at_lengths(

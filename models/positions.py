@@ -258,6 +258,11 @@ class Family:
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         """Raise ValueError (one sentence) for fields this family cannot use with this geometry."""
 
+    def check_row_span(self, cfg: PositionConfig, span: int, what: str) -> None:
+        """Raise ValueError (one sentence) if this family cannot encode one row whose position ids
+        span ``span`` positions (``what`` names the setting that asks for it: an eval length,
+        train.length); checked before any work (``bench.job.validate_job``)."""
+
     def gate_bias(self, cfg: PositionConfig) -> float:
         """The initial bias of the forget gate (families with :attr:`forget_gate` only)."""
         raise NotImplementedError(f"position family {self.name!r} has no forget gate.")

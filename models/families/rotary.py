@@ -94,6 +94,19 @@ class HoPE(Rope):
 # --------------------------------------------------------------------------- xPos
 
 
+#: the largest ln of an xPos query or key scale a row may reach: e^64 (about 6e27) leaves float32's
+#: range (3.4e38) a margin of about 5e10 for the rotated values and the factors that follow (log-n,
+#: SSMax); the key scale e^-64 stays a normal float32 (above 1.2e-38), so no precision is lost
+XPOS_MAX_LOG_SCALE = 64.0
+
+
+def xpos_max_span(scale_base: float) -> int:
+    """The most positions one row may span under xPos with decay scale gamma ``scale_base``: its
+    scales zeta_k^(+-span / gamma), largest for zeta_0 = 0.4 / 1.4, stay within e^64
+    (:data:`XPOS_MAX_LOG_SCALE`): floor(64 gamma / ln 3.5), 26,156 at gamma 512."""
+    return int(XPOS_MAX_LOG_SCALE * scale_base / math.log(1.4 / 0.4))
+
+
 def xpos_scale(rotary_dim: int) -> torch.Tensor:
     """xPos's per-pair decay base zeta_k = (2k / r + 0.4) / 1.4, k = 0..r/2-1, float32 [r/2]."""
     k = torch.arange(0, rotary_dim, 2, dtype=torch.float32)
@@ -126,8 +139,9 @@ class XPos(Rope):
     x-transformers and rotary-embedding-torch centre on the sequence (c = L // 2). Here c is each
     row's length (its largest position id + 1, which the KV cache keeps from the prefill: cached
     keys and later queries share it), so exponents stay within the row's span at any offset: finite
-    while a row spans less than ~36,000 positions at gamma 512, and the logits are the uncentred
-    ones to float32 rounding. A position transform and the frequency methods act on the rotation
+    while a row spans at most :func:`xpos_max_span` positions (26,156 at gamma 512; beyond, from
+    about 35,000, some logits are non-finite), which a job checks before any work
+    (:meth:`check_row_span`), and the logits are the uncentred ones to float32 rounding. A position transform and the frequency methods act on the rotation
     only (through its frequencies)."""
 
     name = "xpos"
@@ -139,6 +153,18 @@ class XPos(Rope):
         if cfg.xpos_scale_base <= 0:
             raise ValueError(f"position.xpos_scale_base must be > 0, got {cfg.xpos_scale_base}.")
         super().check(cfg, head_dim, d_model)
+
+    def check_row_span(self, cfg: PositionConfig, span: int, what: str) -> None:
+        most = xpos_max_span(cfg.xpos_scale_base)
+        if span > most:
+            needed = math.ceil(span * math.log(1.4 / 0.4) / XPOS_MAX_LOG_SCALE)
+            raise ValueError(
+                f"{what} {span} is too long for one row of position=xpos with "
+                f"position.xpos_scale_base {cfg.xpos_scale_base:g}, whose query and key scales "
+                f"zeta^(+-span / gamma) leave float32's range beyond {most} positions (non-finite "
+                f"logits); allowed: rows of at most {most} positions, or "
+                f"position.xpos_scale_base >= {needed} for {span}."
+            )
 
     def length_dependent(self, cfg: PositionConfig, scaling: Any) -> bool:
         # the scales (not the logits) depend on the centre, each row's length: the model then

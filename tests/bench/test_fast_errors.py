@@ -44,6 +44,7 @@ BAD_SETTINGS = [
     (("position=alibi", "scaling=yarn"), "does not apply to position alibi"),
     (("+experiment=smoke", "eval.ruler.enabled=true"), "ruler"),
     (("eval.lengths=[0]",), "eval.lengths"),
+    (("position=xpos", "position.xpos_scale_base=1"), "too long for one row of position=xpos"),
     (("device=tpu",), "device 'tpu' is unknown; allowed: auto, cpu, cuda"),
     (("-m", "position=rope,alibi", "train.lr=-1"), "train.lr must be a number >= 0"),
 ]

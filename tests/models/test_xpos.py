@@ -5,6 +5,9 @@ shift invariance, with a strong decay: tests/models/test_zoo.py)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -163,3 +166,61 @@ def test_xpos_cache_decoding_equals_the_full_forward_at_a_large_offset(monkeypat
             torch.testing.assert_close(per_forward, full, atol=1e-4, rtol=1e-4)
             decoded = _decoded(model, ids, positions, 12)
             assert (decoded - full).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("scale_base", [512.0, 16.0])
+def test_one_long_row_is_finite_up_to_the_span_a_job_allows_and_refused_beyond(scale_base):
+    """Issue 76 item 3: one row from position 0 to xpos_max_span(gamma) - 1 (26,156 positions at
+    gamma 512, 817 at 16), q and k of size 100: finite logits equal to the uncentred float64 ones
+    at sampled pairs across the row. Beyond, a job is refused before any work in one sentence
+    naming the length and what is allowed (1e5 at gamma 512: the issue's row). Control: such a
+    row (and one 1.35 x the allowed span) does give non-finite logits, so the refusal is needed."""
+    from bench.job import validate_job
+    from bench.schema import JobConfig
+    from models.families.rotary import xpos_max_span
+
+    model = xpos_model(scale_base)
+    most = xpos_max_span(scale_base)
+    assert most == {512.0: 26156, 16.0: 817}[scale_base]
+    gen = torch.Generator().manual_seed(7)
+    q, k = (100 * torch.randn(2, 7, 16, generator=gen) for _ in range(2))
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+
+    def logits(span):
+        positions = torch.tensor([0, 1, span // 3, span // 2, span - 3, span - 2, span - 1])
+        with torch.no_grad():
+            return positions, _rotated_logits(model, q, k, positions)
+
+    positions, ours = logits(most)
+    assert torch.isfinite(ours).all()
+    expected = _uncentred_float64(model, q, k, positions).float()
+    torch.testing.assert_close(ours[:, causal], expected[:, causal], rtol=1e-4, atol=1e-2)
+    for span in (int(most * 1.35), 4 * most):
+        assert not torch.isfinite(logits(span)[1][:, causal]).all(), span  # control
+    too_long = 100_000 if scale_base == 512.0 else 4 * most
+    job = JobConfig.from_hydra(
+        {
+            "position": {"kind": "xpos", "xpos_scale_base": scale_base},
+            "train": {"length": 16},
+            "eval": {"lengths": [16, too_long]},
+        }
+    )
+    needed = math.ceil(too_long * math.log(3.5) / 64)
+    with pytest.raises(ValueError) as refused:
+        validate_job(job)
+    assert str(refused.value) == (
+        f"eval length {too_long} is too long for one row of position=xpos with "
+        f"position.xpos_scale_base {scale_base:g}, whose query and key scales zeta^(+-span / "
+        f"gamma) leave float32's range beyond {most} positions (non-finite logits); allowed: rows "
+        f"of at most {most} positions, or position.xpos_scale_base >= {needed} for {too_long}."
+    )
+    # controls: the allowed span passes, and so does a long row under a larger scale base
+    validate_job(replace(job, eval=replace(job.eval, lengths=[16, most])))
+    wider = JobConfig.from_hydra(
+        {
+            "position": {"kind": "xpos", "xpos_scale_base": float(needed)},
+            "train": {"length": 16},
+            "eval": {"lengths": [16, too_long]},
+        }
+    )
+    validate_job(wider)
