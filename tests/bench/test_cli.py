@@ -849,7 +849,7 @@ def test_wheel_ships_the_config_tree_and_the_app_runs_from_it(tmp_path):
         check=True,
     ).stdout
     assert f"CONF {site / 'conf' / '__init__.py'}" in out  # the wheel's copy, not the checkout
-    assert f"DIR {site.resolve() / 'conf'}" in out  # the tree Hydra reads: the wheel's, beside its bench
+    assert f"DIR {site.resolve() / 'conf'}" in out  # the tree Hydra reads: the wheel's
     assert "mode: MULTIRUN" in out and "sinusoidal,learned,rope,alibi,nope" in out
 
 
