@@ -241,8 +241,8 @@ class JobConfig:
                 )
             load_extensions(list(extensions))
             if eval_config_class() is not EvalConfig:  # they registered metrics: their sections
-                return cls._with_registered_metrics(cfg)  # are checked by the current registry
-        return parse_section(cls, cfg)
+                return checked_warmup(cls._with_registered_metrics(cfg))  # by the registry
+        return checked_warmup(parse_section(cls, cfg))
 
     @classmethod
     def _with_registered_metrics(cls, cfg: DictConfig | Mapping[str, Any]) -> JobConfig:
@@ -253,6 +253,28 @@ class JobConfig:
         eval_values = values.pop("eval", None)
         job = parse_section(cls, values)
         return replace(job, eval=as_eval_config(eval_values))
+
+
+def checked_warmup(job: JobConfig) -> JobConfig:
+    """``job`` if each schedule it trains with reaches its peak learning rate and then decays:
+    ``train.warmup_steps`` below ``train.steps`` (a model lenbench trains) and
+    ``extend.warmup_steps`` below ``extend.steps`` (an active fine-tune that updates at all); else
+    one sentence. A warmup as long as the run never decays, a longer one never reaches the peak:
+    refused, not shortened (a recovery curve's points, shorter runs of the same schedule, are
+    built from the checked job, not parsed)."""
+    sections = []
+    if job.pretrained is None:
+        sections.append(("train", job.train.steps, job.train.warmup_steps))
+    if job.extend.active and job.extend.steps > 0:
+        sections.append(("extend", job.extend.steps, job.extend.warmup_steps))
+    for section, steps, warmup in sections:
+        if warmup >= steps:
+            raise ValueError(
+                f"{section}.warmup_steps {warmup} is not below {section}.steps {steps}, so the "
+                f"learning rate would {'never reach its peak' if warmup > steps else 'never decay'}; "
+                f"allowed: {section}.warmup_steps at most {steps - 1} (or raise {section}.steps)."
+            )
+    return job
 
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)

@@ -883,6 +883,7 @@ def test_accelerate_launch_runs_one_job(tmp_path):
         "position=rope",
         "model=tiny",
         "train.steps=4",
+        "train.warmup_steps=1",
         "train.eval_batches=0",
         "eval=quick",
         "eval.lengths=[1x]",

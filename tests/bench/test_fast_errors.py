@@ -45,6 +45,7 @@ BAD_SETTINGS = [
     (("+experiment=smoke", "eval.ruler.enabled=true"), "ruler"),
     (("eval.lengths=[0]",), "eval.lengths"),
     (("position=xpos", "position.xpos_scale_base=1"), "too long for one row of position=xpos"),
+    (("+experiment=smoke", "extend=pi", "extend.steps=8"), "extend.warmup_steps 20 is not below"),
     (("device=tpu",), "device 'tpu' is unknown; allowed: auto, cpu, cuda"),
     (("-m", "position=rope,alibi", "train.lr=-1"), "train.lr must be a number >= 0"),
 ]

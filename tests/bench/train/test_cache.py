@@ -442,7 +442,7 @@ WORKER = textwrap.dedent(
         "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},
         "position": {"kind": "rope", "base": 10000},
         "data": {"name": "text", "paths": [corpus_dir]},
-        "train": {"length": 16, "steps": 3, "batch_size": 2},
+        "train": {"length": 16, "steps": 3, "batch_size": 2, "warmup_steps": 2},
         "seed": seed,
     })
     corpus = load_corpus(cfg.data)

@@ -375,7 +375,9 @@ def test_every_shipped_extend_option_fine_tunes_and_reloads(
     import yaml
 
     extend = yaml.safe_load((ROOT / "conf/extend" / f"{option}.yaml").read_text())
-    job = make_cfg(corpus_dir, extend={**extend, "steps": 2, "warmup_steps": 1}, steps=2)
+    job = make_cfg(
+        corpus_dir, extend={**extend, "steps": 2, "warmup_steps": 1}, steps=2, warmup_steps=1
+    )
     model, meta, trained = get_or_train(job, corpus, tmp_path, progress=False)
     loaded, meta2, again = get_or_train(job, corpus, tmp_path, progress=False)
     assert trained and not again and meta2["scaling"] == meta["scaling"]
@@ -497,7 +499,7 @@ def test_harness_evaluates_a_finetuned_checkpoint_with_its_trained_scaling(
     from bench.harness import LenbenchLM
     from bench.train.cache import weights_key
 
-    job = make_cfg(corpus_dir, extend=pi(steps=2, warmup_steps=1), steps=2)
+    job = make_cfg(corpus_dir, extend=pi(steps=2, warmup_steps=1), steps=2, warmup_steps=1)
     get_or_train(job, corpus, tmp_path, progress=False)
     key = weights_key(job, corpus)
     lm = LenbenchLM(pretrained=key, cache_root=str(tmp_path), device="cpu")

@@ -148,6 +148,7 @@ def test_training_reads_the_sampled_positions(sampling, tmp_path):
             "train": {
                 "length": 32,
                 "steps": 3,
+                "warmup_steps": 2,
                 "batch_size": 4,
                 "eval_batches": 0,
                 "weight_decay": 0.0,  # rows without gradient stay exactly as initialised

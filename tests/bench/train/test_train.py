@@ -59,7 +59,10 @@ def corpus(corpus_root: Path) -> Corpus:
 
 
 def tiny_dict(**train: object) -> dict:
-    """A job config as plain data (what Hydra composes), with a tiny model and short training."""
+    """A job config as plain data (what Hydra composes), with a tiny model and short training
+    (a warmup of 3 updates, fewer where the run has 3 or fewer: it must be below the steps)."""
+    steps = train.get("steps", 30)
+    warmup = min(3, steps - 1) if isinstance(steps, int) and steps >= 1 else 0
     return {
         "model": {"n_layers": 1, "d_model": 32, "n_heads": 2},
         "position": {"kind": "rope"},
@@ -69,7 +72,7 @@ def tiny_dict(**train: object) -> dict:
             "steps": 30,
             "batch_size": 8,
             "lr": 1e-2,
-            "warmup_steps": 3,
+            "warmup_steps": warmup,
             "eval_every": 15,
             "eval_batches": 2,
             "log_every": 1,
@@ -448,3 +451,38 @@ def test_ddp_on_two_cpu_processes_matches_one_process(
     assert ranks[0]["loss"] == pytest.approx(single.final_train_loss, abs=1e-4)
     assert ranks[0]["val"] == pytest.approx(single.final_val_loss, abs=1e-4)
     assert ranks[0]["loss"] < math.log(259) - 0.5  # and it did learn (not vacuous)
+
+
+def test_a_warmup_as_long_as_the_run_is_refused_before_anything_trains() -> None:
+    """Issue 76 item 5: train.warmup_steps >= train.steps (and extend.warmup_steps >=
+    extend.steps, the issue's extend.steps=8 with the fine-tunes' warmup 20) is refused in one
+    sentence naming both values and what is allowed, not shortened: a warmup as long as the run
+    never decays, a longer one never reaches the peak (lr_at: the last update's lr below lr).
+    Controls: a warmup one update shorter than the run, and a fine-tune of 0 updates (the parent
+    with the scaling, whatever its warmup), are accepted."""
+    longer = TrainConfig(lr=1.0, warmup_steps=20, steps=8)  # the dataclass alone: what it would do
+    assert lr_at(7, longer) == pytest.approx(8 / 20)  # the peak never reached
+    with pytest.raises(ValueError) as refused:
+        tiny_cfg(steps=8, warmup_steps=20)
+    assert str(refused.value) == (
+        "train.warmup_steps 20 is not below train.steps 8, so the learning rate would never reach "
+        "its peak; allowed: train.warmup_steps at most 7 (or raise train.steps)."
+    )
+    with pytest.raises(ValueError, match=r"^train.warmup_steps 8 is not below train.steps 8, so "
+                       r"the learning rate would never decay; allowed: train.warmup_steps at most "
+                       r"7 \(or raise train.steps\)\.$"):  # fmt: skip
+        tiny_cfg(steps=8, warmup_steps=8)
+    extend = {"name": "pi", "method": "linear", "params": {"factor": "auto"}, "length": "2x"}
+    with pytest.raises(ValueError) as refused:
+        JobConfig.from_hydra({**tiny_dict(), "extend": {**extend, "steps": 8}})  # warmup 20
+    assert str(refused.value) == (
+        "extend.warmup_steps 20 is not below extend.steps 8, so the learning rate would never "
+        "reach its peak; allowed: extend.warmup_steps at most 7 (or raise extend.steps)."
+    )
+    # controls
+    assert tiny_cfg(steps=8, warmup_steps=7).train.warmup_steps == 7
+    assert JobConfig.from_hydra({**tiny_dict(), "extend": {**extend, "steps": 0}}).extend.steps == 0
+    tuned = JobConfig.from_hydra(
+        {**tiny_dict(), "extend": {**extend, "steps": 8, "warmup_steps": 7}}
+    )
+    assert tuned.extend.warmup_steps == 7

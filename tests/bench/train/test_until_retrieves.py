@@ -177,7 +177,9 @@ def test_the_check_is_in_the_weights_key_only_when_set() -> None:
 def test_finetunes_run_their_updates() -> None:
     from bench.train.extend import finetune_recipe
 
-    cfg = JobConfig.from_hydra({**raw(), "extend": {"method": "linear", "length": 160, "steps": 4}})
+    cfg = JobConfig.from_hydra(
+        {**raw(), "extend": {"method": "linear", "length": 160, "steps": 4, "warmup_steps": 1}}
+    )
     assert cfg.train.until_retrieves == 0.9 and finetune_recipe(cfg).until_retrieves is None
 
 
