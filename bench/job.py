@@ -367,6 +367,10 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
         return summary("invalid", str(exc), **base)
     if problem is not None:
         return summary("invalid", problem, **base)
+    if isinstance(source, TrainedSource):  # the key lenbench-harness loads it by (the summary)
+        from bench.train.checkpoints import resolve_cache_root
+
+        base.update(checkpoint=model_id, cache_root=str(resolve_cache_root(spec.cache_root)))
     out_path, cached = results_target(spec, model_id, base)
     if cached is not None:
         return cached

@@ -979,3 +979,51 @@ def test_two_invocations_in_one_second_get_their_own_run_and_sweep_dirs(monkeypa
         OmegaConf.create({"d": "${now:%Y-%m-%d_%H-%M-%S}"}).d for _ in range(2)
     ]  # the resolver is registered by the compose above
     assert old[0] == old[1]
+
+
+def test_the_smoke_output_prints_the_checkpoint_keys_lenbench_harness_loads(
+    in_tmp, quiet_training, capsys
+):
+    """Issue 76 item 7: ``lenbench +experiment=smoke`` ends with the checkpoint key of each model
+    it evaluated, as ``lenbench-harness --model lenbench --model_args pretrained=<key>`` takes it
+    (with its cache root): the keys are the finished checkpoints in the cache and the results'
+    model ids, printed once per model (rope is evaluated twice, raw and linear), also when a
+    rerun finds every result already there. Controls: a single run prints its one key; a job that
+    does not apply (alibi + linear) adds none; the harness's own check accepts the key."""
+    import pandas as pd
+
+    from bench.harness.cli import check_arguments
+    from bench.train.checkpoints import DONE_FILE
+
+    cache = in_tmp / "cache"
+    argv = ["+experiment=smoke", f"paths.cache={cache}", "hydra.callbacks.report.enabled=false"]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("lenbench: checkpoint keys")]
+    assert len(lines) == 1, out
+    df = pd.concat(pd.read_parquet(f) for f in (in_tmp / "results" / "smoke").glob("*.parquet"))
+    keys = df.groupby("position")["model_id"].unique().to_dict()
+    assert {p: list(k) for p, k in keys.items()} == {p: [k[0]] for p, k in keys.items()}
+    rope, alibi = keys["rope"][0], keys["alibi"][0]
+    assert lines[0] == (
+        "lenbench: checkpoint keys for lenbench-harness --model lenbench --model_args "
+        f"pretrained=<key>,cache_root={cache}: rope {rope}, alibi {alibi}."
+    )
+    for key in (rope, alibi):
+        assert (cache / key / DONE_FILE).is_file()
+    check_arguments(
+        [
+            "--model",
+            "lenbench",
+            "--model_args",
+            f"pretrained={rope},cache_root={cache}",
+            "--tasks",
+            "lenbench_passkey_256",
+        ]  # fmt: skip
+    )
+    assert main(argv) == 0  # a rerun: every result already there, the keys again
+    assert lines[0] in capsys.readouterr().out
+    single = ["+experiment=smoke", "position=alibi", "scaling=none", f"paths.cache={cache}"]
+    assert main([*single, "hydra.callbacks.report.enabled=false", "hydra.mode=RUN"]) == 0
+    out = capsys.readouterr().out
+    assert f"pretrained=<key>,cache_root={cache}: alibi {alibi}." in out
