@@ -861,3 +861,57 @@ def test_an_undecided_seed_interval_says_how_many_seeds_would_decide_it() -> Non
     assert ratio.log_scale and seeds_to_decide(ratio, 1.0) == seeds_to_decide(
         summarise("l", np.log([0.9, 1.1, 1.3]), np.full(3, np.nan)), 0.0
     )
+
+
+# --------------------------------------------------------------------------- T3's reach
+
+
+def test_t3_scores_the_depths_outside_the_window_and_within_the_masks_reach() -> None:
+    """Issue 76 item 4: on the training-free reference's retrieval arm (its L, layers, the short
+    template, StreamingLLM's auto window), the key at 4L lies beyond n_layers x (window - 1) of
+    the answer at every depth below REACH_DEPTH (lost by the mask whatever the model learned) and
+    within that reach, outside the window, at each of REACH_DEPTH..OUTSIDE_WINDOW_DEPTH."""
+    from bench.findings.estimates import FAR
+    from bench.findings.training_free import OUTSIDE_WINDOW_DEPTH, REACH_DEPTH
+    from bench.tasks.passkey import make_passkey_example
+    from models.scaling import pair_positions
+    from models.scaling_config import run_scaling
+
+    from fixtures.jobs import compose_job
+
+    job = compose_job("+experiment=training_free", "arm=retrieval", "scaling=streaming")
+    length = FAR * job.train.length
+    scaling = run_scaling(job.scaling, train_length=job.train.length, lengths=[length])
+    window = pair_positions("streaming", train_length=job.train.length, **scaling.params).window
+    reach = job.model.n_layers * (window - 1)
+    assert (job.train.length, job.model.n_layers, window, reach) == (256, 3, 252, 753)
+
+    def distance(depth: float, key: int) -> int:  # from the key's digits to the answer's
+        ex = make_passkey_example(length, depth, key, template=job.train.passkey_template)
+        prompt, answer = bytes(ex.prompt_ids).decode(), bytes(ex.answer_ids).decode()
+        start = prompt.index(str(key), ex.needle_start)
+        return len(ex.prompt_ids) - 1 + answer.index(str(key)) - start
+
+    keys = (1, 12345, 50000)
+    for depth in (0.0, 0.125, 0.2):
+        assert depth < REACH_DEPTH and min(distance(depth, k) for k in keys) > reach, depth
+    for depth in (REACH_DEPTH, 0.375, OUTSIDE_WINDOW_DEPTH):
+        assert window <= min(distance(depth, k) for k in keys), depth
+        assert max(distance(depth, k) for k in keys) <= reach, depth
+
+
+def test_t3_is_not_made_to_hold_by_needles_lost_by_construction() -> None:
+    """T3 pools only depths 0.25 and 0.5: a model that retrieves 12% of the needles within reach
+    does not hold T3 (accuracy above 0.1), however many depth-0 needles the mask alone loses (with
+    depth 0 pooled it read 8%, and held). Control: nothing retrieved at 0.25 and 0.5 holds, and
+    the estimate counts the trials of those two depths only."""
+    from bench.core.stats import wilson
+
+    lost = {0.0: 0.0, 0.25: 0.12, 0.5: 0.12, 0.75: 0.4, 1.0: 1.0}
+    assert statuses(rows(depths={("rope", "streaming"): lost}))["T3"] == FAILS
+    results = check_findings(normalize_results(rows()))
+    assert {r.key: r.status for r in results}["T3"] == HOLDS
+    (estimate,) = _estimate(results, "T3", "rope streaming acc")
+    assert estimate.name == "rope streaming acc at 4L, depths 0.25-0.5"
+    assert estimate.hi == pytest.approx(wilson(0, 2 * TRIALS * len(SEEDS))[1])  # 2 depths' trials
+    assert estimate.hi != pytest.approx(wilson(0, 3 * TRIALS * len(SEEDS))[1])
