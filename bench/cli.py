@@ -28,15 +28,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from bench.core.checks import NotApplicable
+from bench.core.config_dir import (
+    CONFIG_DIR,  # lenbench's conf/, not a user's (bench.core.config_dir)
+)
 from bench.schema import JobConfig  # registers the config schema; imports no torch (models.lazy)
 
 log = logging.getLogger("lenbench")
 
-#: lenbench's own config tree, found beside this package (a checkout, an editable install and a
-#: wheel all place ``conf/`` next to ``bench/``), not as the importable module ``conf``: a user's
-#: folder named ``conf/`` on the path (``PYTHONPATH=~/my_code`` holding ``~/my_code/conf``) would
-#: otherwise be that module, and Hydra would find no ``config.yaml`` in it.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "config"
 DEFAULT_EXPERIMENT = "quickstart"
 STATUS_FILE = "lenbench_job.json"

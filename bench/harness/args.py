@@ -163,8 +163,8 @@ def scaling_presets(config_dir: str | os.PathLike | None = None) -> dict[str, di
     Each is read as lenbench's ``scaling`` group is: merged into its typed schema
     (``bench.schema.ScalingSchema``), so a type error or an unknown key is the same one sentence.
     """
-    from bench.cli import CONFIG_DIR  # not ``import conf``: a user's conf/ folder may be that
     from bench.core.checks import parse_section
+    from bench.core.config_dir import CONFIG_DIR  # not ``import conf``: a user's conf/ may be that
     from bench.core.sections import ScalingSchema
 
     folders = [CONFIG_DIR / "scaling"]
