@@ -122,16 +122,23 @@ def decide(e: Estimate, threshold: float, claim: str) -> Check:
     return UNDECIDED
 
 
-def wilson(successes: float, trials: float, level: float = LEVEL) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (NaN, NaN when there are no trials)."""
-    if trials <= 0:
-        return math.nan, math.nan
+def wilson_bounds(successes, trials, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of binomial proportions, elementwise over arrays of successes and
+    trials (trials > 0; the leaderboard reads it on resampled trials)."""
     z = stats.norm.ppf(0.5 + level / 2)
     p = successes / trials
     denom = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denom
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    half = z * np.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return np.maximum(0.0, centre - half), np.minimum(1.0, centre + half)
+
+
+def wilson(successes: float, trials: float, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (NaN, NaN when there are no trials)."""
+    if trials <= 0:
+        return math.nan, math.nan
+    lo, hi = wilson_bounds(np.float64(successes), np.float64(trials), level)
+    return float(lo), float(hi)
 
 
 def t_half_width(values: np.ndarray) -> float:

@@ -59,33 +59,61 @@ best was not decided; no committed row did).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from bench.core.stats import t_half_width, wilson
+from bench.core.stats import wilson_bounds
 
 PPL_FLAT = 1.1
 PASSKEY_MIN = 0.8
 RULER_RELATIVE = 0.85
 #: the absolute RULER threshold (exact mean) of ``ruler_abs``: fixed a priori (module docstring)
 RULER_ABSOLUTE = 0.5
-#: the log2 ratio an effective length of 0 (fails at the shortest length) counts as
+#: the log2 ratio an effective length of 0 (fails at L) is shown as; it is never compared
 BELOW_L = -1.0
-METRICS = ("ppl", "longppl", "passkey", "ruler")
 #: the in-distribution perplexity at L, ranked beside the effective lengths
 AT_L = "ppl_at_L"
+
+# Each rule works on arrays with a trailing replicate axis ([n_lengths, R], lengths sorted): the
+# leaderboard applies it to a seed's own documents or trials (one column) and to their resamples
+# (bench.report.leaderboard_samples). The mapping forms below are the same rules on one column.
+
+
+def effective_lengths(lengths: Sequence[int], passes: np.ndarray) -> np.ndarray:
+    """Per column of ``passes`` ([n_lengths, R] over ``lengths`` sorted): the largest length
+    with it and every shorter one passing; 0 where the shortest fails."""
+    leading = np.cumprod(passes, axis=0).sum(axis=0)  # [R]
+    return np.array([0, *lengths], dtype=float)[leading]
+
+
+def retention_aucs(lengths: Sequence[int], scores: np.ndarray, train_length: int) -> np.ndarray:
+    """Per column of ``scores`` ([n_lengths, R] over ``lengths`` sorted): the normalised area
+    under the score against log2(length / L) from L to the longest length (trapezoids over the
+    lengths >= L; NaN without a score at L and one longer length)."""
+    keep = [i for i, x in enumerate(lengths) if x >= train_length]
+    if len(keep) < 2 or lengths[keep[0]] != train_length:
+        return np.full(scores.shape[1], math.nan)
+    t = np.log2(np.array([lengths[i] for i in keep], dtype=float) / train_length)
+    y = scores[keep]
+    return ((y[1:] + y[:-1]) / 2 * np.diff(t)[:, None]).sum(axis=0) / t[-1]
+
+
+def passkey_passes(successes: np.ndarray, trials: np.ndarray, bar: float = PASSKEY_MIN):
+    """Whether the Wilson 95% lower end of (successes, trials) is at least ``bar``, elementwise."""
+    return wilson_bounds(successes, trials)[0] >= bar
+
+
+def _column(values: Mapping[int, float]) -> tuple[list[int], np.ndarray]:
+    lengths = sorted(values)
+    return lengths, np.array([[values[x]] for x in lengths], dtype=float)
 
 
 def effective_length(passes: Mapping[int, bool]) -> int:
     """The largest length with it and every shorter one passing; 0 when the shortest fails."""
-    best = 0
-    for length in sorted(passes):
-        if not passes[length]:
-            break
-        best = int(length)
-    return best
+    lengths, column = _column(passes)
+    return int(effective_lengths(lengths, column.astype(bool))[0])
 
 
 def ratio_rule(values: Mapping[int, float], reference: float, bar: float) -> int:
@@ -95,7 +123,10 @@ def ratio_rule(values: Mapping[int, float], reference: float, bar: float) -> int
 
 def passkey_rule(trials: Mapping[int, tuple[int, int]], bar: float = PASSKEY_MIN) -> int:
     """Effective length where the Wilson lower end of (successes, trials) is >= ``bar``."""
-    return effective_length({x: wilson(k, n)[0] >= bar for x, (k, n) in trials.items()})
+    k, n = (np.array([trials[x][i] for x in trials], dtype=float) for i in (0, 1))
+    with np.errstate(divide="ignore", invalid="ignore"):  # no trials: no lower end, fails
+        passes = passkey_passes(k, n, bar)
+    return effective_length(dict(zip(trials, passes.tolist(), strict=True)))
 
 
 def relative_rule(values: Mapping[int, float], reference: float, bar: float) -> int:
@@ -106,59 +137,10 @@ def relative_rule(values: Mapping[int, float], reference: float, bar: float) -> 
     return effective_length({x: v >= bar * reference for x, v in values.items()})
 
 
-@dataclass(frozen=True)
-class SeedSummary:
-    """An effective length over seeds: ``log2`` mean of eff / L with its t-interval
-    (``lo``/``hi``; equal to the mean with one seed) and the per-seed lengths."""
-
-    mean: float
-    lo: float
-    hi: float
-    lengths: tuple[int, ...]
-
-    @property
-    def length(self) -> float:
-        """The mean as a length in units of L (2 ** mean)."""
-        return 2.0**self.mean
-
-
-def _log_ratio(length: int, train_length: int) -> float:
-    return BELOW_L if length <= 0 else math.log2(length / train_length)
-
-
-def _summary(values: np.ndarray, lengths: tuple[int, ...] = ()) -> SeedSummary:
-    mean = float(values.mean())
-    half = float(t_half_width(values)) if len(values) >= 2 else 0.0
-    return SeedSummary(mean, mean - half, mean + half, lengths)
-
-
-def summarise_seeds(lengths: list[int], train_length: int) -> SeedSummary:
-    logs = np.array([_log_ratio(x, train_length) for x in lengths], dtype=float)
-    return _summary(logs, tuple(int(x) for x in lengths))
-
-
-def summarise_ppl_at_l(nll_at_l: list[float]) -> SeedSummary:
-    """Per-seed mean NLL at L (log perplexity) as a summary that :func:`ranks` reads higher-is-
-    better: the negated log perplexity's mean and t-interval."""
-    return _summary(-np.array(nll_at_l, dtype=float))
-
-
-def ranks(summaries: Mapping[str, SeedSummary]) -> dict[str, int]:
-    """Rank 1 = best (longest); a series' rank is 1 + the number of series whose interval lies
-    entirely above its own, so series with overlapping intervals can share a rank."""
-    return {
-        name: 1 + sum(other.lo > s.hi for other in summaries.values())
-        for name, s in summaries.items()
-    }
-
-
-def overall_ranks(per_metric: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
-    """Per series: the mean of its ranks over the metrics that rank it."""
-    names = {name for metric in per_metric.values() for name in metric}
-    return {
-        name: float(np.mean([m[name] for m in per_metric.values() if name in m]))
-        for name in sorted(names)
-    }
+def retention_auc(scores: Mapping[int, float], train_length: int) -> float:
+    """:func:`retention_aucs` of one column."""
+    lengths, column = _column(scores)
+    return float(retention_aucs(lengths, column, train_length)[0])
 
 
 # --------------------------------------------------------------------------- issue #73
@@ -193,26 +175,3 @@ STATISTICS = {
 PRIMARY = ("ruler_auc", "passkey_auc", "ppl_auc")
 #: statistics on which a series bad at L (†) ranks below every series that is not
 BAD_AT_L_TIERED = ("ppl_auc", "ppl", AT_L)
-
-
-def retention_auc(scores: Mapping[int, float], train_length: int) -> float:
-    """Normalised area under ``scores`` against log2(length / L) from L to the longest length
-    (trapezoids over the lengths >= L; NaN without a score at L and one longer length)."""
-    lengths = sorted(x for x in scores if x >= train_length)
-    if not lengths or lengths[0] != train_length or len(lengths) < 2:
-        return math.nan
-    t = np.log2(np.array(lengths, dtype=float) / train_length)
-    y = np.array([scores[x] for x in lengths], dtype=float)
-    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(t)) / t[-1])
-
-
-def log_length(length: float, train_length: int) -> float:
-    """An effective length on the comparisons' scale, log2(eff / L); a length of 0 (fails at L)
-    is never compared (:func:`gate`), and reads as :data:`BELOW_L` where shown."""
-    return BELOW_L if length <= 0 else math.log2(length / train_length)
-
-
-def gate(per_seed_lengths: Mapping[int, int]) -> int:
-    """How many seeds fail at L (effective length 0): a series with any is not ranked on the
-    gated statistics."""
-    return sum(int(x) <= 0 for x in per_seed_lengths.values())

@@ -238,7 +238,9 @@ def _power_rows(recipe, stat, ordered, samples, decided, comparisons) -> dict:
     }  # fmt: skip
 
 
-def _block(recipe: str, block: pd.DataFrame):
+def _series_rows(recipe: str, block: pd.DataFrame) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Per series of one recipe: its table row's keys and labels, and its samples per statistic
+    (:func:`bench.report.leaderboard_samples.series_samples`)."""
     label = recipe_label(recipe, block)
     rows: dict[str, dict] = {}
     samples: dict[str, dict[str, Sample]] = {}
@@ -247,10 +249,9 @@ def _block(recipe: str, block: pd.DataFrame):
         if not any(k in STATISTICS for k in found):
             continue
         name = str(g["_series"].iloc[0])
-        train_length = int(g["train_length"].iloc[0])
         row = dict(zip(KEY_COLUMNS, key, strict=True))
         row.update(
-            recipe_label=label, train_length=train_length, series=name,
+            recipe_label=label, train_length=int(g["train_length"].iloc[0]), series=name,
             seeds=",".join(str(int(s)) for s in sorted(g["seed"].unique())),
             longppl_at_longest=_longppl_at_longest(g),
         )  # fmt: skip
@@ -259,74 +260,71 @@ def _block(recipe: str, block: pd.DataFrame):
             if eff_key in found:
                 row[f"{stat}_max"] = longest.get(stat, math.nan)
         if "_ruler_eff" in found:
-            row["ruler_rel_seeds"] = ",".join(
-                str(int(found["_ruler_eff"].values[s])) for s in found["_ruler_eff"].seeds
-            )
+            relative = found["_ruler_eff"]
+            row["ruler_rel_seeds"] = ",".join(str(int(relative.values[s])) for s in relative.seeds)
         rows[name] = row
         samples[name] = found
-    if not rows:
-        return [], [], []
+    return rows, samples
+
+
+def _rank(recipe, stat, rows, samples, bad) -> tuple[list[dict], dict]:
+    """One statistic of one recipe: its columns in ``rows`` (mean, interval, per-seed values,
+    seeds failing at L, rank intervals within the † tiers) and its decided comparisons and
+    power row."""
+    spec = STATISTICS[stat]
     train_length = next(iter(rows.values()))["train_length"]
-    # bad at L: perplexity at L decidedly above PPL_FLAT x the block's best
-    at_l = {k: s[AT_L] for k, s in samples.items() if AT_L in s}
-    bad: dict[str, bool] = {}
-    if at_l:
-        best = min(at_l, key=lambda k: (at_l[k].mean, k))
-        bad = decidedly_above(at_l, best, math.log(PPL_FLAT))
-    present = [m for m in STATISTICS if any(m in s for s in samples.values())]
-    primary = next((m for m in PRIMARY if m in present), None)
-    decided_rows, power = [], []
-    for stat in present:
-        spec = STATISTICS[stat]
-        eff_key = EFF_KEYS.get(spec.gate) if spec.gate else None
-        have = {k: s[stat] for k, s in samples.items() if stat in s}
-        fails = {
-            k: sum(int(samples[k][eff_key].values.get(x, 1)) <= 0 for x in have[k].seeds)
-            if eff_key and eff_key in samples[k] else 0
-            for k in have
-        }  # fmt: skip
-        eligible = {k: v for k, v in have.items() if fails[k] == 0}
-        sign = 1.0 if spec.higher_is_better else -1.0
-        tiered = stat in BAD_AT_L_TIERED
-        tiers = [
-            sorted((k for k in eligible if bad.get(k, False) == t or not tiered),
-                   key=lambda k: (-sign * eligible[k].mean, k))
-            for t in ((False, True) if tiered else (False,))
-        ]  # fmt: skip
-        comparisons = compare(eligible, spec.higher_is_better)
-        decided = decided_pairs(comparisons)
-        direct = set(zip(comparisons.loc[comparisons["decided"], "a"],
-                         comparisons.loc[comparisons["decided"], "b"], strict=True))  # fmt: skip
-        reps = replicate_means(have)
-        offset = 0
-        for tier in tiers:
-            intervals = rank_intervals(tier, decided)
-            boot = bootstrap_ranks({k: eligible[k] for k in tier}, spec.higher_is_better)
-            for k in tier:
-                rows[k][f"{stat}_rank_lo"] = offset + intervals[k][0]
-                rows[k][f"{stat}_rank_hi"] = offset + intervals[k][1]
-                rows[k][f"{stat}_boot_lo"] = offset + boot[k][0]
-                rows[k][f"{stat}_boot_hi"] = offset + boot[k][1]
-            offset += len(tier)
-        for k, sample in have.items():
-            mean, lo, hi = _mean_interval(sample, reps[k])
-            row = rows[k]
-            row[f"{stat}_mean"] = _display(stat, mean, train_length)
-            lo, hi = _display(stat, lo, train_length), _display(stat, hi, train_length)
-            row[f"{stat}_lo"], row[f"{stat}_hi"] = min(lo, hi), max(lo, hi)
-            effs = samples[k][EFF_KEYS[stat]].values if stat in EFF_KEYS else None
-            row[f"{stat}_seeds"] = _seed_text(stat, sample, effs)
-            if spec.gate:
-                row[f"{stat}_fails"] = fails[k]
-        for a, b in sorted(decided):
-            c = comparisons[((comparisons["a"] == a) & (comparisons["b"] == b))]
-            one = c.iloc[0] if len(c) else None
-            decided_rows.append({
-                "recipe": recipe, "statistic": stat, "a": a, "b": b, "direct": (a, b) in direct,
-                **({k: one[k] for k in ("diff", "se", "df", "paired", "p", "p_adj")}
-                   if one is not None else {}),
-            })  # fmt: skip
-        power.append(_power_rows(recipe, stat, tiers, eligible, decided, comparisons))
+    eff_key = EFF_KEYS.get(spec.gate) if spec.gate else None
+    have = {k: s[stat] for k, s in samples.items() if stat in s}
+    fails = {
+        k: sum(int(samples[k][eff_key].values.get(x, 1)) <= 0 for x in have[k].seeds)
+        if eff_key and eff_key in samples[k] else 0
+        for k in have
+    }  # fmt: skip
+    eligible = {k: v for k, v in have.items() if fails[k] == 0}
+    sign = 1.0 if spec.higher_is_better else -1.0
+    tiered = stat in BAD_AT_L_TIERED
+    tiers = [
+        sorted((k for k in eligible if bad.get(k, False) == t or not tiered),
+               key=lambda k: (-sign * eligible[k].mean, k))
+        for t in ((False, True) if tiered else (False,))
+    ]  # fmt: skip
+    comparisons = compare(eligible, spec.higher_is_better)
+    decided = decided_pairs(comparisons)
+    offset = 0
+    for tier in tiers:
+        intervals = rank_intervals(tier, decided)
+        boot = bootstrap_ranks({k: eligible[k] for k in tier}, spec.higher_is_better)
+        for k in tier:
+            rows[k][f"{stat}_rank_lo"] = offset + intervals[k][0]
+            rows[k][f"{stat}_rank_hi"] = offset + intervals[k][1]
+            rows[k][f"{stat}_boot_lo"] = offset + boot[k][0]
+            rows[k][f"{stat}_boot_hi"] = offset + boot[k][1]
+        offset += len(tier)
+    reps = replicate_means(have)
+    for k, sample in have.items():
+        mean, lo, hi = _mean_interval(sample, reps[k])
+        row = rows[k]
+        row[f"{stat}_mean"] = _display(stat, mean, train_length)
+        lo, hi = _display(stat, lo, train_length), _display(stat, hi, train_length)
+        row[f"{stat}_lo"], row[f"{stat}_hi"] = min(lo, hi), max(lo, hi)
+        effs = samples[k][EFF_KEYS[stat]].values if stat in EFF_KEYS else None
+        row[f"{stat}_seeds"] = _seed_text(stat, sample, effs)
+        if spec.gate:
+            row[f"{stat}_fails"] = fails[k]
+    tested = {(c["a"], c["b"]): c for c in comparisons.to_dict("records")}  # each pair's test
+    decided_rows = [
+        {"recipe": recipe, "statistic": stat, "a": a, "b": b,
+         "direct": bool(tested.get((a, b), {}).get("decided", False)),
+         **{k: tested[(a, b)][k] for k in ("diff", "se", "df", "paired", "p", "p_adj")
+            if (a, b) in tested}}
+        for a, b in sorted(decided)
+    ]  # fmt: skip
+    return decided_rows, _power_rows(recipe, stat, tiers, eligible, decided, comparisons)
+
+
+def _overall(rows: dict[str, dict], bad: dict[str, bool], primary: str | None) -> None:
+    """Each row's † flag, primary statistic, overall rank interval and sort key."""
+    sign = 1.0 if primary and STATISTICS[primary].higher_is_better else -1.0
     for k, row in rows.items():
         row["bad_at_L"] = bool(bad.get(k, False))
         row["ppl_at_L"] = row.get(f"{AT_L}_mean", math.nan)
@@ -334,9 +332,27 @@ def _block(recipe: str, block: pd.DataFrame):
         ranked = primary is not None and f"{primary}_rank_lo" in row
         row["overall_rank_lo"] = row[f"{primary}_rank_lo"] if ranked else math.nan
         row["overall_rank_hi"] = row[f"{primary}_rank_hi"] if ranked else math.nan
-        sign = 1.0 if primary and STATISTICS[primary].higher_is_better else -1.0
         value = row.get(f"{primary}_mean", math.nan) if primary else math.nan
         row["_order"] = (not ranked, row["bad_at_L"], -sign * value if np.isfinite(value) else 0)
+
+
+def _block(recipe: str, block: pd.DataFrame):
+    rows, samples = _series_rows(recipe, block)
+    if not rows:
+        return [], [], []
+    # bad at L: perplexity at L decidedly above PPL_FLAT x the block's best
+    at_l = {k: s[AT_L] for k, s in samples.items() if AT_L in s}
+    bad: dict[str, bool] = {}
+    if at_l:
+        best = min(at_l, key=lambda k: (at_l[k].mean, k))
+        bad = decidedly_above(at_l, best, math.log(PPL_FLAT))
+    present = [m for m in STATISTICS if any(m in s for s in samples.values())]
+    decided_rows, power = [], []
+    for stat in present:
+        decided, power_row = _rank(recipe, stat, rows, samples, bad)
+        decided_rows += decided
+        power.append(power_row)
+    _overall(rows, bad, next((m for m in PRIMARY if m in present), None))
     return list(rows.values()), decided_rows, power
 
 

@@ -168,7 +168,9 @@ def reach(rows: pd.DataFrame, stat: str) -> int | None:
 
 
 def _length_of(primary: str) -> str:
-    return {"ppl_auc": "ppl", "passkey_auc": "passkey", "ruler_auc": "ruler_abs"}[primary]
+    """The effective-length statistic of the primary statistic's metric family."""
+    family = STATISTICS[primary].family
+    return next(s for s in LENGTHS if STATISTICS[s].family == family)
 
 
 def _versus_raw(block: pd.DataFrame, comparisons: pd.DataFrame, named: pd.DataFrame) -> list[str]:
@@ -203,17 +205,19 @@ def _block_paragraph(block: pd.DataFrame, lb: Leaderboard) -> str:
         return f"`{label}`: no ranked statistic."
     ranked = block[block["overall_rank_lo"].notna()]
     top = top_group(block)
-    names = ", ".join(f"{_name(r)} [{overall_text(pd.Series(r._asdict()))}]"
-                      for r in top.head(README_NAMES).itertuples())  # fmt: skip
+    names = ", ".join(
+        f"{_name(r)} [{overall_text(r)}]" for _, r in top.head(README_NAMES).iterrows()
+    )
     more = f" and {len(top) - README_NAMES} more" if len(top) > README_NAMES else ""
-    reached = reach(top, _length_of(primary))
+    length_stat = _length_of(primary)
+    reached = reach(top, length_stat)
     lines = [
         f"`{label}` (L = {length}), {len(block)} series, ranked by {METRIC_TITLES[primary]}: "
         f"{len(ranked)} ranked, {len(block) - len(ranked)} not (failing at L on some seed). "
         f"Top group (no series decidedly better): {names}{more}"
         + (f"; on every seed each reaches {reached} tokens ({reached / length:g} L) on "
-           f"{METRIC_TITLES[_length_of(primary)]}." if reached
-           else f"; some fail at L on {METRIC_TITLES[_length_of(primary)]} on some seed."
+           f"{METRIC_TITLES[length_stat]}." if reached
+           else f"; some fail at L on {METRIC_TITLES[length_stat]} on some seed."
            if reached == 0 else ".")
     ]  # fmt: skip
     power = lb.power[lb.power["recipe"] == recipe].set_index("statistic")
@@ -445,7 +449,7 @@ def readme_block(lb: Leaderboard, page: str = "reports/leaderboard") -> str:
         if not isinstance(primary, str):
             continue
         top = top_group(block)
-        names = [f"{_name(r)} {overall_text(pd.Series(r._asdict()))}" for r in top.itertuples()]
+        names = [f"{_name(r)} {overall_text(r)}" for _, r in top.iterrows()]
         shown = ", ".join(names[:README_NAMES])
         if len(names) > README_NAMES:
             shown += f" +{len(names) - README_NAMES} more"

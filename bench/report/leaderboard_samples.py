@@ -18,14 +18,16 @@ import zlib
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from bench.findings.comparisons import REPLICATES, Sample
 from bench.findings.leaderboard import (
-    PASSKEY_MIN,
+    BELOW_L,
     PPL_FLAT,
     RULER_ABSOLUTE,
     RULER_RELATIVE,
+    effective_lengths,
+    passkey_passes,
+    retention_aucs,
 )
 from bench.findings.rows import col, passkey, window_nll
 
@@ -36,37 +38,10 @@ def _rng(*key: object) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32("/".join(map(str, key)).encode()))
 
 
-def _effective(lengths: list[int], passes: np.ndarray) -> np.ndarray:
-    """Per replicate (``passes``: [n_lengths, R] over ``lengths`` sorted): the largest length with
-    it and every shorter one passing; 0 where the shortest fails."""
-    leading = np.cumprod(passes, axis=0).sum(axis=0)  # [R]
-    table = np.array([0, *lengths], dtype=float)
-    return table[leading]
-
-
 def _log2_ratio(eff: np.ndarray, train_length: int) -> np.ndarray:
+    """Effective lengths on the comparisons' scale, log2(eff / L); 0 (fails at L) as BELOW_L."""
     with np.errstate(divide="ignore"):
-        return np.where(eff > 0, np.log2(np.maximum(eff, 1) / train_length), -1.0)
-
-
-def _auc(lengths: list[int], scores: np.ndarray, train_length: int) -> np.ndarray:
-    """Retention AUC per replicate (:func:`bench.findings.leaderboard.retention_auc`, vectorised
-    over the columns of ``scores``: [n_lengths, R]; lengths below L dropped)."""
-    keep = [i for i, x in enumerate(lengths) if x >= train_length]
-    if len(keep) < 2 or lengths[keep[0]] != train_length:
-        return np.full(scores.shape[1], math.nan)
-    t = np.log2(np.array([lengths[i] for i in keep], dtype=float) / train_length)
-    y = scores[keep]
-    return ((y[1:] + y[:-1]) / 2 * np.diff(t)[:, None]).sum(axis=0) / t[-1]
-
-
-def _wilson_lower(k: np.ndarray, n: np.ndarray) -> np.ndarray:
-    z = sps.norm.ppf(0.975)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return np.maximum(0.0, centre - half)
+        return np.where(eff > 0, np.log2(np.maximum(eff, 1) / train_length), BELOW_L)
 
 
 # --------------------------------------------------------------------------- perplexity
@@ -76,9 +51,9 @@ def _ppl_stats(lengths: list[int], nll: np.ndarray, train_length: int) -> dict[s
     """``nll``: [n_lengths, R] mean NLL per token; the perplexity statistics per replicate."""
     at_l = nll[lengths.index(train_length)]
     rise = nll - at_l  # log(ppl / ppl at L)
-    eff = _effective(lengths, rise <= math.log(PPL_FLAT) + 1e-12)
+    eff = effective_lengths(lengths, rise <= math.log(PPL_FLAT) + 1e-12)
     return {
-        "ppl_auc": _auc(lengths, rise, train_length),
+        "ppl_auc": retention_aucs(lengths, rise, train_length),
         "ppl": _log2_ratio(eff, train_length),
         "ppl_at_L": at_l,
         "_ppl_eff": eff,
@@ -112,9 +87,9 @@ def _ppl_seed(g: pd.DataFrame, train_length: int, recipe: str, seed: int):
 
 def _passkey_stats(lengths, k, n, train_length) -> dict[str, np.ndarray]:
     """``k``, ``n``: [n_lengths, R] successes and trials per length."""
-    eff = _effective(lengths, _wilson_lower(k, n) >= PASSKEY_MIN)
+    eff = effective_lengths(lengths, passkey_passes(k, n))
     return {
-        "passkey_auc": _auc(lengths, k / n, train_length),
+        "passkey_auc": retention_aucs(lengths, k / n, train_length),
         "passkey": _log2_ratio(eff, train_length),
         "_passkey_eff": eff,
     }
@@ -148,15 +123,15 @@ def _passkey_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
 
 def _ruler_stats(lengths, exact, train_length) -> dict[str, np.ndarray]:
     """``exact``: [n_lengths, R] the tasks' mean exact score per length."""
-    absolute = _effective(lengths, exact >= RULER_ABSOLUTE)
+    absolute = effective_lengths(lengths, exact >= RULER_ABSOLUTE)
     at_l = exact[lengths.index(train_length)] if train_length in lengths else None
     relative = (
-        np.where(at_l > 0, _effective(lengths, exact >= RULER_RELATIVE * at_l), 0.0)
+        np.where(at_l > 0, effective_lengths(lengths, exact >= RULER_RELATIVE * at_l), 0.0)
         if at_l is not None
         else np.zeros(exact.shape[1])
     )
     return {
-        "ruler_auc": _auc(lengths, exact, train_length),
+        "ruler_auc": retention_aucs(lengths, exact, train_length),
         "ruler_abs": _log2_ratio(absolute, train_length),
         "_ruler_abs_eff": absolute,
         "_ruler_eff": relative,

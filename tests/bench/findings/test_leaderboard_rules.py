@@ -1,21 +1,22 @@
-"""The leaderboard's rules (issue #56 items 2 and 6) on hand-built values, each with a changed-
-cell control."""
+"""The leaderboard's rules (issue #56 items 2 and 6, issue #73) on hand-built values, each with a
+changed-cell control; the arrays the leaderboard applies them to (one column per resample) agree
+with the one-column forms column by column. The ranks across seeds are
+tests/bench/findings/test_comparisons.py's."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from bench.findings.leaderboard import (
-    BELOW_L,
     effective_length,
-    overall_ranks,
+    effective_lengths,
+    passkey_passes,
     passkey_rule,
-    ranks,
     ratio_rule,
     relative_rule,
-    summarise_seeds,
 )
 
 
@@ -45,25 +46,40 @@ def test_ruler_rule_is_relative_to_l():
     assert relative_rule({256: 0.1, 512: 0.1, 1024: 0.1}, 0.1, 0.85) == 1024  # control
 
 
-def test_seed_summary_is_log2_of_the_ratio_to_l_with_a_t_interval():
-    s = summarise_seeds([512, 512, 1024], 256)  # log2 ratios 1, 1, 2: mean 4/3, sd 0.577
-    assert s.mean == pytest.approx(4 / 3)
-    half = 4.302653 * (1 / math.sqrt(3)) / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
-    assert s.hi - s.mean == pytest.approx(half, rel=1e-5)
-    assert summarise_seeds([0], 256).mean == BELOW_L  # fails at L: one halving below
+def _leading_length(lengths: list[int], column: list[bool]) -> int:
+    """The rule written out as a loop, independently of the module's cumulative product."""
+    best = 0
+    for length, ok in zip(lengths, column, strict=True):
+        if not ok:
+            break
+        best = length
+    return best
 
 
-def test_ranks_tie_where_intervals_overlap_and_overall_is_the_mean():
-    a = summarise_seeds([1024, 1024, 1024], 256)  # 2, no spread
-    b = summarise_seeds([512, 1024, 512], 256)  # overlaps neither a nor c? mean 1.33, wide
-    c = summarise_seeds([256, 256, 256], 256)  # 0
-    r = ranks({"a": a, "b": b, "c": c})
-    assert r["a"] == 1 and r["c"] == 2  # only a lies entirely above c
-    assert r["b"] == 1  # b's interval overlaps a's: tied with it
-    # changed cell: b's seeds agree, so a is entirely above b
-    r2 = ranks({"a": a, "b": summarise_seeds([512, 512, 512], 256), "c": c})
-    assert r2 == {"a": 1, "b": 2, "c": 3}
-    assert overall_ranks({"ppl": r2, "ruler": {"a": 3, "b": 1}}) == {"a": 2.0, "b": 1.5, "c": 3.0}
+def _wilson_lower(k: float, n: float) -> float:
+    """Wilson's lower end from its formula (z = 1.959964), independently of bench.core.stats."""
+    z, p = 1.959964, k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z * z / n))
+
+
+def test_the_rules_on_resampled_columns_equal_the_rule_written_out():
+    """Per column (a resample): the effective length of 40 random pass patterns equals the rule
+    as a loop, and the passkey rule's Wilson lower end on 40 random (k, n) equals the formula's
+    (ties at the bar excluded). Control: a pattern whose shortest length fails gives 0."""
+    rng = np.random.default_rng(0)
+    lengths = [64, 128, 256, 512]
+    passes = rng.random((4, 40)) < 0.7  # [n_lengths, R]
+    got = effective_lengths(lengths, passes)
+    assert got.tolist() == [_leading_length(lengths, passes[:, r].tolist()) for r in range(40)]
+    assert effective_lengths(lengths, np.array([[False], [True], [True], [True]]))[0] == 0
+    n = rng.integers(1, 100, 40).astype(float)
+    k = np.floor(rng.random(40) * (n + 1))
+    lower = [_wilson_lower(a, b) for a, b in zip(k, n, strict=True)]
+    clear = [abs(x - 0.5) > 1e-4 for x in lower]
+    assert (passkey_passes(k, n, 0.5)[clear] == (np.array(lower) >= 0.5)[clear]).all()
+    assert passkey_passes(np.array([40.0]), np.array([40.0]))[0]  # 40/40: 0.912 >= 0.8
 
 
 def test_retention_auc_is_the_normalised_area_over_log2_length():
