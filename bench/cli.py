@@ -28,9 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from bench.core.checks import NotApplicable
-from bench.core.config_dir import (
-    CONFIG_DIR,  # lenbench's conf/, not a user's (bench.core.config_dir)
-)
+from bench.core.config_dir import CONFIG_DIR  # lenbench's conf/, never a user's conf/ module
 from bench.schema import JobConfig  # registers the config schema; imports no torch (models.lazy)
 
 log = logging.getLogger("lenbench")
@@ -192,29 +190,6 @@ def summarize(statuses: Sequence[dict[str, Any]]) -> tuple[str, list[str]]:
     return line, failures
 
 
-def checkpoint_line(statuses: Sequence[dict[str, Any]]) -> str | None:
-    """The checkpoint keys of the lenbench models the evaluated jobs read, as
-    ``lenbench-harness --model lenbench`` takes them (``pretrained=<key>``, with their cache root),
-    one per model in job order, labelled position (+ fine-tune); None without any."""
-    keys: dict[tuple[str, str], str] = {}
-    for st in statuses:
-        key, root = st.get("checkpoint"), st.get("cache_root")
-        if st.get("status") not in ("done", "cached") or not key or not root:
-            continue
-        extend = st.get("extend")
-        label = str(st.get("position")) + (f"+{extend}" if extend not in (None, "none") else "")
-        keys.setdefault((root, key), label)
-    if not keys:
-        return None
-    roots = sorted({root for root, _ in keys})
-    models = ", ".join(f"{label} {key}" for (_, key), label in keys.items())
-    where = roots[0] if len(roots) == 1 else "<its cache root>"
-    return (
-        f"lenbench: checkpoint keys for lenbench-harness --model lenbench --model_args "
-        f"pretrained=<key>,cache_root={where}: {models}."
-    )
-
-
 class ReportCallback(Callback):
     """At the end of a run or sweep: print the job summary, then write and print the report.
 
@@ -240,8 +215,9 @@ class ReportCallback(Callback):
         print(line, flush=True)
         for failure in failures:
             print(failure, flush=True)
-        checkpoints = checkpoint_line(statuses)
-        if checkpoints is not None:
+        from bench.job_rows import checkpoint_line
+
+        if (checkpoints := checkpoint_line(statuses)) is not None:
             print(checkpoints, flush=True)
         _OUTCOME.update(failed=len(failures), statuses=statuses, sweep_dir=str(sweep_dir))
         if any(st.get("status") in ("done", "cached") for st in statuses):
@@ -253,8 +229,9 @@ class ReportCallback(Callback):
         out = Path(str(config.hydra.runtime.output_dir)) / STATUS_FILE
         statuses = _read_statuses_file(out)
         _OUTCOME.update(statuses=statuses)
-        checkpoints = checkpoint_line(statuses)
-        if checkpoints is not None:
+        from bench.job_rows import checkpoint_line
+
+        if (checkpoints := checkpoint_line(statuses)) is not None:
             print(checkpoints, flush=True)
         if statuses and statuses[0].get("status") in ("done", "cached"):
             self._report(config)

@@ -367,10 +367,7 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
         return summary("invalid", str(exc), **base)
     if problem is not None:
         return summary("invalid", problem, **base)
-    if isinstance(source, TrainedSource):  # the key lenbench-harness loads it by (the summary)
-        from bench.train.checkpoints import resolve_cache_root
-
-        base.update(checkpoint=model_id, cache_root=str(resolve_cache_root(spec.cache_root)))
+    base.update(_harness_key(spec, model_id))
     out_path, cached = results_target(spec, model_id, base)
     if cached is not None:
         return cached
@@ -384,9 +381,7 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
             remove_shards(spec.results_dir, base["run_id"])
             message = f"{len(merged)} rows merged from shards into {out_path}."
             return summary("done", message, trained=False, rows=len(merged), **base)
-    earlier = None
-    if failed_models is not None:
-        earlier = failed_models.earlier(_model_keys(spec, corpus, model_id))
+    earlier = failed_models and failed_models.earlier(_model_keys(spec, corpus, model_id))
     if earlier is not None:
         return summary("failed", earlier, **base)
     configure_threads(job.threads)  # only jobs with work to do sample the machine's load
@@ -422,6 +417,16 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     rows += source.extra_rows(model, spec)
     columns = source.columns(model, corpus)
     return write_job_rows(spec, rows, corpus, columns, out_path, started, base, model.trained)
+
+
+def _harness_key(spec: JobSpec, model_id: str) -> dict[str, str]:
+    """A cached model's checkpoint key and cache root, as lenbench-harness loads it (a run's
+    last line names them: ``bench.job_rows.checkpoint_line``); nothing for a pretrained model."""
+    if not spec.source.caches:
+        return {}
+    from bench.train.checkpoints import resolve_cache_root
+
+    return {"checkpoint": model_id, "cache_root": str(resolve_cache_root(spec.cache_root))}
 
 
 def merge_job_shards(spec: JobSpec, run_id: str) -> list[dict[str, Any]] | None:

@@ -1,5 +1,6 @@
 """The rows of one job (:func:`bench.job.run_job`): their identity (run id, scaling and code
-version columns), the result file they go to, and the checked, atomic write."""
+version columns), the result file they go to, and the checked, atomic write; the job's summary
+and the line naming the checkpoint keys a run's jobs read."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ log = logging.getLogger("lenbench")
 
 __all__ = [
     "ROW_IDENTITY",
+    "checkpoint_line",
     "code_version",
     "make_run_id",
     "results_target",
@@ -38,6 +41,29 @@ _RUN_ID_CHARS = 16
 def summary(status: str, message: str = "", **extra: Any) -> dict[str, Any]:
     """A job's summary: what :func:`bench.job.run_job` returns."""
     return {"status": status, "message": message, **extra}
+
+
+def checkpoint_line(statuses: Sequence[dict[str, Any]]) -> str | None:
+    """The checkpoint keys of the lenbench models the evaluated jobs read, as
+    ``lenbench-harness --model lenbench`` takes them (``pretrained=<key>``, with their cache root),
+    one per model in job order, labelled position (+ fine-tune); None without any."""
+    keys: dict[tuple[str, str], str] = {}
+    for st in statuses:
+        key, root = st.get("checkpoint"), st.get("cache_root")
+        if st.get("status") not in ("done", "cached") or not key or not root:
+            continue
+        extend = st.get("extend")
+        label = str(st.get("position")) + (f"+{extend}" if extend not in (None, "none") else "")
+        keys.setdefault((root, key), label)
+    if not keys:
+        return None
+    roots = sorted({root for root, _ in keys})
+    models = ", ".join(f"{label} {key}" for (_, key), label in keys.items())
+    where = roots[0] if len(roots) == 1 else "<its cache root>"
+    return (
+        f"lenbench: checkpoint keys for lenbench-harness --model lenbench --model_args "
+        f"pretrained=<key>,cache_root={where}: {models}."
+    )
 
 
 def code_version() -> str:
