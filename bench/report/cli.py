@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         if args.readme is not None:  # before anything is written
-            from bench.report.leaderboard_report import readme_text
+            from bench.report.leaderboard_readme import readme_text
 
             readme_text(args.readme)
         load_extensions(args.extension)
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sources = ", ".join(f"`{p}`" for p in paths)
             board = write_leaderboard(df, out, sources)
             if args.readme is not None:
-                from bench.report.leaderboard_report import readme_block, update_readme
+                from bench.report.leaderboard_readme import readme_block, update_readme
 
                 update_readme(args.readme, readme_block(board, out.as_posix()))
             report = out / "report.md"

@@ -1,7 +1,8 @@
 """``lenbench-report --leaderboard``: report.md, a heatmap per statistic, tables/leaderboard.csv,
 tables/comparisons.csv (every decided comparison), tables/power.csv and index.html
 (:mod:`bench.report.leaderboard_page`), all from one :class:`bench.report.leaderboard.Leaderboard`,
-so the page shows the numbers report.md shows (the same :func:`cell_text`)."""
+so the page shows the numbers report.md shows (the same :func:`cell_text`); the README's block is
+:mod:`bench.report.leaderboard_readme`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from bench.report.leaderboard import (
 )
 from bench.report.markdown import markdown_table
 
-__all__ = ["cell_text", "display_table", "readme_block", "write_leaderboard"]
+__all__ = ["cell_text", "display_table", "write_leaderboard"]
 
 #: marks a series bad at L: its perplexity at L decidedly above PPL_FLAT x its recipe's best; it
 #: ranks below every series that is not, on the perplexity statistics and overall
@@ -143,7 +144,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- what a block shows
 
 
-def _name(row) -> str:
+def series_name(row) -> str:
     tune = "" if row.finetune == "none" else f" ({row.finetune})"
     return f"{row.design} {row.method}{tune}"
 
@@ -167,13 +168,13 @@ def reach(rows: pd.DataFrame, stat: str) -> int | None:
     return min(int(x) for s in rows[f"{stat}_seeds"] for x in str(s).split(","))
 
 
-def _length_of(primary: str) -> str:
+def length_statistic(primary: str) -> str:
     """The effective-length statistic of the primary statistic's metric family."""
     family = STATISTICS[primary].family
     return next(s for s in LENGTHS if STATISTICS[s].family == family)
 
 
-def _versus_raw(block: pd.DataFrame, comparisons: pd.DataFrame, named: pd.DataFrame) -> list[str]:
+def versus_raw(block: pd.DataFrame, comparisons: pd.DataFrame, named: pd.DataFrame) -> list[str]:
     """For each named series with a method or fine-tune: its decided comparison with its
     design's raw series on the primary statistic (better or worse), where there is one."""
     out = []
@@ -193,7 +194,7 @@ def _versus_raw(block: pd.DataFrame, comparisons: pd.DataFrame, named: pd.DataFr
             if not hit.empty:
                 p = hit["p_adj"].iloc[0]
                 p_text = f"p_adj = {p:.2g}" if np.isfinite(p) else "implied by decided pairs"
-                out.append(f"{_name(row)} {word} than raw {row.design} ({p_text})")
+                out.append(f"{series_name(row)} {word} than raw {row.design} ({p_text})")
     return out
 
 
@@ -206,10 +207,10 @@ def _block_paragraph(block: pd.DataFrame, lb: Leaderboard) -> str:
     ranked = block[block["overall_rank_lo"].notna()]
     top = top_group(block)
     names = ", ".join(
-        f"{_name(r)} [{overall_text(r)}]" for _, r in top.head(README_NAMES).iterrows()
+        f"{series_name(r)} [{overall_text(r)}]" for _, r in top.head(README_NAMES).iterrows()
     )
     more = f" and {len(top) - README_NAMES} more" if len(top) > README_NAMES else ""
-    length_stat = _length_of(primary)
+    length_stat = length_statistic(primary)
     reached = reach(top, length_stat)
     lines = [
         f"`{label}` (L = {length}), {len(block)} series, ranked by {METRIC_TITLES[primary]}: "
@@ -227,7 +228,7 @@ def _block_paragraph(block: pd.DataFrame, lb: Leaderboard) -> str:
             f"{METRIC_TITLES[stat]}: {int(p['pairs_decided'])} of {int(p['pairs_compared'])} "
             f"pairs decided, {int(p['adjacent_decided'])} of {int(p['adjacent_pairs'])} adjacent."
         )
-    versus = _versus_raw(block, lb.comparisons, top)
+    versus = versus_raw(block, lb.comparisons, top)
     if versus:
         lines.append("Decided against the raw model: " + "; ".join(versus[:3]) + ".")
     failing = sorted(set(block.loc[_raw_fails_at_l(block, primary), "design"]))
@@ -250,17 +251,18 @@ def power_table(lb: Leaderboard, table: pd.DataFrame) -> pd.DataFrame:
     decided and the seeds a series that would decide the undecided ones (at 80% power)."""
     labels = table.drop_duplicates("recipe").set_index("recipe")["recipe_label"]
     p = lb.power
+
+    def of(part: str, whole: str) -> list[str]:
+        return [f"{int(a)} / {int(b)}" for a, b in zip(p[part], p[whole], strict=True)]
+
     return pd.DataFrame(
         {
             "recipe": p["recipe"].map(labels),
             "statistic": p["statistic"].map(METRIC_TITLES),
             "series ranked": p["series"],
-            "pairs decided": [f"{int(a)} / {int(b)}" for a, b in
-                              zip(p["pairs_decided"], p["pairs_compared"], strict=True)],
-            "adjacent decided": [f"{int(a)} / {int(b)}" for a, b in
-                                 zip(p["adjacent_decided"], p["adjacent_pairs"], strict=True)],
-            f"top-{TOP} adjacent decided": [f"{int(a)} / {int(b)}" for a, b in
-                                           zip(p["top_decided"], p["top_pairs"], strict=True)],
+            "pairs decided": of("pairs_decided", "pairs_compared"),
+            "adjacent decided": of("adjacent_decided", "adjacent_pairs"),
+            f"top-{TOP} adjacent decided": of("top_decided", "top_pairs"),
             "seeds to decide the rest (median / max)": [
                 f"{_seeds_text(m)} / {_seeds_text(x)}"
                 + (f" ({int(c)} beyond 1000 or without a difference)" if c else "")
@@ -407,7 +409,7 @@ def _named_comparisons(lb: Leaderboard, table: pd.DataFrame) -> pd.DataFrame:
     as readers name them (design, method, fine-tune)."""
     if lb.comparisons.empty:
         return lb.comparisons
-    names = {r.series: _name(r) for r in table.itertuples()}
+    names = {r.series: series_name(r) for r in table.itertuples()}
     labels = table.drop_duplicates("recipe").set_index("recipe")["recipe_label"]
     direct = lb.comparisons[lb.comparisons["direct"]]
     c = direct.assign(
@@ -417,87 +419,3 @@ def _named_comparisons(lb: Leaderboard, table: pd.DataFrame) -> pd.DataFrame:
     cols = ["recipe", "statistic", "better", "worse", "diff", "se", "df", "paired", "p",
             "p_adj"]  # fmt: skip
     return c[cols].sort_values(["recipe", "statistic", "better", "worse"], kind="stable")
-
-
-# --------------------------------------------------------------------------- the README's block
-
-README_START = (
-    "<!-- leaderboard: generated by lenbench-report --leaderboard --readme; do not edit -->"
-)
-README_END = "<!-- leaderboard: end -->"
-
-
-def readme_block(lb: Leaderboard, page: str = "reports/leaderboard") -> str:
-    """What lenbench found, for the README's top, from decided statements only: per recipe, the
-    primary statistic, its top group (no series decidedly better; rank intervals), what every
-    named series reaches on every seed, how many comparisons are decided, and up to two decided
-    comparisons against the raw model."""
-    table = lb.table
-    lines = [
-        README_START,
-        f"Per recipe in [the leaderboard]({page}/report.md) ([page]({page}/index.html)): the top "
-        "group on the recipe's primary statistic (no series decidedly better: Benjamini-Hochberg "
-        "at 5% over the recipe's pairs, rank intervals #a–b), what every named series reaches on "
-        "every seed, and how many comparisons are decided; series failing at L on some seed are "
-        "not ranked.",
-        "",
-        "| recipe (L) | ranked by | top group | reaches, every seed | decided |",
-        "|---|---|---|---|---|",
-    ]
-    for _, block in table.groupby("recipe", sort=True):
-        primary = block["primary"].iloc[0]
-        if not isinstance(primary, str):
-            continue
-        top = top_group(block)
-        names = [f"{_name(r)} {overall_text(r)}" for _, r in top.iterrows()]
-        shown = ", ".join(names[:README_NAMES])
-        if len(names) > README_NAMES:
-            shown += f" +{len(names) - README_NAMES} more"
-        length = int(block["train_length"].iloc[0])
-        stat = _length_of(primary)
-        reached = reach(top, stat)
-        reach_text = (
-            "–" if reached is None
-            else f"fails at L on some seed ({METRIC_TITLES[stat]})" if reached == 0
-            else f"{reached} ({METRIC_TITLES[stat]})"
-        )  # fmt: skip
-        decided = "–"
-        if not lb.power.empty:
-            p = lb.power[(lb.power["recipe"] == block["recipe"].iloc[0])
-                         & (lb.power["statistic"] == primary)]  # fmt: skip
-            if not p.empty:
-                p = p.iloc[0]
-                decided = (
-                    f"{int(p['pairs_decided'])}/{int(p['pairs_compared'])} pairs; top-{TOP} "
-                    f"adjacent {int(p['top_decided'])}/{int(p['top_pairs'])}"
-                )
-        versus = _versus_raw(block, lb.comparisons, top)
-        if versus:
-            decided += "; " + "; ".join(versus[:2])
-        lines.append(
-            f"| `{block['recipe_label'].iloc[0]}` ({length}) | {METRIC_TITLES[primary]} | "
-            f"{shown} | {reach_text} | {decided} |"
-        )
-    return "\n".join([*lines, README_END])
-
-
-def readme_text(path: Path) -> str:
-    """``path``'s text, checked to hold the leaderboard block (one sentence otherwise)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"--readme {str(path)!r} is not a file; allowed: a README with the block.")
-    text = path.read_text()
-    if README_START not in text or README_END not in text:
-        raise ValueError(
-            f"{path} has no leaderboard block; add the lines {README_START!r} and {README_END!r} "
-            "where it goes."
-        )
-    return text
-
-
-def update_readme(path: Path, block: str) -> None:
-    """Replace the block between :data:`README_START` and :data:`README_END` in ``path``."""
-    text = readme_text(path)
-    head, rest = text.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    path.write_text(head + block + tail)

@@ -122,7 +122,7 @@ def test_the_readmes_reach_holds_on_every_seed_of_every_named_series():
     256. Control: a second method undecided against none whose seed 2 reaches only L joins the
     top group and the reach falls to 64."""
     from bench.report.leaderboard import leaderboard
-    from bench.report.leaderboard_report import readme_block
+    from bench.report.leaderboard_readme import readme_block
 
     rows = []
     for s, ppls in ((1, (10.0, 10.5, 12.0)), (2, (10.0, 10.5, 10.9)), (3, (10.0, 10.5, 12.0))):
@@ -327,7 +327,7 @@ def test_the_readmes_block_is_generated_from_the_committed_rows(tmp_path, commit
     markers is exactly what --readme writes from the committed rows (not hand-written); a changed
     row changes it (control); a README without the markers is one sentence."""
     from bench.report.leaderboard import leaderboard
-    from bench.report.leaderboard_report import (
+    from bench.report.leaderboard_readme import (
         README_END,
         README_START,
         readme_block,
@@ -356,7 +356,7 @@ def test_the_readmes_block_is_generated_from_the_committed_rows(tmp_path, commit
 def test_a_bad_readme_is_refused_before_the_leaderboard_is_written(tmp_path, capsys, readme):
     """--readme that is no file or has no block: one sentence, and nothing written (the audit saw
     the page, tables and heatmaps written first). Control: a README with the block is updated."""
-    from bench.report.leaderboard_report import README_END, README_START
+    from bench.report.leaderboard_readme import README_END, README_START
 
     (tmp_path / "plain.md").write_text("# no block\n")
     (tmp_path / "folder").mkdir()
