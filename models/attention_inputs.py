@@ -22,6 +22,7 @@ __all__ = [
     "attended_keys",
     "fused_plain",
     "pair_inputs",
+    "span_log_keys",
     "span_mask",
     "ssmax_log_keys",
 ]
@@ -238,3 +239,18 @@ def attended_keys(inputs: AttentionInputs) -> torch.Tensor:
 def ssmax_log_keys(inputs: AttentionInputs) -> torch.Tensor:
     """SSMax's ln n per query, [N, 1, L, 1] float32, n = :func:`attended_keys`."""
     return attended_keys(inputs).to(torch.float32).log()[:, None, :, None]
+
+
+def span_log_keys(layer_inputs: list[AttentionInputs]) -> list[AttentionInputs]:
+    """Each layer's inputs with SSMax's ln n counted over the keys its window or chunks leave it
+    (a hybrid family's layers share the model's inputs otherwise), once per distinct span."""
+    by_span: dict[int, AttentionInputs] = {}
+    out = []
+    for inputs in layer_inputs:
+        if inputs.window is None and inputs.chunk is None:
+            out.append(inputs)
+            continue
+        if id(inputs) not in by_span:
+            by_span[id(inputs)] = replace(inputs, log_keys=ssmax_log_keys(inputs))
+        out.append(by_span[id(inputs)])
+    return out

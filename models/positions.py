@@ -251,17 +251,14 @@ class Family:
     #: its parameters learn): it enters the checkpoint key when > 0 (``bench.train.cache``), so that
     #: this family's cached checkpoints are retrained and every other family's are kept
     weights_revision: int = 0
-    #: whether some layers attend within a window or chunks (``models.families.hybrid``), so that
-    #: SSMax's key count on them is their span's (it enters the checkpoint key with SSMax on)
+    #: some layers attend within a window or chunks (hybrids): SSMax's n there is its span's
     layer_spans: bool = False
 
     def check(self, cfg: PositionConfig, head_dim: int, d_model: int) -> None:
         """Raise ValueError (one sentence) for fields this family cannot use with this geometry."""
 
     def check_row_span(self, cfg: PositionConfig, span: int, what: str) -> None:
-        """Raise ValueError (one sentence) if this family cannot encode one row whose position ids
-        span ``span`` positions (``what`` names the setting that asks for it: an eval length,
-        train.length); checked before any work (``bench.job.validate_job``)."""
+        """One sentence (ValueError) if a row spanning ``span`` positions (``what``) is beyond it."""
 
     def gate_bias(self, cfg: PositionConfig) -> float:
         """The initial bias of the forget gate (families with :attr:`forget_gate` only)."""

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import Attention, logn_query_scale
-from models.attention_inputs import AttentionInputs, pair_inputs, ssmax_log_keys
+from models.attention_inputs import AttentionInputs, pair_inputs, span_log_keys, ssmax_log_keys
 from models.model_config import ATTENTION_SINKS, ModelConfig, check_combination
 from models.positions import (
     PositionConfig,
@@ -91,21 +91,6 @@ def _with_sink_token(positions: _Positions) -> _Positions:
     position_ids = torch.cat((sink_pos, positions.position_ids), dim=1)  # [N, L + 1]
     k_valid = torch.cat((torch.ones_like(valid[:, :1]), valid), dim=1)
     return _Positions(position_ids, positions.row_lengths, position_ids, k_valid, 0)
-
-
-def _spans_log_keys(layer_inputs: list[AttentionInputs]) -> list[AttentionInputs]:
-    """Each layer's inputs with SSMax's ln n counted over the keys its window or chunks leave it
-    (a hybrid family's layers share the model's inputs otherwise), once per distinct span."""
-    by_span: dict[int, AttentionInputs] = {}
-    out = []
-    for inputs in layer_inputs:
-        if inputs.window is None and inputs.chunk is None:
-            out.append(inputs)
-            continue
-        if id(inputs) not in by_span:
-            by_span[id(inputs)] = replace(inputs, log_keys=ssmax_log_keys(inputs))
-        out.append(by_span[id(inputs)])
-    return out
 
 
 @dataclass
@@ -339,7 +324,7 @@ class DecoderLM(nn.Module):
         inputs = self._attention_inputs(positions, output_attn_entropy)
         layer_inputs = family.layer_inputs(self, inputs)  # one per block: its own span, rotation
         if self.model_cfg.attn_scale == "ssmax":  # a layer's window or chunks: the keys in it
-            layer_inputs = _spans_log_keys(layer_inputs)
+            layer_inputs = span_log_keys(layer_inputs)
         hidden_states = [x[:, sunk:]] if output_hidden_states else None
         x, kept, stats = self._blocks(
             x, layer_inputs, past, logits_from + sunk if logits_from else 0
