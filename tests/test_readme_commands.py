@@ -34,6 +34,7 @@ from bench.schema import JobConfig
 
 from fixtures import ROOT
 from fixtures.jobs import compose_config, compose_job
+from fixtures.user_code import METRIC
 
 README = ROOT / "README.md"
 #: the README and the READMEs that hold what moved out of it (measurements, reference numbers)
@@ -214,31 +215,14 @@ def test_the_readme_shows_commands():
     assert all(doc.exists() for doc in DOCS), [d for d in DOCS if not d.exists()]
 
 
-#: the user's code that docs/extending.md's commands name (``~/my_code``): a package with a metric
-#: and a config folder with a scaling preset, built in the ``$HOME`` the commands are expanded in
-USER_METRIC = """
-from dataclasses import dataclass
-
-from bench.eval.metrics import MetricConfig, register_metric
-from bench.eval.metrics.context import make_row
-
-
-@dataclass
-class MyMetricConfig(MetricConfig):
-    enabled: bool = False
-
-
-@register_metric("my_metric", config=MyMetricConfig)
-def my_metric(ctx, cfg, docs, length):
-    return [make_row("my_metric", float(len(docs)), len(docs), length)]
-"""
-
-
 def write_user_code(home: Path) -> None:
+    """The user's code that docs/extending.md's commands name (``~/my_code``), in ``home`` (the
+    ``$HOME`` the commands are expanded in): a package with a metric and a config folder with a
+    scaling preset."""
     code = home / "my_code"
     (code / "my_pkg").mkdir(parents=True)
     (code / "my_pkg" / "__init__.py").write_text("")
-    (code / "my_pkg" / "metrics.py").write_text(USER_METRIC)
+    (code / "my_pkg" / "metrics.py").write_text(METRIC.format(name="my_metric"))
     (code / "conf" / "scaling").mkdir(parents=True)
     (code / "conf" / "scaling" / "my_pi.yaml").write_text(
         "name: my_pi\nmethod: linear\nparams: {factor: auto}\n"

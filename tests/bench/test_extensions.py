@@ -16,6 +16,7 @@ from bench.schema import JobConfig
 from models.discovery import import_package, load_extensions
 
 from fixtures.jobs import compose_config, compose_job
+from fixtures.user_code import METRIC
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,22 +29,6 @@ def renamed_linear(geometry, *, factor: float):
     """linear position interpolation under another name"""
     return default_inv_freq(geometry.rotary_dim, geometry.base) / factor, 1.0
 '''
-METRIC = """
-from dataclasses import dataclass
-
-from bench.eval.metrics import MetricConfig, register_metric
-from bench.eval.metrics.context import make_row
-
-
-@dataclass
-class DocCountConfig(MetricConfig):
-    enabled: bool = False
-
-
-@register_metric("{name}", config=DocCountConfig)
-def doc_count(ctx, cfg, docs, length):
-    return [make_row("{name}", float(len(docs)), len(docs), length)]
-"""
 
 
 def write_package(root: Path, package: str, method: str, metric: str) -> Path:
