@@ -79,6 +79,11 @@ class PretrainedConfig:
     def _expanded(self) -> Path:
         return Path(os.path.expandvars(os.path.expanduser(str(self.path))))
 
+    def _hub_id(self) -> bool:
+        """``path`` reads as a hub id (org/name), not as a local path."""
+        text = str(self.path)
+        return not text.startswith(("/", ".", "~")) and bool(_HUB_ID.match(text))
+
     def gguf(self, missing_ok: bool = False) -> Path | None:
         """The GGUF file this section names (``path`` itself, or ``gguf_file`` in the directory
         ``path``), checked: it exists, begins with the bytes ``GGUF``, and the ``gguf`` package
@@ -87,7 +92,7 @@ class PretrainedConfig:
         that does not exist (yet) gives None (refused when the job loads it, as a missing model
         directory is), unless it is a hub id with ``gguf_file``."""
         path = self._expanded()
-        hub = not str(self.path).startswith(("/", ".", "~")) and _HUB_ID.match(str(self.path))
+        hub = self._hub_id()
         if missing_ok and not path.exists() and (self.gguf_file is None or not hub):
             return None
         if self.gguf_file is not None:
@@ -136,10 +141,7 @@ class PretrainedConfig:
         path = self._expanded()
         if path.exists():
             return path
-        looks_local = str(self.path).startswith(("/", ".", "~")) or not _HUB_ID.match(
-            str(self.path)
-        )
-        if looks_local:
+        if not self._hub_id():
             raise ValueError(
                 f"pretrained.path {self.path!r} does not exist; give a transformers model "
                 "directory (the output of save_pretrained) or a hub id such as org/name."
