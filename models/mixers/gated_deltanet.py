@@ -1,0 +1,71 @@
+"""Gated DeltaNet (Yang, Kautz, Hatamizadeh, ICLR 2025), the linear layer of Qwen3-Next, Qwen3.5
+and Olmo Hybrid, as transformers' ``Qwen3NextGatedDeltaNet`` computes it (its torch path,
+``torch_chunk_gated_delta_rule``; one key head per value head):
+
+    q, k, v = SiLU(causal conv_4([W_q x, W_k x, W_v x]))      per head, dk = dv = D / H
+    q = l2(q) / sqrt(dk), k = l2(k)
+    beta_t = sigmoid(W_b x_t)                                 write strength, per head
+    g_t = -exp(A_log) softplus(W_a x_t + dt_bias)             log decay, per head (<= 0)
+    S_t = exp(g_t) S_{t-1} + k_t beta_t (v_t - (exp(g_t) S_{t-1})^T k_t)^T,   o_t = S_t^T q_t
+    y = W_o (RMSNorm(o) * SiLU(W_z x))                        norm per head, then the output gate
+
+Separate projections (Olmo Hybrid's layout): Qwen3-Next fuses W_q, W_k, W_v, W_z into one matrix
+and W_b, W_a into another, a permutation of the same rows (the test maps one onto the other). No
+position enters: order reaches the layer only through the causal conv and the recurrence."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.mixers.recurrence import ShortConv, chunked_recurrence, l2_normalize
+
+__all__ = ["GatedDeltaNet"]
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        conv_size: int = 4,
+        chunk_size: int = 64,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} must be a multiple of n_heads {n_heads}.")
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.chunk_size, self.norm_eps = chunk_size, norm_eps
+        width = n_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, width, bias=False)
+        self.k_proj = nn.Linear(d_model, width, bias=False)
+        self.v_proj = nn.Linear(d_model, width, bias=False)
+        self.a_proj = nn.Linear(d_model, n_heads, bias=False)  # decay's time step
+        self.b_proj = nn.Linear(d_model, n_heads, bias=False)  # write strength beta
+        self.z_proj = nn.Linear(d_model, width, bias=False)  # output gate
+        self.conv = ShortConv(3 * width, conv_size)
+        # Qwen3-Next's initialisation: A ~ U(0.01, 16) (bounded away from 0 so A_log is finite),
+        # dt_bias = 1
+        self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(0.01, 16).log())
+        self.dt_bias = nn.Parameter(torch.ones(n_heads))
+        self.norm_weight = nn.Parameter(torch.ones(self.head_dim))
+        self.o_proj = nn.Linear(width, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, L, D] -> [N, L, D], causal."""
+        n, length, _ = x.shape
+        h, d = self.n_heads, self.head_dim
+        qkv = self.conv(torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1))
+        q, k, v = qkv.view(n, length, 3, h, d).permute(2, 0, 3, 1, 4)  # each [N, H, L, d]
+        q = l2_normalize(q.float()) * d**-0.5
+        k = l2_normalize(k.float())
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [N, H, L]
+        # float32 before the exponential: A_log up to log 16 overflows nothing there
+        log_decay = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
+        o = chunked_recurrence(q, k, v, log_decay.transpose(1, 2), beta, self.chunk_size)
+        o = o.transpose(1, 2).float()  # [N, L, H, d]
+        gate = self.z_proj(x).view(n, length, h, d).float()
+        o = F.rms_norm(o, (d,), self.norm_weight.float(), self.norm_eps) * F.silu(gate)
+        return self.o_proj(o.reshape(n, length, h * d).to(x.dtype))

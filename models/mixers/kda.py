@@ -1,0 +1,78 @@
+"""Kimi Delta Attention (Kimi Linear, Moonshot AI 2025, arXiv 2510.26692), as transformers'
+``KimiLinearDeltaAttention`` computes it (its torch path, ``chunk_kimi_delta_attention``): Gated
+DeltaNet with a decay per key channel instead of per head, and low-rank gates.
+
+    q, k, v = SiLU(causal conv_4([W_q x, W_k x, W_v x]))      per head, dk = dv = D / H
+    q = l2(q) / sqrt(dk), k = l2(k)
+    beta_t = sigmoid(W_b x_t)                                 per head
+    g_t = -exp(A_log_h) softplus(W_fb W_fa x_t + dt_bias)     log decay per head and key channel
+    S_t = diag(exp(g_t)) S_{t-1} + k_t beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t)^T
+    o_t = S_t^T q_t
+    y = W_o (RMSNorm(o) * sigmoid(W_gb W_ga x))               norm per head, then the output gate
+
+The rank of both low-rank gates is the head dim (Kimi Linear's). No position enters."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.mixers.recurrence import ShortConv, chunked_recurrence, l2_normalize
+
+__all__ = ["KimiDeltaAttention"]
+
+
+class KimiDeltaAttention(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        conv_size: int = 4,
+        chunk_size: int = 16,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} must be a multiple of n_heads {n_heads}.")
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        # 16, not 64: the per-channel decay forms a [C, C, dk] product per chunk
+        self.chunk_size, self.norm_eps = chunk_size, norm_eps
+        width, rank = n_heads * self.head_dim, self.head_dim
+        self.q_proj = nn.Linear(d_model, width, bias=False)
+        self.k_proj = nn.Linear(d_model, width, bias=False)
+        self.v_proj = nn.Linear(d_model, width, bias=False)
+        self.conv = ShortConv(3 * width, conv_size)
+        self.f_a_proj = nn.Linear(d_model, rank, bias=False)  # forget gate, low rank
+        self.f_b_proj = nn.Linear(rank, width, bias=False)
+        self.b_proj = nn.Linear(d_model, n_heads, bias=False)  # write strength beta
+        self.g_a_proj = nn.Linear(d_model, rank, bias=False)  # output gate, low rank
+        self.g_b_proj = nn.Linear(rank, width, bias=False)
+        # flash-linear-attention's initialisation (transformers' _init_weights): A ~ U(1, 16),
+        # dt = exp(U(log 1e-3, log 1e-1)) floored at 1e-4, dt_bias its inverse softplus
+        self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1, 16).log())
+        dt = torch.empty(width).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.norm_weight = nn.Parameter(torch.ones(self.head_dim))
+        self.o_proj = nn.Linear(width, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, L, D] -> [N, L, D], causal."""
+        n, length, _ = x.shape
+        h, d = self.n_heads, self.head_dim
+        qkv = self.conv(torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1))
+        q, k, v = qkv.view(n, length, 3, h, d).permute(2, 0, 3, 1, 4)  # each [N, H, L, d]
+        q = l2_normalize(q.float()) * d**-0.5
+        k = l2_normalize(k.float())
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [N, H, L]
+        step = (self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()).view(
+            n, length, h, d
+        )
+        log_decay = -self.A_log.float().exp()[:, None] * F.softplus(step)  # [N, L, H, d]
+        o = chunked_recurrence(q, k, v, log_decay.transpose(1, 2), beta, self.chunk_size)
+        o = o.transpose(1, 2).float()  # [N, L, H, d]
+        gate = self.g_b_proj(self.g_a_proj(x)).view(n, length, h, d).float()
+        o = F.rms_norm(o, (d,), self.norm_weight.float(), self.norm_eps) * torch.sigmoid(gate)
+        return self.o_proj(o.reshape(n, length, h * d).to(x.dtype))

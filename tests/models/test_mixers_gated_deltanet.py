@@ -1,0 +1,174 @@
+"""``models.mixers.GatedDeltaNet`` equals transformers' Gated DeltaNet layers on the same weights:
+``Qwen3NextGatedDeltaNet`` (fused q/k/v/z and b/a projections, mapped row by row) and
+``OlmoHybridGatedDeltaNet`` (separate projections, ``linear_allow_neg_eigval=False``), at lengths
+inside one chunk, at a chunk's length and across chunk boundaries (not a multiple of 64), with our
+chunk at 64 (theirs) and at 16. The core recurrence also equals transformers'
+``torch_recurrent_gated_delta_rule`` (token by token, an independent form). Negative controls: a
+perturbed decay, a perturbed write strength, the conv dropped, the output gate dropped, each
+differs by far more than the tolerance."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.mixers import GatedDeltaNet
+from models.mixers.recurrence import chunked_recurrence
+
+qwen3_next = pytest.importorskip(
+    "transformers.models.qwen3_next.modeling_qwen3_next", reason="transformers lacks Qwen3-Next"
+)
+
+WIDTH, HEADS, HEAD_DIM, EPS = 32, 4, 8, 1e-6
+LENGTHS = (1, 37, 64, 130)
+#: max |ours - theirs| / max |theirs|: float32 round-off of a different summation order (our
+#: chunk of 16 against their 64 gives ~6e-6 at L = 130; the same chunk ~1e-7)
+TOL = 1e-5
+
+
+def _relative_diff(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+
+
+def _ours(chunk_size: int = 64, seed: int = 0) -> GatedDeltaNet:
+    torch.manual_seed(seed)
+    mixer = GatedDeltaNet(WIDTH, HEADS, chunk_size=chunk_size, norm_eps=EPS).eval()
+    with torch.no_grad():  # non-trivial norm weights and conv taps, so a mix-up shows
+        for p in mixer.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+        mixer.norm_weight.uniform_(0.5, 1.5)
+        mixer.dt_bias.normal_(0, 1)
+    return mixer
+
+
+def _qwen3_next(ours: GatedDeltaNet):
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        hidden_size=WIDTH, num_hidden_layers=1, layer_types=["linear_attention"],
+        linear_num_key_heads=HEADS, linear_num_value_heads=HEADS,
+        linear_key_head_dim=HEAD_DIM, linear_value_head_dim=HEAD_DIM,
+        linear_conv_kernel_dim=4, rms_norm_eps=EPS,
+    )  # fmt: skip
+    theirs = qwen3_next.Qwen3NextGatedDeltaNet(config, layer_idx=0).eval()
+    rows = lambda lin: lin.weight.view(HEADS, -1, WIDTH)  # noqa: E731 [H, rows per head, D]
+    with torch.no_grad():
+        # their fused rows, per key head: its q, k, v, z rows; then per head its b, a rows
+        qkvz = (rows(ours.q_proj), rows(ours.k_proj), rows(ours.v_proj), rows(ours.z_proj))
+        theirs.in_proj_qkvz.weight.copy_(torch.cat(qkvz, dim=1).reshape(-1, WIDTH))
+        ba = torch.cat((rows(ours.b_proj), rows(ours.a_proj)), dim=1)
+        theirs.in_proj_ba.weight.copy_(ba.reshape(-1, WIDTH))
+        theirs.conv1d.weight.copy_(ours.conv.conv1d.weight)
+        theirs.A_log.copy_(ours.A_log)
+        theirs.dt_bias.copy_(ours.dt_bias)
+        theirs.norm.weight.copy_(ours.norm_weight)
+        theirs.out_proj.weight.copy_(ours.o_proj.weight)
+    return theirs
+
+
+def _olmo_hybrid(ours: GatedDeltaNet):
+    modeling = pytest.importorskip("transformers.models.olmo_hybrid.modeling_olmo_hybrid")
+    from transformers import OlmoHybridConfig
+
+    config = OlmoHybridConfig(
+        hidden_size=WIDTH, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=HEADS, linear_num_value_heads=HEADS,
+        linear_key_head_dim=HEAD_DIM, linear_value_head_dim=HEAD_DIM,
+        linear_conv_kernel_dim=4, linear_allow_neg_eigval=False,
+    )  # fmt: skip
+    theirs = modeling.OlmoHybridGatedDeltaNet(config, layer_idx=0).eval()
+    pairs = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "a_proj": "a_proj",
+             "b_proj": "b_proj", "g_proj": "z_proj", "o_proj": "o_proj"}  # fmt: skip
+    with torch.no_grad():
+        for their_name, our_name in pairs.items():
+            getattr(theirs, their_name).weight.copy_(getattr(ours, our_name).weight)
+        theirs.conv1d.weight.copy_(ours.conv.conv1d.weight)
+        theirs.A_log.copy_(ours.A_log)
+        theirs.dt_bias.copy_(ours.dt_bias)
+        theirs.o_norm.weight.copy_(ours.norm_weight)
+    return theirs
+
+
+def _inputs(length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, length, WIDTH, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("chunk_size", [64, 16])
+@pytest.mark.parametrize("length", LENGTHS)
+def test_gated_deltanet_equals_qwen3_next_on_the_same_weights(length, chunk_size):
+    ours = _ours(chunk_size)
+    theirs = _qwen3_next(ours)
+    x = _inputs(length)
+    with torch.no_grad():
+        diff = _relative_diff(ours(x), theirs(x))
+    assert diff < TOL, (
+        f"L={length}, chunk {chunk_size}: relative max |ours - Qwen3-Next| = {diff:.2e}"
+    )
+
+
+@pytest.mark.parametrize("length", (37, 130))
+def test_gated_deltanet_equals_olmo_hybrid_on_the_same_weights(length):
+    ours = GatedDeltaNet(WIDTH, HEADS, norm_eps=1e-5).eval()  # Olmo Hybrid's fixed o_norm eps
+    ours.load_state_dict(_ours().state_dict())
+    theirs = _olmo_hybrid(ours)
+    x = _inputs(length)
+    with torch.no_grad():
+        diff = _relative_diff(ours(x), theirs(x))
+    assert diff < TOL, f"L={length}: relative max |ours - Olmo Hybrid| = {diff:.2e}"
+
+
+@pytest.mark.parametrize("length", (5, 70))
+def test_the_chunked_delta_rule_equals_transformers_token_by_token_recurrence(length):
+    gen = torch.Generator().manual_seed(2)
+    n, h, dk, dv = 2, 3, 8, 6
+    q, k = (
+        torch.randn(n, length, h, dk, generator=gen),
+        torch.randn(n, length, h, dk, generator=gen),
+    )
+    v = torch.randn(n, length, h, dv, generator=gen)
+    g = -3 * torch.rand(n, length, h, generator=gen)
+    beta = torch.rand(n, length, h, generator=gen)
+    ref, _ = qwen3_next.torch_recurrent_gated_delta_rule(q, k, v, g, beta)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731 [N, L, H, .] <-> [N, H, L, .]
+    ours = t(chunked_recurrence(t(q) * dk**-0.5, t(k), t(v), t(g), t(beta), chunk_size=16))
+    assert _relative_diff(ours, ref) < TOL
+
+
+def _without_conv(mixer: GatedDeltaNet) -> GatedDeltaNet:
+    mixer.conv.forward = F.silu  # the SiLU kept, the short convolution dropped
+    return mixer
+
+
+def _without_gate(mixer: GatedDeltaNet) -> GatedDeltaNet:
+    # the gate's input fixed at c with SiLU(c) = 1: the gate passes every channel unchanged
+    c = 1.2784645427610738
+    assert abs(F.silu(torch.tensor(c)).item() - 1) < 1e-6
+    mixer.z_proj.forward = lambda x: torch.full((*x.shape[:-1], WIDTH), c)
+    return mixer
+
+
+def _perturbed(name: str):
+    def perturb(mixer: GatedDeltaNet) -> GatedDeltaNet:
+        with torch.no_grad():
+            getattr(mixer, name).weight.add_(0.2 * torch.randn_like(getattr(mixer, name).weight))
+        return mixer
+
+    return perturb
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [_perturbed("a_proj"), _perturbed("b_proj"), _without_conv, _without_gate],
+    ids=["decay_perturbed", "beta_perturbed", "conv_dropped", "gate_dropped"],
+)
+def test_negative_control_a_changed_gated_deltanet_differs_from_qwen3_next(variant):
+    ours = _ours()
+    theirs = _qwen3_next(ours)
+    x = _inputs(130)
+    with torch.no_grad():
+        diff = _relative_diff(variant(copy.deepcopy(ours))(x), theirs(x))
+    assert diff > 100 * TOL, f"the changed layer still matches (relative max diff {diff:.2e})"
