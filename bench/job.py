@@ -27,13 +27,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from bench.core.checks import NotApplicable, first_line
-from bench.core.results import write_results
 from bench.core.runtime import busy_cores, resolve_device
-from bench.core.shards import merge_shards, remove_shards
 from bench.data.corpora import Corpus
 from bench.eval.metrics import ResolvedEval
 from bench.eval.source import ModelSource, SourceModel
-from bench.job_rows import ROW_IDENTITY, results_target, summary, unreadable_results, write_job_rows
+from bench.job_rows import ROW_IDENTITY, results_target, shard_step, summary, write_job_rows
 from bench.schema import JobConfig
 from bench.train.extend import base_job
 from bench.trained_source import TrainedSource, longppl_evaluator
@@ -371,16 +369,9 @@ def run_job(cfg: DictConfig | JobConfig, failed_models: Any = None) -> dict[str,
     out_path, cached = results_target(spec, model_id, base)
     if cached is not None:
         return cached
-    if spec.eval.shard is None:  # the shards of this job, if any, are merged instead of measured
-        try:
-            merged = merge_job_shards(spec, base["run_id"])
-        except ValueError as exc:
-            return summary("invalid", str(exc), **base)
-        if merged is not None:
-            write_results(merged, out_path)
-            remove_shards(spec.results_dir, base["run_id"])
-            message = f"{len(merged)} rows merged from shards into {out_path}."
-            return summary("done", message, trained=False, rows=len(merged), **base)
+    shard_summary = shard_step(spec, corpus, out_path, base)  # plan/N, or a merge of shards
+    if shard_summary is not None:
+        return shard_summary
     earlier = failed_models and failed_models.earlier(_model_keys(spec, corpus, model_id))
     if earlier is not None:
         return summary("failed", earlier, **base)
@@ -427,16 +418,6 @@ def _harness_key(spec: JobSpec, model_id: str) -> dict[str, str]:
     from bench.train.checkpoints import resolve_cache_root
 
     return {"checkpoint": model_id, "cache_root": str(resolve_cache_root(spec.cache_root))}
-
-
-def merge_job_shards(spec: JobSpec, run_id: str) -> list[dict[str, Any]] | None:
-    """The job's rows merged from its shards (``bench.core.shards``), or None when it has none."""
-    from bench.eval.metrics import METRICS
-
-    finishers = {
-        name: (spec.eval.metrics[name], METRICS[name].finish) for name in spec.eval.metrics
-    }
-    return merge_shards(spec.results_dir, run_id, finishers, unreadable_results)
 
 
 def _model_keys(spec: JobSpec, corpus: Corpus, model_id: str) -> list[str]:

@@ -16,7 +16,7 @@ from bench.core.checks import first_line
 from bench.core.result_digest import digest_problem
 from bench.core.results import write_results
 from bench.core.rows import canonical_json, describe_row, non_finite_row
-from bench.core.shards import IDENTITY_COLUMN, shard_path
+from bench.core.shards import IDENTITY_COLUMN, merge_shards, plan_text, remove_shards, shard_path
 from models.scaling_config import ScalingConfig
 
 log = logging.getLogger("lenbench")
@@ -28,6 +28,8 @@ __all__ = [
     "make_run_id",
     "results_target",
     "scaling_params_json",
+    "shard_plan_summary",
+    "shard_step",
     "summary",
     "unreadable_results",
     "write_job_rows",
@@ -118,6 +120,9 @@ def results_target(
     run_id = make_run_id(model_id, spec)
     merged = spec.results_dir / f"{run_id}.parquet"
     shard = spec.eval.shard
+    if shard is not None and shard.plan_only:  # measures and writes nothing (shard_step)
+        base.update(run_id=run_id, model_id=model_id)
+        return merged, None
     if shard is not None and merged.exists() and unreadable_results(merged, run_id) is None:
         message = f"results already exist at {merged} (merged from shards); nothing to do."
         base.update(run_id=run_id, model_id=model_id, results_path=str(merged))
@@ -239,3 +244,44 @@ def write_job_rows(
         seconds=round(seconds, 2),
         **base,
     )
+
+
+def shard_step(spec: Any, corpus: Any, out_path: Path, base: dict[str, Any]) -> dict | None:
+    """The job's summary where sharding decides it, else None (the job measures):
+    ``eval.shard=plan/N`` prints the plan; without ``eval.shard``, a job with shards merges them
+    into ``out_path`` (``bench.core.shards``)."""
+    shard, run_id = spec.eval.shard, base["run_id"]
+    if shard is not None and shard.plan_only:
+        return shard_plan_summary(spec, corpus, base)
+    if shard is not None:
+        return None
+    from bench.eval.metrics import METRICS
+
+    metrics = {
+        name: (section, METRICS[name].finish, METRICS[name].split and METRICS[name].split.combine)
+        for name, section in spec.eval.metrics.items()
+    }
+    try:
+        merged = merge_shards(spec.results_dir, run_id, metrics, unreadable_results)
+    except ValueError as exc:
+        return summary("invalid", str(exc), **base)
+    if merged is None:
+        return None
+    write_results(merged, out_path)
+    remove_shards(spec.results_dir, run_id)
+    message = f"{len(merged)} rows merged from shards into {out_path}."
+    return summary("done", message, trained=False, rows=len(merged), **base)
+
+
+def shard_plan_summary(spec: Any, corpus: Any, base: dict[str, Any]) -> dict[str, Any]:
+    """``eval.shard=plan/N``: the job's units dealt to N shards, as the summary's message; nothing
+    is measured. A lenbench model reads the corpus in byte tokens, so no model is needed; a
+    pretrained model is loaded for its tokenizer (seconds; nothing runs on it)."""
+    from bench.eval.evaluate import plan_units
+    from bench.eval.source import SourceModel
+
+    source = spec.source
+    model = source.model(corpus, spec) if not source.caches else SourceModel(module=None)
+    units = plan_units(spec.eval, source.test_docs(corpus, model), model.tokenizer)
+    text = plan_text(units, spec.eval.shard.count)
+    return summary("planned", f"eval.shard={spec.eval.shard}: {text}", trained=False, **base)

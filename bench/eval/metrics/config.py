@@ -95,12 +95,6 @@ class EvalConfigBase(EvalKeys):
                 f"eval.lengths must hold at least one length of >= 2 tokens, got {self.lengths!r}."
             )
         shard = parse_shard(self.shard)
-        if shard is not None and shard.count > len(lengths):
-            raise ValueError(
-                f"eval.shard={self.shard} splits {len(lengths)} eval length(s) {lengths} into "
-                f"{shard.count} shards, so shard(s) would have no length; allowed: N <= "
-                f"{len(lengths)} (a shard is one or more eval lengths)."
-            )
         return ResolvedEval(
             train_length=train_length,
             lengths=lengths,
@@ -129,7 +123,7 @@ class ResolvedEval:
 
     ``lengths`` are the sorted eval lengths in tokens; ``metrics`` holds each registered metric's
     resolved section in run order (its ``lengths`` = the eval lengths it runs at, grids in tokens,
-    None for "auto"). ``shard``: the share of ``lengths`` this process evaluates
+    None for "auto"). ``shard``: the share of the job's units this process measures
     (``bench.core.shards``), not part of the job's identity.
     """
 
@@ -141,11 +135,6 @@ class ResolvedEval:
     metrics: dict[str, MetricConfig]
     harness: HarnessConfig
     shard: Shard | None = None
-
-    @property
-    def measured_lengths(self) -> list[int]:
-        """The eval lengths this process measures: its shard's, or all of them."""
-        return self.lengths if self.shard is None else self.shard.lengths(self.lengths)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the job's identity: the top-level keys, one mapping per metric, harness."""

@@ -73,9 +73,18 @@ class EvalContext:
     _memo: dict | None = field(default=None, init=False, repr=False)
     _wanted: dict = field(default_factory=dict, init=False, repr=False)
     _hidden: dict = field(default_factory=dict, init=False, repr=False)
+    # what a metric derives once per run and length (its documents, windows, trials): cached()
+    _derived: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.autocast()  # an unknown precision fails here, not at the first forward pass
+
+    def cached(self, key: tuple, build: Any) -> Any:
+        """``build()``, once per key for this context (a metric's documents, windows or trials
+        at one length, which each part of a split metric reads again)."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     def rows_per_batch(self, length: int) -> int:
         """Windows of ``length`` tokens per forward pass: batch_size, capped by max_batch_tokens."""

@@ -47,7 +47,14 @@ from bench.eval.metrics.context import (
     select_documents,
     windows_setting,
 )
-from bench.eval.metrics.registry import BootstrapConfig, grid_field, register_metric
+from bench.eval.metrics.registry import (
+    METRICS,
+    BootstrapConfig,
+    Split,
+    grid_field,
+    register_metric,
+    split_rows,
+)
 from models.lazy import torch
 
 __all__ = ["NLL_PROTOCOLS", "NllConfig", "nll_rows", "nll_windows"]
@@ -85,15 +92,9 @@ class NllConfig(BootstrapConfig):
         return max(self.lengths or [length])
 
 
-@register_metric("nll", config=NllConfig)
-def nll_metric(
-    ctx: EvalContext, cfg: NllConfig, docs: Sequence[Document], length: int
-) -> list[dict]:
-    return nll_rows(
-        ctx,
-        docs,
-        length,
-        ctx.train_length,
+def _settings(cfg: NllConfig, length: int) -> dict[str, Any]:
+    """:func:`nll_rows`' keyword arguments for the section ``cfg`` at ``length``."""
+    return dict(
         protocol=cfg.protocol,
         stride=cfg.stride,
         max_docs=cfg.max_docs,
@@ -102,8 +103,36 @@ def nll_metric(
         buckets=cfg.buckets,
         bootstrap=cfg.bootstrap,
         ci=cfg.ci,
-        seed=ctx.seed,
     )
+
+
+def _items(ctx: EvalContext, cfg: NllConfig, docs: Sequence[Document], length: int) -> int:
+    return len(_selection(ctx, docs, length, **_settings(cfg, length))[1])
+
+
+def _measure(
+    ctx: EvalContext, cfg: NllConfig, docs: Sequence[Document], length: int, items: range
+) -> dict:
+    selected, windows = _selection(ctx, docs, length, **_settings(cfg, length))
+    payload = _measure_windows(ctx, selected, windows[items.start : items.stop], length)
+    return {**payload, "train_length": ctx.train_length, "seed": ctx.seed}
+
+
+def _combine(cfg: NllConfig, length: int, payloads: list[dict | None]) -> list[dict]:
+    first = payloads[0]
+    kw = _settings(cfg, length)
+    return _rows_from(payloads, length, int(first["train_length"]), seed=int(first["seed"]), **kw)
+
+
+@register_metric(
+    "nll",
+    config=NllConfig,
+    split=Split(_items, _measure, _combine),  # a part: one batch of windows
+)
+def nll_metric(
+    ctx: EvalContext, cfg: NllConfig, docs: Sequence[Document], length: int
+) -> list[dict]:
+    return split_rows(METRICS["nll"].split, ctx, cfg, docs, length, desc=f"nll L={length}")
 
 
 def nll_windows(
@@ -162,20 +191,71 @@ def nll_rows(
 ) -> list[dict]:
     """``nll`` rows at one eval length (see the module doc for the rows). ``span``: score each
     document's first ``span`` tokens (``fill``), else its first ``max_windows`` windows."""
+    choice = dict(protocol=protocol, stride=stride, max_docs=max_docs, max_windows=max_windows)
+    selected, windows = _selection(ctx, docs, length, span=span, **choice)
+    step = ctx.rows_per_batch(length)  # one payload per forward batch, as a shard measures them
+    payloads = []
+    with ctx.bar(len(windows), f"nll L={length}") as bar:
+        for begin in range(0, len(windows), step):
+            payloads.append(_measure_windows(ctx, selected, windows[begin : begin + step], length))
+            bar.update(len(payloads[-1]["doc"]))
+    payloads = payloads or [_measure_windows(ctx, selected, [], length)]
+    return _rows_from(
+        payloads, length, train_length, span=span, buckets=buckets, bootstrap=bootstrap, ci=ci,
+        seed=seed,
+    )  # fmt: skip
+
+
+def _selection(
+    ctx: EvalContext,
+    docs: Sequence[Document],
+    length: int,
+    *,
+    protocol: str,
+    stride: int | None,
+    max_docs: int,
+    max_windows: int | None,
+    span: int | None,
+    **_: Any,
+) -> tuple[list[Document], list[tuple[int, int, int]]]:
+    """(documents read, their windows (document index, start, score_from) in run order) at
+    ``length``, derived once per context."""
     if span is not None and int(span) < length:
         raise ValueError(f"nll span {span} is shorter than the eval length {length}.")
-    selected = _long_enough_documents(docs, length, span, max_docs)
-    if not selected:
+
+    def build() -> tuple[list[Document], list[tuple[int, int, int]]]:
+        selected = _long_enough_documents(docs, length, span, max_docs)
+        windows = [
+            (d, start, score_from)
+            for d, doc in enumerate(selected)
+            for start, score_from in nll_windows(
+                len(doc), length, max_windows, protocol, stride or length, span
+            )
+        ]
+        return selected, windows
+
+    key = ("nll", id(docs), len(docs), length, protocol, stride, max_docs, max_windows, span)
+    return ctx.cached(key, build)
+
+
+def _rows_from(
+    payloads: list[dict | None],
+    length: int,
+    train_length: int,
+    *,
+    span: int | None,
+    buckets: Sequence[int] | None,
+    bootstrap: int,
+    ci: float,
+    seed: int,
+    **_: Any,
+) -> list[dict]:
+    """The rows from every batch's payload (:func:`_measure_windows`), in run order."""
+    n_docs = int(payloads[0]["docs"])
+    if not n_docs:
         return [make_row("nll", float("nan"), 0, length, axis="docs", axis_value=0)]
     edges = bucket_edges(buckets, length, train_length)
-    windows = [
-        (d, start, score_from)
-        for d, doc in enumerate(selected)
-        for start, score_from in nll_windows(
-            len(doc), length, max_windows, protocol, stride or length, span
-        )
-    ]
-    all_sums, all_counts = _window_sums(ctx, selected, windows, length, edges)  # [D, K + 1]
+    all_sums, all_counts = _window_sums(payloads, n_docs, length, edges)  # [D, K + 1]
     rng = np.random.default_rng([int(seed), int(length), 1])
     # the whole window is one more column, so its CI comes from the same resamples
     lo, hi = bootstrap_ratio_ci(all_sums, all_counts, bootstrap, ci, rng)
@@ -206,50 +286,68 @@ def _long_enough_documents(
     return selected
 
 
-def _window_sums(
+def _measure_windows(
     ctx: EvalContext,
     selected: Sequence[Document],
-    windows: list[tuple[int, int, int]],
+    windows: Sequence[tuple[int, int, int]],
     length: int,
-    edges: np.ndarray,
+) -> dict[str, Any]:
+    """Per-token NLL of ``windows`` (one forward batch, or none): what :func:`_window_sums`
+    adds up, as arrays (a shard's payload, ``bench.core.shards``)."""
+    if not windows:
+        empty = np.zeros(0, dtype=np.int64)
+        return {"docs": len(selected), "doc": empty, "score_from": empty, "first": empty,
+                "nll": np.zeros((0, length), dtype=np.float32)}  # fmt: skip
+    tokens = torch.stack([selected[d].tensor(s, s + length + 1) for d, s, _ in windows])
+    if ctx.window_bos is not None:
+        # every window starts as a document does: BOS, then the window's targets (the
+        # replaced token is input only, scored by the window before)
+        tokens[:, 0] = ctx.window_bos
+    # a document's first window is what the probes read too: remember it for them
+    first = [s == 0 for _, s, _ in windows]
+    # sliding windows after a document's first score only their last tokens
+    low = min(f for _, _, f in windows)
+    nll = ctx.window_nll(tokens, desc=None, remember=first, score_from=low)  # [B, L - low]
+    return {
+        "docs": len(selected),
+        "doc": np.array([d for d, _, _ in windows], dtype=np.int64),
+        "score_from": np.array([f for _, _, f in windows], dtype=np.int64),
+        "first": np.array(first, dtype=bool),
+        "nll": nll.numpy(),  # float32
+    }
+
+
+def _window_sums(
+    payloads: Sequence[dict[str, Any]], n_docs: int, length: int, edges: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Summed NLL and scored tokens per document, [D, K + 1] each: K position buckets of the
-    document's first window, then every scored token of every window (the whole-window column)."""
+    document's first window, then every scored token of every window (the whole-window column);
+    added up batch by batch in run order, so that a shard's payloads give the same sums."""
     n_buckets = len(edges) - 1
     bucket_of = torch.from_numpy(bucket_index(edges, length))  # [L]
     # buckets: first windows only (the same tokens at every length); whole: every window
-    sums = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
-    counts = torch.zeros(len(selected) * n_buckets, dtype=torch.float64)
-    doc_sums = torch.zeros(len(selected), dtype=torch.float64)
-    doc_counts = torch.zeros(len(selected), dtype=torch.float64)
+    sums = torch.zeros(n_docs * n_buckets, dtype=torch.float64)
+    counts = torch.zeros(n_docs * n_buckets, dtype=torch.float64)
+    doc_sums = torch.zeros(n_docs, dtype=torch.float64)
+    doc_counts = torch.zeros(n_docs, dtype=torch.float64)
     positions = torch.arange(length)
-    step = ctx.rows_per_batch(length)
-    with ctx.bar(len(windows), f"nll L={length}") as bar:
-        for begin in range(0, len(windows), step):
-            chunk = windows[begin : begin + step]
-            tokens = torch.stack([selected[d].tensor(s, s + length + 1) for d, s, _ in chunk])
-            if ctx.window_bos is not None:
-                # every window starts as a document does: BOS, then the window's targets (the
-                # replaced token is input only, scored by the window before)
-                tokens[:, 0] = ctx.window_bos
-            # a document's first window is what the probes read too: remember it for them
-            first = [s == 0 for _, s, _ in chunk]
-            # sliding windows after a document's first score only their last tokens
-            low = min(f for _, _, f in chunk)
-            nll = ctx.window_nll(tokens, desc=None, remember=first, score_from=low).double()
-            doc_ids = torch.tensor([d for d, _, _ in chunk])
-            score_from = torch.tensor([f for _, _, f in chunk])
-            scored = positions[None, low:] >= score_from[:, None]  # [B, L - low]
-            docs_of = doc_ids[:, None].expand_as(scored)  # [B, L - low]
-            doc_sums.index_add_(0, docs_of[scored], nll[scored])
-            doc_counts.index_add_(0, docs_of[scored], torch.ones_like(nll[scored]))
-            in_first = scored & torch.tensor(first)[:, None]  # [B, L - low]
-            cell = doc_ids[:, None] * n_buckets + bucket_of[None, low:]  # [B, L - low]
-            sums.index_add_(0, cell[in_first], nll[in_first])
-            counts.index_add_(0, cell[in_first], torch.ones_like(nll[in_first]))
-            bar.update(len(chunk))
-    sums_arr = sums.view(len(selected), n_buckets).numpy()  # [D, K]
-    counts_arr = counts.view(len(selected), n_buckets).numpy()  # [D, K]
+    for batch in payloads:
+        if not len(batch["doc"]):
+            continue
+        nll = torch.from_numpy(np.asarray(batch["nll"], dtype=np.float32)).double()
+        low = length - nll.shape[1]
+        doc_ids = torch.from_numpy(np.asarray(batch["doc"], dtype=np.int64))
+        score_from = torch.from_numpy(np.asarray(batch["score_from"], dtype=np.int64))
+        scored = positions[None, low:] >= score_from[:, None]  # [B, L - low]
+        docs_of = doc_ids[:, None].expand_as(scored)  # [B, L - low]
+        doc_sums.index_add_(0, docs_of[scored], nll[scored])
+        doc_counts.index_add_(0, docs_of[scored], torch.ones_like(nll[scored]))
+        in_first = scored & torch.from_numpy(np.asarray(batch["first"], dtype=bool))[:, None]
+        cell = doc_ids[:, None] * n_buckets + bucket_of[None, low:]  # [B, L - low]
+        sums.index_add_(0, cell[in_first], nll[in_first])
+        counts.index_add_(0, cell[in_first], torch.ones_like(nll[in_first]))
+    sums_arr = sums.view(n_docs, n_buckets).numpy()  # [D, K]
+    counts_arr = counts.view(n_docs, n_buckets).numpy()  # [D, K]
     all_sums = np.concatenate([sums_arr, doc_sums.numpy()[:, None]], axis=1)
     all_counts = np.concatenate([counts_arr, doc_counts.numpy()[:, None]], axis=1)
     return all_sums, all_counts

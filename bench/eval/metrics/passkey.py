@@ -33,7 +33,7 @@ from bench.core.checks import choice, integer, number
 from bench.data.corpora import Document
 from bench.data.tokenizer import ByteTokenizer
 from bench.eval.metrics.context import EvalContext, make_row
-from bench.eval.metrics.registry import MetricConfig, register_metric
+from bench.eval.metrics.registry import METRICS, MetricConfig, Split, register_metric, split_rows
 from bench.tasks.passkey import (
     DEFAULT_TEMPLATE,
     PASSKEY_FILLERS,
@@ -133,20 +133,45 @@ def _finish(cfg: PasskeyConfig, rows: list[dict]) -> list[dict]:
     return [] if row is None else [row]
 
 
-@register_metric("passkey", config=PasskeyConfig, finish=_finish)
+def _items(ctx: EvalContext, cfg: PasskeyConfig, docs: Sequence[Document], length: int) -> int:
+    return len(cfg.depths) * cfg.trials  # passkey_grid: one example per (depth, trial)
+
+
+def _measure(
+    ctx: EvalContext, cfg: PasskeyConfig, docs: Sequence[Document], length: int, items: range
+) -> dict | None:
+    """Depths and verdicts of the trials ``items`` (one forward batch); None where the length is
+    skipped."""
+    examples = ctx.cached(
+        ("passkey", id(docs), length),
+        lambda: _length_examples(
+            ctx, length, depths=cfg.depths, trials=cfg.trials, seed=ctx.seed, filler=cfg.filler,
+            docs=docs, template=cfg.template or DEFAULT_TEMPLATE,
+        ),
+    )  # fmt: skip
+    if examples is None:
+        return None
+    chosen = examples[items.start : items.stop]
+    verdicts = _batched_verdicts(ctx, chosen, length)
+    return {"depth": np.array([e.depth for e in chosen], dtype=np.float64),
+            "verdict": np.array(verdicts, dtype=bool)}  # fmt: skip
+
+
+def _combine(cfg: PasskeyConfig, length: int, payloads: list[dict | None]) -> list[dict]:
+    if any(p is None for p in payloads):
+        return []
+    depths = [float(d) for p in payloads for d in p["depth"]]
+    verdicts = [bool(v) for p in payloads for v in p["verdict"]]
+    return _accuracy_rows(depths, verdicts, length, cfg.template or DEFAULT_TEMPLATE)
+
+
+@register_metric(
+    "passkey", config=PasskeyConfig, finish=_finish, split=Split(_items, _measure, _combine)
+)  # a part: one forward batch of trials
 def passkey_metric(
     ctx: EvalContext, cfg: PasskeyConfig, docs: Sequence[Document], length: int
 ) -> list[dict]:
-    return passkey_rows(
-        ctx,
-        length,
-        depths=cfg.depths,
-        trials=cfg.trials,
-        seed=ctx.seed,
-        filler=cfg.filler,
-        docs=docs,
-        template=cfg.template or DEFAULT_TEMPLATE,
-    )
+    return split_rows(METRICS["passkey"].split, ctx, cfg, docs, length, f"passkey L={length}")
 
 
 def _groups(examples: Sequence[PasskeyExample], key) -> dict:
@@ -334,7 +359,7 @@ def passkey_rows(
     if examples is None:
         return []
     verdicts = _batched_verdicts(ctx, examples, length)
-    return _accuracy_rows(examples, verdicts, length, template)
+    return _accuracy_rows([e.depth for e in examples], verdicts, length, template)
 
 
 def _length_examples(
@@ -401,12 +426,13 @@ def _batched_verdicts(
 
 
 def _accuracy_rows(
-    examples: Sequence[PasskeyExample], verdicts: list[bool], length: int, template: str
+    depths: Sequence[float], verdicts: list[bool], length: int, template: str
 ) -> list[dict]:
-    """One ``passkey_acc`` row per depth, then one over every depth (axis "template")."""
+    """One ``passkey_acc`` row per depth (of each trial, ``depths``), then one over every depth
+    (axis "template")."""
     by_depth: dict[float, list[bool]] = defaultdict(list)
-    for example, verdict in zip(examples, verdicts, strict=True):
-        by_depth[example.depth].append(verdict)
+    for depth, verdict in zip(depths, verdicts, strict=True):
+        by_depth[depth].append(verdict)
     # every row names the template it measured (two templates on one model never collide); the
     # per-length row has it as its axis too (axis "template")
     template_name = template if isinstance(template, str) else template.name

@@ -28,8 +28,10 @@ __all__ = [
     "Metric",
     "MetricConfig",
     "MetricFn",
+    "Split",
     "grid_field",
     "register_metric",
+    "split_rows",
     "top_level_keys",
 ]
 
@@ -57,7 +59,8 @@ class EvalKeys:
     # ... capped at this many tokens per pass (null = no cap); a window longer than the cap still
     # runs, one per pass (a window is never split; chunked scoring bounds its memory)
     max_batch_tokens: int | None = 32768
-    # "i/N": evaluate only shard i of N of the eval lengths, then merge (bench.core.shards); null = all
+    # "i/N": measure only shard i of N of the job's (length, documents) units, then merge with
+    # the same command without it; "plan/N": print the N shards' units (bench.core.shards)
     shard: str | None = None
 
     def __post_init__(self) -> None:
@@ -178,6 +181,49 @@ MetricFn = Callable[[EvalContext, Any, Sequence[Document], int], list[dict]]
 
 
 @dataclass(frozen=True)
+class Split:
+    """How a metric's work at one eval length divides into parts that separate processes can
+    measure (``eval.shard``, ``bench.core.shards``): its items (windows, trials, tasks) in run
+    order, ``per_part`` of them per part (None: one forward batch, ``ctx.rows_per_batch``).
+
+    ``items(ctx, cfg, docs, length)``: how many items there are; ``measure(ctx, cfg, docs,
+    length, items)``: a payload (name -> numpy array; None = nothing measured) of the items in
+    the range ``items``; ``combine(cfg, length, payloads)``: the metric's rows at the length
+    from every part's payload, in order. The metric's own function must return exactly
+    :func:`split_rows` (it may call it), so that merged shards equal an unsharded run.
+    ``weight``: windows of about the eval length per item, for the cost estimate.
+    """
+
+    items: Callable[[EvalContext, Any, Sequence[Document], int], int]
+    measure: Callable[[EvalContext, Any, Sequence[Document], int, range], dict | None]
+    combine: Callable[[Any, int, list[dict | None]], list[dict]]
+    per_part: int | None = None
+    weight: Callable[[Any], int] = lambda cfg: 1
+
+    def parts(
+        self, ctx: EvalContext, cfg: Any, docs: Sequence[Document], length: int
+    ) -> list[range]:
+        """The item ranges of the parts at ``length``; one empty part where there are no items
+        (its combine still gives the rows of "nothing measured")."""
+        n = int(self.items(ctx, cfg, docs, length))
+        step = self.per_part or ctx.rows_per_batch(length)
+        return [range(b, min(b + step, n)) for b in range(0, n, step)] or [range(0)]
+
+
+def split_rows(
+    split: Split, ctx: EvalContext, cfg: Any, docs: Sequence[Document], length: int, desc: str
+) -> list[dict]:
+    """A split metric's rows at one length: every part measured here, then combined."""
+    parts = split.parts(ctx, cfg, docs, length)
+    payloads = []
+    with ctx.bar(sum(len(p) for p in parts), desc, unit="item") as bar:
+        for part in parts:
+            payloads.append(split.measure(ctx, cfg, docs, length, part))
+            bar.update(len(part))
+    return split.combine(cfg, length, payloads)
+
+
+@dataclass(frozen=True)
 class Metric:
     name: str
     fn: MetricFn
@@ -188,6 +234,8 @@ class Metric:
     # to announce what it will read from forward passes that other metrics make anyway
     # (``EvalContext.want_hidden``); results must not depend on whether it was called
     prepare: Callable[[EvalContext, Any, Sequence[Document], int], None] | None = None
+    # how its work at one length divides into parts for eval.shard (None: one unit per length)
+    split: Split | None = None
 
 
 METRICS: dict[str, Metric] = {}
@@ -200,12 +248,14 @@ def register_metric(
     config: type[MetricConfig],
     finish: Callable[[Any, list[dict]], list[dict]] | None = None,
     prepare: Callable[[EvalContext, Any, Sequence[Document], int], None] | None = None,
+    split: Split | None = None,
 ) -> Callable[[MetricFn], MetricFn]:
     """Register ``fn(ctx, cfg, docs, length) -> rows`` as metric ``name`` with section ``config``.
 
     ``finish(cfg, rows)``, if given, receives the metric's rows from every length after the last
     one and returns extra rows. ``prepare(ctx, cfg, docs, length)``, if given, runs at each of the
-    metric's eval lengths before the first metric there (see :class:`Metric`).
+    metric's eval lengths before the first metric there (see :class:`Metric`). ``split``: how
+    its work at one length divides for ``eval.shard`` (:class:`Split`).
     """
 
     def decorator(fn: MetricFn) -> MetricFn:
@@ -225,7 +275,7 @@ def register_metric(
                 f"metric {name!r}: config {config.__name__} already belongs to metric {config.section!r}."
             )
         config.section = name
-        METRICS[name] = Metric(name, fn, config, finish, prepare)
+        METRICS[name] = Metric(name, fn, config, finish, prepare, split)
         return fn
 
     return decorator

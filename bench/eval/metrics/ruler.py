@@ -27,6 +27,7 @@ between lengths (``task_params`` says so); 0 when the shortest length fails.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ from bench.data.corpora import Document
 from bench.data.tokenizer import ByteTokenizer
 from bench.eval.metrics.context import EvalContext, make_row
 from bench.eval.metrics.passkey import corpus_filler_source, decode_in_context, passkey_verdicts
-from bench.eval.metrics.registry import MetricConfig, register_metric
+from bench.eval.metrics.registry import METRICS, MetricConfig, Split, register_metric, split_rows
 from bench.tasks.ruler import (
     RULER_FILLERS,
     RULER_TASKS,
@@ -198,14 +199,47 @@ def _finish(cfg: RulerConfig, rows: list[dict]) -> list[dict]:
     return effective_length_rows(rows, cfg)
 
 
-@register_metric("ruler", config=RulerConfig, finish=_finish)
+def _items(ctx: EvalContext, cfg: RulerConfig, docs: Sequence[Document], length: int) -> int:
+    return len(cfg.tasks)
+
+
+def _measure(
+    ctx: EvalContext, cfg: RulerConfig, docs: Sequence[Document], length: int, items: range
+) -> dict:
+    """The rows of the tasks ``items`` (a part: one task), as JSON text."""
+    rows = ruler_rows(ctx, cfg, docs, length, [cfg.tasks[i] for i in items])
+    return {"rows": np.array(json.dumps(rows))}
+
+
+def _combine(cfg: RulerConfig, length: int, payloads: list[dict | None]) -> list[dict]:
+    return [row for p in payloads for row in json.loads(str(p["rows"]))]
+
+
+@register_metric(
+    "ruler",
+    config=RulerConfig,
+    finish=_finish,
+    split=Split(
+        _items, _measure, _combine, per_part=1, weight=lambda cfg: len(cfg.depth_list) * cfg.trials
+    ),
+)  # a part: one task
 def ruler_metric(
     ctx: EvalContext, cfg: RulerConfig, docs: Sequence[Document], length: int
 ) -> list[dict]:
+    return split_rows(METRICS["ruler"].split, ctx, cfg, docs, length, f"ruler L={length}")
+
+
+def ruler_rows(
+    ctx: EvalContext, cfg: RulerConfig, docs: Sequence[Document], length: int, tasks: Sequence[str]
+) -> list[dict]:
+    """The rows of ``tasks`` at one eval length (each task's examples are its own)."""
     params = params_from(cfg.params)
-    source = corpus_filler_source(docs, length, "ruler") if cfg.filler == "corpus" else None
+    source = ctx.cached(
+        ("ruler", id(docs), length),
+        lambda: corpus_filler_source(docs, length, "ruler") if cfg.filler == "corpus" else None,
+    )
     rows = []
-    for task in cfg.tasks:
+    for task in tasks:
         minimum = min_ruler_length(task, params)  # in byte tokens; a tokenizer's fit says its own
         if ctx.tokenizer is None and length < minimum:
             logger.debug(  # a lenbench job warned before training (RulerConfig.check_fit)

@@ -1,7 +1,8 @@
-"""Sharded evaluation (issue 53, item 2): ``eval.shard=i/N`` splits one job's eval lengths over N
-processes; the same command without it merges them. The merged rows equal an unsharded run's; a
-missing, duplicated or mixed-N shard is refused in one sentence; a shard killed mid-way computes
-its share again when rerun, and the shards already written are kept."""
+"""Sharded evaluation (issue 53 item 2, issue 76 item 6): ``eval.shard=i/N`` splits one job's
+(length, documents) units over N processes; the same command without it merges them. The merged
+rows equal an unsharded run's byte for byte (N = 1, 2, 7); a missing, duplicated or mixed-N
+shard, or a unit measured twice or not at all, is refused in one sentence; a shard killed
+mid-way computes its share again when rerun, and the shards already written are kept."""
 
 from __future__ import annotations
 
@@ -61,16 +62,16 @@ def test_merged_shards_equal_the_unsharded_run(in_tmp, monkeypatch, capsys):
     )
 
     # shard 1 killed mid-way (during its nll): nothing of it written, shard 0 kept
-    original = nll_module.nll_rows
+    original = nll_module._measure_windows
 
     def killed(*args, **kwargs):
         raise Killed
 
-    monkeypatch.setattr(nll_module, "nll_rows", killed)
+    monkeypatch.setattr(nll_module, "_measure_windows", killed)
     with pytest.raises(Killed):
         main([*sharded, "eval.shard=1/2"])
     assert shard_files(results) == ["0-of-2.parquet"]
-    monkeypatch.setattr(nll_module, "nll_rows", original)
+    monkeypatch.setattr(nll_module, "_measure_windows", original)
     assert main([*sharded, "eval.shard=1/2"]) == 0  # the rerun computes its share
     assert shard_files(results) == ["0-of-2.parquet", "1-of-2.parquet"]
 
@@ -138,7 +139,11 @@ def test_a_file_that_is_not_a_shard_is_refused_not_deleted(in_tmp, capsys, stray
     ("value", "sentence"),
     [
         ("2/2", "names shard 2 of 2; allowed: 0 <= i < N"),
-        ("a/b", "eval.shard must be 'i/N'"),
+        ("3/2", "names shard 3 of 2; allowed: 0 <= i < N"),
+        ("1/0", "names shard 1 of 0; allowed: 0 <= i < N with N >= 1"),
+        ("plan/0", "names shard plan of 0"),
+        ("x", "eval.shard must be 'i/N'"),
+        ("-1/2", "eval.shard must be 'i/N'"),
         ("1", "eval.shard must be 'i/N'"),
     ],
 )
@@ -147,15 +152,14 @@ def test_a_bad_shard_is_one_sentence(value, sentence):
         parse_shard(value)
 
 
-def test_more_shards_than_lengths_is_refused_before_work(in_tmp, capsys):
-    assert main([*JOB, "eval.shard=0/4", "paths.results=r"]) == 2
-    err = capsys.readouterr().err
-    assert "splits 3 eval length(s) [64, 128, 256] into 4 shards" in err
-    assert not (in_tmp / "cache").exists()
+@pytest.mark.parametrize("value", ["2/2", "3/2", "1/0", "x"])
+def test_a_bad_shard_exits_2_before_any_work(in_tmp, capsys, value):
+    assert main([*JOB, f"eval.shard={value}", "paths.results=r"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "eval.shard" in err[0] and repr(value) in err[0]
+    assert not (in_tmp / "cache").exists() and not (in_tmp / "r").exists()
 
 
-def test_a_shard_takes_every_nth_length():
-    lengths = [64, 128, 256, 512, 1024]
-    assert Shard(0, 2).lengths(lengths) == [64, 256, 1024]
-    assert Shard(1, 2).lengths(lengths) == [128, 512]
-    assert sorted(sum((Shard(i, 3).lengths(lengths) for i in range(3)), [])) == lengths
+def test_good_shards_parse():  # control for the refusals above
+    assert parse_shard("0/2") == Shard(0, 2) and parse_shard("6/7") == Shard(6, 7)
+    assert parse_shard("plan/3") == Shard(None, 3) and parse_shard(None) is None
