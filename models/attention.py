@@ -20,6 +20,7 @@ D model width, T query tile.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -27,9 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention_inputs import AttentionInputs, PairInputs, fused_plain
+from models.designs.registry import HOOKS, Design
 from models.flex import attend_flex, use_flex
-from models.model_config import SSMAX_INIT, differential_lambda_init
-from models.positions import rotate
+from models.model_config import ModelConfig
+from models.positions import PositionConfig, rotate
 from models.tiled_attention import attend_tiled
 
 __all__ = [
@@ -111,6 +113,10 @@ def attend(
 
 
 class Attention(nn.Module):
+    """One layer's causal self-attention; the active designs (``models.designs``) fill its hooks:
+    ``qk`` before the rotation, ``query`` after it and log-n, ``kernel`` in the kernel call,
+    ``heads`` around it, ``output`` before ``o_proj`` (each in its design's ``order``)."""
+
     def __init__(
         self,
         d_model: int,
@@ -118,65 +124,20 @@ class Attention(nn.Module):
         kv_heads: int,
         head_dim: int,
         layer: int = 0,
-        learned_sink: bool = False,
-        qk_norm: bool = False,
-        output_gate: bool = False,
-        ssmax: bool = False,
-        forget_gate: float | None = None,
-        attention: str = "softmax",
+        designs: Sequence[Design] = (),
+        model_cfg: ModelConfig | None = None,
+        position_cfg: PositionConfig | None = None,
     ):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = n_heads, kv_heads, head_dim
         self.layer = layer  # the block index: a contextual term may have parameters per layer
-        # gpt-oss's attention sink: one learned logit per head in every softmax's denominator
-        self.sink = nn.Parameter(torch.zeros(n_heads)) if learned_sink else None
-        # model.qk_norm (Qwen3): RMSNorm with a learned scale over each head's d channels
-        self.q_norm = nn.RMSNorm(head_dim) if qk_norm else None
-        self.k_norm = nn.RMSNorm(head_dim) if qk_norm else None
-        # model.output_gate: a sigmoid gate per head and channel from the layer's input
-        self.gate_proj = nn.Linear(d_model, n_heads * head_dim, bias=False) if output_gate else None
-        # model.attn_scale=ssmax: s_h per head, each query times s_h ln(keys it sees)
-        self.ssmax = nn.Parameter(torch.full((n_heads,), SSMAX_INIT)) if ssmax else None
-        # FoX (a family with a forget gate): log f_t = log sigmoid(w_h . x_t + b_h) per head, the
-        # bias starting at ``forget_gate`` (the model's init leaves biases alone)
-        self.fgate = None
-        if forget_gate is not None:
-            self.fgate = nn.Linear(d_model, n_heads, bias=True)
-            nn.init.constant_(self.fgate.bias, forget_gate)
-        # model.attention: stick_breaking replaces the softmax; differential subtracts two maps
-        self.stick_breaking = attention == "stick_breaking"
-        self.lambdas = self.sub_norm = None
-        if attention == "differential":  # lambda_q1, lambda_k1, lambda_q2, lambda_k2 (paper init)
-            self.lambda_init = differential_lambda_init(layer)
-            self.lambdas = nn.Parameter(torch.randn(4, head_dim) * 0.1)
-            self.sub_norm = nn.RMSNorm(2 * head_dim, eps=1e-5)  # head-wise, over a pair's values
+        self.designs = tuple(designs)
+        for design in self.designs:  # their parameters first, in order (the seeded init stream)
+            design.attach(self, model_cfg, position_cfg, layer)
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
-
-    def forget_decay(
-        self, x: torch.Tensor, inputs: AttentionInputs, past: torch.Tensor | None
-    ) -> torch.Tensor:
-        """FoX's F of every key [N, H, S] float32: the running sum of log f_t over the tokens,
-        continuing the cached keys' ``past`` [N, H, S - L]; a padding token forgets nothing
-        (log f = 0), so it moves no pair of real tokens apart."""
-        log_f = F.logsigmoid(self.fgate(x).float()).transpose(1, 2)  # [N, H, L]
-        if inputs.k_valid is not None:
-            log_f = log_f * inputs.k_valid[:, None, -x.shape[1] :]
-        running = log_f.cumsum(dim=-1)
-        if past is None:
-            return running
-        return torch.cat((past, running + past[:, :, -1:]), dim=-1)
-
-    def differential(self, maps_v: torch.Tensor) -> torch.Tensor:
-        """[N, H, L, 2d] (each head's softmax map times its pair's values) -> [N, H/2, L, 2d]:
-        (map 1 - lambda map 2) V, RMS-normed per head, times (1 - lambda_init); lambda =
-        exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init (Ye et al. 2025)."""
-        lq1, lk1, lq2, lk2 = self.lambdas.float()
-        lam = torch.exp(lq1 @ lk1) - torch.exp(lq2 @ lk2) + self.lambda_init
-        first, second = maps_v[:, 0::2], maps_v[:, 1::2]
-        out = first.float() - lam * second.float()
-        return (self.sub_norm(out) * (1 - self.lambda_init)).to(maps_v.dtype)
+        self.hooks = {h: [d for d in self.designs if h in d.hooks] for h in HOOKS}
 
     def forward(
         self,
@@ -185,8 +146,8 @@ class Attention(nn.Module):
         cached: tuple[torch.Tensor, ...] | None,
         query_from: int = 0,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor | None]:
-        """x [N, L, D] -> (output [N, L - query_from, D], (k, v) [N, G, S, d], entropy); a FoX
-        layer's cache entry also holds its keys' F [N, H, S] (:meth:`forget_decay`).
+        """x [N, L, D] -> (output [N, L - query_from, D], (k, v) [N, G, S, d], entropy); a
+        design's ``kernel`` hook may keep one more entry per layer (FoX: its keys' F [N, H, S]).
 
         ``query_from`` > 0: keys and values for all L new tokens, queries (and the output) only
         for tokens ``query_from..L-1``, which attend as new tokens after a cache of that length.
@@ -199,8 +160,8 @@ class Attention(nn.Module):
         k, v = (
             self.kv_proj(x).view(n, length, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )  # [N, G, L, d] each
-        if self.q_norm is not None:  # model.qk_norm: per head, before any rotation (Qwen3)
-            q, k = self.q_norm(q), self.k_norm(k)
+        for design in self.hooks["qk"]:  # per head, before any rotation (Qwen3's QK-norm)
+            q, k = design.qk(self, q, k)
         if inputs.cos is not None:  # RoPE: rotate this layer's queries and keys, never the values
             q_cos, q_sin = inputs.cos[:, :, query_from:], inputs.sin[:, :, query_from:]
             q = rotate(q, q_cos, q_sin, inputs.layout)
@@ -211,14 +172,12 @@ class Attention(nn.Module):
             q, k = weightless_rms_norm(q, inputs.qk_norm), weightless_rms_norm(k, inputs.qk_norm)
         if inputs.q_scale is not None:  # log-n, per query position
             q = (q.float() * inputs.q_scale[:, :, query_from:]).to(q.dtype)
-        if self.ssmax is not None:  # SSMax: s_h ln n, n the real keys the query sees
-            factor = self.ssmax[None, :, None, None] * inputs.log_keys[:, :, query_from:]
-            q = (q.float() * factor).to(q.dtype)
-        decay = None
-        if self.fgate is not None:
-            past = cached[2] if cached is not None else None
-            decay_k = self.forget_decay(x, inputs, past)  # [N, H, S]
-            decay = (decay_k[:, :, decay_k.shape[2] - queries :], decay_k)
+        for design in self.hooks["query"]:  # SSMax: s_h ln n, n the real keys the query sees
+            q = design.query(self, q, inputs, query_from)
+        kernel: dict = {}
+        for design in self.hooks["kernel"]:  # a sink logit, FoX's decay, stick-breaking
+            kernel.update(design.kernel(self, x, inputs, cached, queries))
+        keep = kernel.pop("keep", None)
         if cached is not None:
             k = torch.cat((cached[0], k), dim=2)  # [N, G, S, d]
             v = torch.cat((cached[1], v), dim=2)
@@ -234,21 +193,16 @@ class Attention(nn.Module):
                 flex_cache={},  # another query range: another block mask
                 pairs=pairs.queries_from(query_from) if pairs is not None else None,
             )
-        if self.lambdas is not None:  # each pair of heads reads its pair's values, [N, H, S, 2d]
-            v_pairs = v.reshape(n, self.n_heads // 2, 2, -1, self.head_dim)
-            v_pairs = v_pairs.transpose(2, 3).reshape(n, self.n_heads // 2, -1, 2 * self.head_dim)
-            out, entropy = attend(
-                q, k, v_pairs.repeat_interleave(2, dim=1), inputs, self.layer, far, self.sink, decay
-            )
-            out = self.differential(out)  # [N, H/2, L - query_from, 2d]
-        else:
-            out, entropy = attend(
-                q, k, v, inputs, self.layer, far, self.sink, decay, self.stick_breaking
-            )
+        read = v
+        for design in self.hooks["heads"]:  # differential: each head reads its pair's values
+            read = design.values(self, read)
+        out, entropy = attend(q, k, read, inputs, self.layer, far, **kernel)
+        for design in self.hooks["heads"]:
+            out = design.heads(self, out)  # differential: [N, H/2, L - query_from, 2d]
         out = out.transpose(1, 2).reshape(n, queries, -1)  # [N, L - query_from, D]
-        if self.gate_proj is not None:  # gated attention: elementwise, per head and channel
-            out = out * torch.sigmoid(self.gate_proj(x[:, query_from:]))
-        kept = (k, v) if decay is None else (k, v, decay[1])
+        for design in self.hooks["output"]:  # gated attention: elementwise, per head and channel
+            out = design.output(self, out, x, query_from)
+        kept = (k, v) if keep is None else (k, v, keep)
         return self.o_proj(out), kept, entropy
 
 

@@ -13,56 +13,45 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.attention import Attention, logn_query_scale
-from models.attention_inputs import AttentionInputs, pair_inputs, span_log_keys, ssmax_log_keys
-from models.model_config import ATTENTION_SINKS, ModelConfig, check_combination
-from models.positions import (
-    PositionConfig,
-    RotaryTable,
-    llama4_query_temperature,
-    position_ids_from_attention_mask,
-)
-from models.resolved_scaling import (
-    resolve_scaling,
-    resolved_scaling,
-    scaling_frequencies,
-)
+from models.attention_inputs import AttentionInputs, pair_inputs
+from models.designs.registry import Design, active_designs, attention_layers, check_designs
+from models.model_config import ModelConfig
+from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
+from models.resolved_scaling import resolve_scaling, resolved_scaling
 from models.scaling_config import ScalingConfig
 from models.scoring import chunked_token_nll
 
 __all__ = [
-    "ATTENTION_SINKS",
     "DecoderLM",
     "KVCache",
     "LMOutput",
     "ModelConfig",
     "ScalingConfig",
-    "check_combination",
     "logn_query_scale",
     "resolve_scaling",
     "resolved_scaling",
-    "scaling_frequencies",
 ]
 
 
 @dataclass
 class KVCache:
-    keys: list[torch.Tensor]  # per layer [N, G, S, d], rotated at their own positions
-    values: list[torch.Tensor]  # per layer [N, G, S, d]
+    # per layer its cache entry: an attention layer's keys [N, G, S, d] (rotated at their own
+    # positions) and values [N, G, S, d], then what a design's kernel hook keeps (FoX: its keys'
+    # running sum of log forget gates [N, H, S]); a mixer layer's its normed inputs [N, S, D]
+    layers: list[tuple[torch.Tensor, ...]]
     positions: torch.Tensor  # [N, S] position id of every cached key
     valid: torch.Tensor  # [N, S] bool, False for padding
     row_lengths: (
         torch.Tensor
     )  # [N] each row's length for length-dependent scaling, frozen at prefill
-    # per layer [N, H, S] FoX's running sum of log forget gates of every cached key; None = no gate
-    decays: list[torch.Tensor] | None = None
 
     @property
     def length(self) -> int:
@@ -123,31 +112,53 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int = 0, forget_gate: float | None = None):
+    """A pre-norm block: attention with the active designs, or (``model.mixer``) a token mixer
+    on the layers ``models.designs.registry.attention_layers`` gives it; then the MLP."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer: int = 0,
+        designs: Sequence[Design] = (),
+        position_cfg: PositionConfig | None = None,
+        mixer: Design | None = None,
+    ):
         super().__init__()
         self.attn_norm = _norm(cfg)
-        self.attn = Attention(
-            cfg.d_model,
-            cfg.n_heads,
-            cfg.kv_heads,
-            cfg.head_dim,
-            layer,
-            learned_sink=cfg.attention_sink == "learned",
-            qk_norm=cfg.qk_norm,
-            output_gate=cfg.output_gate,
-            ssmax=cfg.attn_scale == "ssmax",
-            forget_gate=forget_gate,
-            attention=cfg.attention,
-        )
+        self.attn, self.mixer = None, None
+        if mixer is None:
+            attention = [d for d in designs if "mixer" not in d.hooks]
+            self.attn = Attention(
+                cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, layer, attention, cfg,
+                position_cfg,
+            )  # fmt: skip
+        else:
+            self.mixer = mixer.build(cfg, layer)
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, inputs, cached, query_from: int = 0):
-        """x [N, L, D] -> (x [N, L - query_from, D], (k, v), entropy); see Attention.forward."""
-        attn_out, kv, entropy = self.attn(self.attn_norm(x), inputs, cached, query_from)
-        x = x[:, query_from:] + self.dropout(attn_out)
+        """x [N, L, D] -> (x [N, L - query_from, D], cache entry, entropy); see
+        Attention.forward, and :meth:`mix` for a mixer layer."""
+        if self.mixer is not None:
+            out, kept, entropy = self.mix(self.attn_norm(x), inputs, cached, query_from)
+        else:
+            out, kept, entropy = self.attn(self.attn_norm(x), inputs, cached, query_from)
+        x = x[:, query_from:] + self.dropout(out)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))
-        return x, kv, entropy
+        return x, kept, entropy
+
+    def mix(self, h, inputs, cached, query_from: int):
+        """A mixer layer over its normed input h [N, L, D]: the mixer reads the whole prefix
+        again (the cache keeps the layer's inputs [N, S, D], no recurrent state), so a cached
+        step equals the full pass by construction, whatever the mixer; padding enters as zeros
+        (a mixer whose state starts at zero and stays there on zero inputs then reads a
+        left-padded row as the unpadded one). -> (output [N, L - query_from, D], (inputs,), None)."""
+        if inputs.k_valid is not None:  # [N, S] over cached + new tokens
+            h = h * inputs.k_valid[:, -h.shape[1] :, None].to(h.dtype)
+        seen = h if cached is None else torch.cat((cached[0], h), dim=1)  # [N, S, D]
+        out = self.mixer(seen)[:, seen.shape[1] - h.shape[1] + query_from :]
+        return out, (seen,), None
 
 
 class DecoderLM(nn.Module):
@@ -155,7 +166,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         model_cfg.validate()
         position_cfg.validate(model_cfg.head_dim, model_cfg.d_model)
-        check_combination(model_cfg, position_cfg)
+        check_designs(model_cfg, position_cfg)
         if train_length < 2:
             raise ValueError(f"train_length {train_length} must be at least 2.")
         self.model_cfg, self.position_cfg, self.train_length = model_cfg, position_cfg, train_length
@@ -163,11 +174,13 @@ class DecoderLM(nn.Module):
         self.tok_emb = nn.Embedding(model_cfg.vocab_size, model_cfg.d_model)
         self.family.init(self)  # the family's own parameters and buffers
         self.sink_embedding = None  # the sink token's input vector (attention_sink=token)
-        if model_cfg.attention_sink == "token":
-            self.sink_embedding = nn.Parameter(torch.randn(model_cfg.d_model) * 0.02)
-        gate = self.family.gate_bias(position_cfg) if self.family.forget_gate else None
+        self.designs = active_designs(model_cfg, position_cfg)
+        for design in self.designs:
+            design.init_model(self)
+        mixer = next((d for d in self.designs if "mixer" in d.hooks), None)
         self.blocks = nn.ModuleList(
-            Block(model_cfg, i, forget_gate=gate) for i in range(model_cfg.n_layers)
+            Block(model_cfg, i, self.designs, position_cfg, None if attends else mixer)
+            for i, attends in enumerate(attention_layers(model_cfg))
         )
         self.final_norm = _norm(model_cfg)
         self.lm_head = nn.Linear(model_cfg.d_model, model_cfg.vocab_size, bias=False)
@@ -323,15 +336,19 @@ class DecoderLM(nn.Module):
             x = x + added.to(x.dtype)
         inputs = self._attention_inputs(positions, output_attn_entropy)
         layer_inputs = family.layer_inputs(self, inputs)  # one per block: its own span, rotation
-        if self.model_cfg.attn_scale == "ssmax":  # a layer's window or chunks: the keys in it
-            layer_inputs = span_log_keys(layer_inputs)
+        for design in self.designs:  # SSMax: a layer's window or chunks, the keys in it
+            layer_inputs = design.layer_inputs(self, layer_inputs)
         hidden_states = [x[:, sunk:]] if output_hidden_states else None
         x, kept, stats = self._blocks(
             x, layer_inputs, past, logits_from + sunk if logits_from else 0
         )
         if hidden_states is not None:
             hidden_states += [h[:, sunk:] for h in stats["hidden"]]
-        entropies = [e[:, :, sunk:] for e in stats["entropy"]] if output_attn_entropy else None
+        # a mixer layer has no attention map: a model with one reports no entropy (None, as a
+        # pretrained model without them; the probes then write no rows and say so)
+        entropies = None
+        if output_attn_entropy and all(attention_layers(self.model_cfg)):
+            entropies = [e[:, :, sunk:] for e in stats["entropy"]]
         if sunk and not logits_from:
             x = x[:, 1:]  # the sink token predicts nothing
         hidden = self.final_norm(x)  # [N, L - f, D]
@@ -342,10 +359,7 @@ class DecoderLM(nn.Module):
             token_nll = chunked_token_nll(self.lm_head, hidden, targets, self.model_cfg.vocab_size)
         cache = None
         if use_cache:
-            keys, values, decays = kept
-            cache = KVCache(
-                keys, values, positions.k_pos, positions.k_valid, row_lengths, decays or None
-            )
+            cache = KVCache(kept, positions.k_pos, positions.k_valid, row_lengths)
         first_mass = None
         if entropies is not None:
             entropies, first_mass = [e[..., 0] for e in entropies], [e[..., 1] for e in entropies]
@@ -353,24 +367,22 @@ class DecoderLM(nn.Module):
 
     def _blocks(
         self, x: torch.Tensor, layer_inputs: list, past: KVCache | None, query_from: int
-    ) -> tuple[torch.Tensor, tuple[list, list, list], dict[str, list]]:
-        """Every block over x [N, L, D] -> (x, per layer (keys, values, FoX decays), {"hidden": each
-        output, "entropy": [N, H, L, 2] entropy, first-key mass}); the last from ``query_from``."""
-        keys, values, decays = [], [], []
+    ) -> tuple[torch.Tensor, list[tuple], dict[str, list]]:
+        """Every block over x [N, L, D] -> (x, per layer its cache entry (``KVCache.layers``),
+        {"hidden": each output, "entropy": [N, H, L, 2] entropy, first-key mass}); the last from
+        ``query_from``."""
+        kept = []
         stats: dict[str, list] = {"hidden": [], "entropy": []}
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            cached = None
-            if past is not None:
-                cached = (past.keys[i], past.values[i])
-                cached += (past.decays[i],) if past.decays is not None else ()
+            cached = past.layers[i] if past is not None else None
             start = query_from if i == last else 0
-            x, (k, v, *decay), entropy = block(x, layer_inputs[i], cached, start)
-            keys.append(k), values.append(v), decays.extend(decay)
+            x, entry, entropy = block(x, layer_inputs[i], cached, start)
+            kept.append(entry)
             stats["hidden"].append(x)
             if entropy is not None:
                 stats["entropy"].append(entropy)
-        return x, (keys, values, decays), stats
+        return x, kept, stats
 
     def _positions(
         self,
@@ -431,22 +443,11 @@ class DecoderLM(nn.Module):
             pairs = pair_inputs(
                 spec, positions.position_ids, positions.k_pos, inv_freq, positions.k_valid
             )
+        # each query's position, as a query scale reads it (StreamingLLM's: in its cache)
+        at = positions.position_ids if pairs is None else pairs.query_positions(positions.position_ids)
         q_scale = None
-        if self.scaling.logn:  # at each query's position (StreamingLLM's: in its cache)
-            at = positions.position_ids
-            if pairs is not None:
-                at = pairs.query_positions(at)
+        if self.scaling.logn:
             q_scale = logn_query_scale(at, self.train_length)[:, None, :, None]
-        if self.model_cfg.attn_scale == "llama4":  # at each query's position, as log-n's
-            at = (
-                positions.position_ids
-                if pairs is None
-                else pairs.query_positions(positions.position_ids)
-            )
-            floor = self.model_cfg.attn_floor or self.train_length
-            factor = llama4_query_temperature(at, floor, self.model_cfg.attn_temperature)
-            factor = factor[:, None, :, None]  # [N, 1, L, 1]
-            q_scale = factor if q_scale is None else q_scale * factor
         inputs = AttentionInputs(
             cos=cos,
             sin=sin,
@@ -470,8 +471,8 @@ class DecoderLM(nn.Module):
             ),
             pairs=pairs,
         )
-        if self.model_cfg.attn_scale == "ssmax":  # the real keys each query attends, cached + new
-            inputs = replace(inputs, log_keys=ssmax_log_keys(inputs))
+        for design in self.designs:  # Llama 4's temperature, SSMax's key counts
+            inputs = design.attention_inputs(self, inputs, at)
         return inputs
 
     @torch.no_grad()

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from models.designs.forget_gate import forget_decay  # noqa: E402
 from models.model_config import ATTENTIONS  # noqa: E402
 from models.positions import (  # noqa: E402
     PositionConfig,
@@ -301,8 +302,8 @@ def _fox() -> tuple[float, float]:
         inputs = model._attention_inputs(
             model._positions(x[..., 0].long(), None, None, None), False
         )
-        running = model.blocks[0].attn.forget_decay(x, inputs, None).double()
-        reverse = model.blocks[0].attn.forget_decay(x.flip(1), inputs, None).double()
+        running = forget_decay(model.blocks[0].attn, x, inputs, None).double()
+        reverse = forget_decay(model.blocks[0].attn, x.flip(1), inputs, None).double()
     causal = torch.ones(2048, 2048, dtype=torch.bool).tril()
     ours = (running[..., :, None] - running[..., None, :])[..., causal]
     wrong = (reverse[..., :, None] - reverse[..., None, :])[..., causal]

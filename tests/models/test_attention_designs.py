@@ -14,7 +14,7 @@ import torch
 
 from bench.core.checks import weights_dict
 from bench.schema import JobConfig
-from models.model_config import differential_lambda_init
+from models.designs.differential import differential_lambda_init
 from models.positions import PositionConfig
 from models.tiled_attention import stick_breaking_weights
 from models.transformer import DecoderLM, ModelConfig

@@ -13,6 +13,7 @@ import torch
 
 from bench.core.checks import weights_dict
 from bench.schema import JobConfig
+from models.designs.forget_gate import forget_decay
 from models.positions import PositionConfig
 from models.scaling import SCALING_METHODS, applicable_methods
 from models.transformer import DecoderLM, ModelConfig
@@ -33,7 +34,7 @@ def _model(kind: str = "fox", gate_bias: float = 0.0, seed: int = 0) -> DecoderL
     with torch.no_grad():
         model.blocks[0].attn.q_proj.weight.normal_(0.0, 0.5)
         model.blocks[0].attn.kv_proj.weight.normal_(0.0, 0.5)
-        if model.blocks[0].attn.fgate is not None:
+        if hasattr(model.blocks[0].attn, "fgate"):  # the forget gate design attached it
             model.blocks[0].attn.fgate.weight.normal_(0.0, 0.5)
     return model
 
@@ -71,7 +72,7 @@ def test_fox_equals_x_transformers_data_dependent_alibi():
     # the decay itself: F_i - F_j of our running sums equals the oracle's bias below the diagonal
     inputs = model._attention_inputs(model._positions(x[..., 0].long(), None, None, None), False)
     with torch.no_grad():
-        running = model.blocks[0].attn.forget_decay(x, inputs, None).double()  # [N, H, L]
+        running = forget_decay(model.blocks[0].attn, x, inputs, None).double()  # [N, H, L]
     ours_bias = running[..., :, None] - running[..., None, :]
     causal = torch.ones(24, 24, dtype=torch.bool).tril()
     torch.testing.assert_close(ours_bias[..., causal], bias[..., causal], atol=1e-5, rtol=1e-5)
@@ -102,7 +103,7 @@ def test_gate_bias_starts_where_the_config_says_and_enters_only_fox_keys():
     assert weights_dict(PositionConfig(kind="fox"))["fox_gate_bias"] == 5.0
     assert "fox_gate_bias" not in weights_dict(PositionConfig(kind="nope"))
     rope = DecoderLM(ModelConfig(n_layers=1, d_model=WIDTH, n_heads=HEADS), PositionConfig(), 16)
-    assert rope.blocks[0].attn.fgate is None
+    assert not hasattr(rope.blocks[0].attn, "fgate")
 
 
 def test_a_left_padded_row_equals_the_unpadded_one():
@@ -126,7 +127,7 @@ def test_fox_trains_and_decodes_with_the_cache():
         for t in range(9, 14):
             out = model(tokens[:, t : t + 1], past=out.past, use_cache=True)
             steps.append(out.logits)
-    assert out.past.decays is not None and out.past.decays[0].shape == (2, 2, 14)
+    assert out.past.layers[0][2].shape == (2, 2, 14)  # the keys' F beside k and v
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from bench.core.checks import weights_dict
 from bench.schema import JobConfig
-from models.model_config import SSMAX_INIT
+from models.designs.ssmax import SSMAX_INIT
 from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
