@@ -75,6 +75,17 @@ SCOPE_DEFAULTS = {
 }
 CONTIGUOUS = ("contiguous",)
 NO_SINK = ("none",)
+#: a row's model source: "pretrained" where its recipe column says so (bench.pretrained.source
+#: writes "pretrained:<model id>"), else "trained" (a model lenbench trained, or an older row)
+PRETRAINED_RECIPE = "pretrained:"
+TRAINED, PRETRAINED = ("trained",), ("pretrained",)
+
+
+def model_source(df: pd.DataFrame) -> pd.Series:
+    """Per row: "pretrained" (a pretrained model's row, by its recipe) or "trained"."""
+    recipe = col(df, "recipe").astype(object)
+    pretrained = recipe.map(lambda r: isinstance(r, str) and r.startswith(PRETRAINED_RECIPE))
+    return pretrained.map({True: "pretrained", False: "trained"})
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,10 @@ class Scope:
     None = any) and the rows it reads (those, plus the comparison series it needs: ``also_samplings``,
     ``also_sinks``, ``also_switches``). A report checks a finding only where one of its series is
     present, and the finding reads only its rows: F1 is not computed on a PoSE-trained sinusoidal
-    model, nor L3's sinks counted against F3."""
+    model, nor L3's sinks counted against F3. ``sources`` (:func:`model_source`: models lenbench
+    trained, or pretrained ones) and ``experiments`` (the ``experiment`` column; None = any)
+    restrict both: the toy-model findings read no pretrained model's rows (T1's RoPE is not
+    SmolLM2's), and the SmolLM2 study's findings read only that study's rows."""
 
     positions: tuple[str, ...] | None = None
     scalings: tuple[str, ...] | None = None
@@ -97,6 +111,8 @@ class Scope:
     also_samplings: tuple[str, ...] = ()
     also_sinks: tuple[str, ...] = ()
     also_switches: tuple[str, ...] = ()  # switched models it reads beside the others (not only)
+    sources: tuple[str, ...] = TRAINED  # "trained" (lenbench's models) and/or "pretrained"
+    experiments: tuple[str, ...] | None = None  # the experiment column's values (None = any)
 
     @staticmethod
     def _values(df: pd.DataFrame, column: str) -> pd.Series:
@@ -127,7 +143,13 @@ class Scope:
         keep &= self._keep(df, "attention_sink", (*self.sinks, *self.also_sinks))
         keep &= self._without_other_switches(df)
         keep &= self._keep(df, "arm", self.arms) if "arm" in df.columns else True
+        keep &= self._origin(df)
         return df[keep]
+
+    def _origin(self, df: pd.DataFrame) -> pd.Series:
+        """Rows of the model sources and experiments the finding is about."""
+        keep = model_source(df).isin(list(self.sources))
+        return keep & self._keep(df, "experiment", self.experiments)
 
     def subject(self, df: pd.DataFrame) -> pd.DataFrame:
         """The rows of the series the finding is about (empty: out of scope)."""
@@ -149,7 +171,7 @@ class Scope:
             keep &= on
         if self.arms is not None and "arm" in df.columns:
             keep &= self._keep(df, "arm", self.arms)
-        return df[keep]
+        return df[keep & self._origin(df)]
 
     def _other_switches(self) -> tuple[str, ...]:
         return (
@@ -170,6 +192,9 @@ class Scope:
                 ("position sampling", self.samplings),
                 ("attention sink", self.sinks),
                 ("model switches", self.switches or self._other_switches()),
+                # the default (lenbench's trained models, any experiment) goes unsaid
+                ("models", None if self.sources == TRAINED else self.sources),
+                ("experiments", self.experiments),
             )
             if values is not None
         ]
