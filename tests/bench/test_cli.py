@@ -64,6 +64,7 @@ GROUPS = {
         "ruler",
         "zoo_2025",
         "leaderboard",
+        "smollm2",
     ],
     "arm": [
         "all",
@@ -213,6 +214,7 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
     # per seed (3): lm 11 (4 scalings, extend none); retrieval rope x 4 scalings + pi, yarn tunes
     "findings": (54, 426),
     "pretrained": (3, 0),  # on the tiny local Llama of tests/conftest.py (hf_model_dirs)
+    "smollm2": (13, 0),  # every RoPE method, on the same tiny Llama (the real file: not needed)
     "zoo": (72, 6),  # 3 seeds x 13 families x (none, linear); linear skipped for alibi, nope
     # per seed (3): lm rope x 8 scalings; retrieval rope x 8 scalings + the yarn tune (scaling none)
     "training_free": (51, 45),
@@ -235,7 +237,7 @@ EXPECTED_CELLS = {  # (valid cells, not applicable cells) of each experiment's s
 def test_experiment_sweeps_contain_only_valid_or_skippable_cells(experiment, request):
     # the pretrained experiment needs a model: the tiny local Llama the tests build
     extra = []
-    if experiment == "pretrained":
+    if experiment in ("pretrained", "smollm2"):
         extra = [f"pretrained.path={request.getfixturevalue('hf_model_dirs')['llama']}"]
     cfg = compose_config(f"+experiment={experiment}", *extra, hydra=True)
     assert cfg.hydra.mode.name == "MULTIRUN"
