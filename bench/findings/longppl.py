@@ -9,7 +9,8 @@ judges exists (no model has LongPPL rows at commit time; the rule below is fixed
   perplexity at the **comparison length**, the longest eval length at which every such series
   has both (each pooled over seeds: LongPPL by key tokens, perplexity by tokens). The statistic
   is rho(perplexity) - rho(LongPPL), with a percentile bootstrap interval over series
-  (:data:`BOOTSTRAP` resamples, seed 0); holds when the interval is above 0, fails when below.
+  (:data:`BOOTSTRAP` resamples, seed 0); holds when the interval is above 0, fails when it is wholly below
+  0; one that ends at exactly 0 (ties) is not decided (:func:`gap_check`, amended 2026-12-07).
   Needs at least :data:`MIN_SERIES` series, each with at least :data:`MIN_KEY_TOKENS` key tokens
   at the comparison length (pooled over seeds). That floor was added after the first RULER run
   (results/ruler_longppl) chose one key token per length: a LongPPL of one token is that token's
@@ -26,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core.series import SWITCH_COLUMNS
-from bench.core.stats import Estimate, decide
+from bench.core.stats import UNDECIDED, Check, Estimate, decide
 from bench.findings.registry import NOT_MEASURED, FindingResult, Scope, register_finding, status
 from bench.findings.rows import col, window_nll, with_series
 
@@ -107,6 +108,18 @@ def correlation_gap(t: pd.DataFrame) -> Estimate:
     return Estimate("rho(ppl) - rho(LongPPL)", gap, float(lo), float(hi), 0, P1_CI)
 
 
+def gap_check(gap: Estimate) -> Check:
+    """Holds when the gap's interval is above 0, fails when it is wholly below 0; an interval
+    that ends at exactly 0 is not decided. With a handful of series many resamples rank them
+    identically under both measures, so the gap is exactly 0 in them: an upper end of 0 is a tie,
+    not a measured negative (the audit of issue #73, on ruler_longppl_k16's [-0.629, 0.000];
+    until 2026-12-07 that read "does not hold")."""
+    check = decide(gap, 0.0, "above")
+    if check is False and not gap.hi < 0:
+        return UNDECIDED
+    return check
+
+
 @register_finding(
     "P1",
     Scope(metrics=("longppl",), also_switches=tuple(SWITCH_COLUMNS)),  # every series of a study
@@ -146,7 +159,7 @@ def p1_longppl_tracks_effective_length(df: pd.DataFrame) -> FindingResult:
     gap = correlation_gap(t)
     rho_lp = spearman(t["longppl"].to_numpy(float), t["eff"].to_numpy(float))
     rho_pp = spearman(t["ppl"].to_numpy(float), t["eff"].to_numpy(float))
-    result = FindingResult(status=status([decide(gap, 0.0, "above")]), estimates=[gap])
+    result = FindingResult(status=status([gap_check(gap)]), estimates=[gap])
     result.notes.append(
         f"{len(t)} series at length {int(t['length'].iloc[0])}: rho(LongPPL) {rho_lp:.3f}, "
         f"rho(perplexity) {rho_pp:.3f}"

@@ -3,12 +3,15 @@
 R1-R2 restate RULER's claims (Hsieh et al. 2024) as checks on a results table, with thresholds
 fixed before the study's reference run (``+experiment=ruler``; reports/ruler/README.md):
 
-- **R1**: multi-key and multi-value needle retrieval are harder than single-needle retrieval at
-  every evaluated length beyond L. Per model and method (series) and length > L: the exact
-  accuracy of ``niah_single`` minus that of ``niah_multikey`` (and of ``niah_multivalue``),
-  trials of all seeds pooled, with Newcombe's interval for a difference of two proportions (from
-  the two Wilson intervals), widened to the t-interval of the per-seed differences where that is
-  wider; each difference must be above 0.
+- **R1**: multi-key and multi-value needle retrieval degrade with length faster than
+  single-needle retrieval. Per series, task (``niah_multikey``, ``niah_multivalue``) and length
+  kL > L: the task's relative drop in exact accuracy from L, 1 - acc(kL) / acc(L), minus
+  ``niah_single``'s, trials of all seeds pooled (:func:`relative_drop_difference`); each
+  difference must be above 0. A task that fails at L is an observation of its own. Amended on
+  2026-12-07 after the audit of issue #73: R1 compared absolute drops, which the level at L caps
+  (a task at 0.4 at L can drop at most 0.4), so a harder task read "degrades less" whenever every
+  task fell to 0; the relative drop removes that cap. Before 2026-12-06 R1 compared the
+  accuracies at each length beyond L, which read a failure at L as "harder beyond L".
 - **R2** (RULER's "perplexity does not show it", in the spirit of LongPPL): a method's effective
   length is below the length up to which its perplexity stays flat. Per series and seed: the
   effective length of the tasks' mean at the relative threshold (``effective_length`` rows,
@@ -48,9 +51,12 @@ R1_HARDER = ("niah_multikey", "niah_multivalue")
 ORDER = 4
 #: R2: "flat" = ppl(x) / ppl(L) at most this (F2's bar, fixed before the run).
 FLAT_RATIO = ALIBI_MAX_RATIO
-DEGRADATION_CI = (
-    "difference of two drops in pooled accuracy: the four Wilson intervals combined (MOVER), "
-    "widened to the t-interval of the per-seed differences where wider"
+#: R1's interval: Jeffreys-posterior draws of the four pooled accuracies (and their seed)
+JEFFREYS_DRAWS = 20_000
+LEVEL = 0.95
+RELATIVE_DROP_CI = (
+    "difference of two relative drops in pooled accuracy: percentiles over Jeffreys-posterior "
+    "draws of the four accuracies, widened to the t-interval of the per-seed differences where wider"
 )
 NEWCOMBE_CI = (
     "difference of pooled accuracies: Newcombe's interval from the two Wilson intervals, widened "
@@ -95,42 +101,45 @@ def difference_of_accuracies(a: pd.DataFrame, b: pd.DataFrame, name: str) -> Est
     return Estimate(name, d, lo, hi, len(seeds), NEWCOMBE_CI)
 
 
-def degradation_difference(
+def relative_drop_difference(
     single_at_l: pd.DataFrame,
     single_far: pd.DataFrame,
     other_at_l: pd.DataFrame,
     other_far: pd.DataFrame,
     name: str,
 ) -> Estimate:
-    """How much more ``other`` drops from L to a longer length than ``single`` does:
-    (acc_other(L) - acc_other(kL)) - (acc_single(L) - acc_single(kL)), trials of the seeds
-    present in all four pooled; the interval combines the four Wilson intervals (MOVER, as
-    Newcombe's does for two) and is widened to the t-interval of the per-seed differences."""
-    parts = (other_at_l, other_far, single_at_l, single_far)
+    """How much more of its accuracy at L ``other`` loses at a longer length than ``single``
+    does: (1 - o_kL / o_L) - (1 - s_kL / s_L) = s_kL / s_L - o_kL / o_L, trials of the seeds
+    present in all four pooled. Relative, because an absolute drop is capped by the level at L
+    (a task at 0.4 at L can lose at most 0.4, one at 0.9 up to 0.9). The interval: the 2.5 and
+    97.5 percentiles of the statistic over :data:`JEFFREYS_DRAWS` draws of the four accuracies
+    from their Jeffreys posteriors Beta(k + 1/2, n - k + 1/2) (the Jeffreys interval's own
+    distribution, which keeps width at 0 and 1 where a binomial bootstrap collapses), widened to
+    the t-interval of the per-seed statistics where wider."""
+    parts = (single_far, single_at_l, other_far, other_at_l)
     seeds = parts[0].index
     for part in parts[1:]:
         seeds = seeds.intersection(part.index)
     if len(seeds) == 0:
         return Estimate(name, math.nan)
-    sums = [(p.loc[seeds, "k"].sum(), p.loc[seeds, "n"].sum()) for p in parts]
-    acc = [k / n for k, n in sums]
-    ci = [wilson(k, n) for k, n in sums]
-    signs = (1, -1, -1, 1)
-    d = sum(s * a for s, a in zip(signs, acc, strict=True))
-    down = up = 0.0
-    for sign, a, (lo, hi) in zip(signs, acc, ci, strict=True):
-        below, above = a - lo, hi - a
-        down += (below if sign > 0 else above) ** 2
-        up += (above if sign > 0 else below) ** 2
-    lo, hi = d - math.sqrt(down), d + math.sqrt(up)
+    sums = np.array([(p.loc[seeds, "k"].sum(), p.loc[seeds, "n"].sum()) for p in parts])
+    if sums[1, 0] == 0 or sums[3, 0] == 0:  # no success at L on these seeds: no share to lose
+        return Estimate(name, math.nan)
+    sf, sl, of, ol = sums[:, 0] / sums[:, 1]
+    d = sf / sl - of / ol
+    rng = np.random.default_rng(0)
+    draws = rng.beta(sums[:, 0] + 0.5, sums[:, 1] - sums[:, 0] + 0.5, (JEFFREYS_DRAWS, 4))
+    stat = draws[:, 0] / draws[:, 1] - draws[:, 2] / draws[:, 3]
+    lo, hi = (float(q) for q in np.quantile(stat, [(1 - LEVEL) / 2, (1 + LEVEL) / 2]))
     if len(seeds) >= 2:
-        per_seed = sum(
-            s * (p.loc[seeds, "k"] / p.loc[seeds, "n"]).to_numpy(dtype=float)
-            for s, p in zip(signs, parts, strict=True)
-        )
-        half = t_half_width(per_seed)
-        lo, hi = min(lo, per_seed.mean() - half), max(hi, per_seed.mean() + half)
-    return Estimate(name, d, lo, hi, len(seeds), DEGRADATION_CI)
+        acc = [(p.loc[seeds, "k"] / p.loc[seeds, "n"]).to_numpy(dtype=float) for p in parts]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_seed = acc[0] / acc[1] - acc[2] / acc[3]
+        per_seed = per_seed[np.isfinite(per_seed)]  # a seed at 0 at L has no ratio
+        if len(per_seed) >= 2:
+            half = t_half_width(per_seed)
+            lo, hi = min(lo, per_seed.mean() - half), max(hi, per_seed.mean() + half)
+    return Estimate(name, float(d), lo, hi, len(seeds), RELATIVE_DROP_CI)
 
 
 def _fails_at_l(accuracy: Estimate) -> bool:
@@ -141,9 +150,10 @@ def _fails_at_l(accuracy: Estimate) -> bool:
 @register_finding(
     "R1",
     Scope(metrics=("niah_single", *R1_HARDER)),
-    claim="multi-key and multi-value needle retrieval degrade more from L to every evaluated "
-    "length beyond L than single-needle retrieval does (difference of the drops in exact "
-    "accuracy, CI > 0; a task that fails at L is an observation of its own, not R1's case)",
+    claim="multi-key and multi-value needle retrieval lose a larger share of their exact "
+    "accuracy at L, at every evaluated length beyond L, than single-needle retrieval does "
+    "(difference of the relative drops 1 - acc(kL)/acc(L), CI > 0; a task that fails at L is an "
+    "observation of its own, not R1's case)",
     source="Hsieh et al. 2024, RULER: What's the Real Context Size of Your Long-Context Language "
     "Models?, Section 5 / Figure 2 (multi-key NIAH and multi-value degrade first)",
     thresholds={"NEAR_ZERO_ACC": NEAR_ZERO_ACC},
@@ -185,12 +195,15 @@ def r1_multi_needle_harder(df: pd.DataFrame) -> FindingResult:
                 at = g[g["eval_length"] == length]
                 single, other = exact_trials(at, "niah_single"), exact_trials(at, task)
                 x = length // train
-                name = f"{task} drop - niah_single drop, L to {x}L{suffix}"
+                name = f"{task} relative drop - niah_single relative drop, L to {x}L{suffix}"
                 if single.empty or other.empty:
                     missing.append(name)
                     checks.append(None)
                     continue
-                e = degradation_difference(single_l, single, other_l, other, name)
+                e = relative_drop_difference(single_l, single, other_l, other, name)
+                if math.isnan(e.value):  # 0 at L on the seeds present at this length too
+                    at_l_failures.append(f"{task} or niah_single at L, seeds present at {x}L{suffix}")
+                    continue
                 est.append(e)
                 checks.append(decide(e, 0.0, "above"))
     if rows.empty:

@@ -8,9 +8,11 @@ import math
 
 import pandas as pd
 
+from bench.core.stats import UNDECIDED, Estimate
 from bench.findings.longppl import (
     MIN_KEY_TOKENS,
     MIN_SERIES,
+    gap_check,
     p1_longppl_tracks_effective_length,
     spearman,
 )
@@ -52,6 +54,16 @@ def test_p1_fails_in_the_mirror_case_and_needs_enough_series():
     assert result.status == "does not hold", result.numbers
     few = rows(UNRELATED[: MIN_SERIES - 1], ppl[: MIN_SERIES - 1])
     assert p1_longppl_tracks_effective_length(few).status == "not measured"
+
+
+def test_a_gap_interval_ending_at_exactly_zero_is_a_tie_not_a_failure():
+    """ruler_longppl_k16's case: rho(ppl) - rho(LongPPL) -0.111 [-0.629, 0.000], the upper end 0
+    because many resamples rank the series identically under both. That is not decided; control:
+    an upper end just below 0 fails, a lower end above 0 holds."""
+    assert gap_check(Estimate("gap", -0.111, -0.629, 0.0)) == UNDECIDED
+    assert gap_check(Estimate("gap", -0.111, -0.629, -1e-9)) is False
+    assert gap_check(Estimate("gap", 0.2, 1e-9, 0.5)) is True
+    assert gap_check(Estimate("gap", 0.0, -0.3, 0.4)) == UNDECIDED
 
 
 def test_spearman_against_a_hand_computed_value():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
@@ -12,12 +13,13 @@ from scipy import stats
 from bench.core.rows import normalize_results
 from bench.findings import FAILS, HOLDS, NOT_DECIDED, NOT_MEASURED, check_findings, findings, wilson
 from bench.findings.ruler import (
-    degradation_difference,
+    JEFFREYS_DRAWS,
     difference_of_accuracies,
     exact_trials,
     flat_length,
     r1_multi_needle_harder,
     r2_effective_below_flat,
+    relative_drop_difference,
 )
 
 from fixtures.rows import row
@@ -100,28 +102,69 @@ def test_r1_accuracy_at_l_is_widened_where_seeds_disagree():
     assert (got["niah_multivalue"].lo, got["niah_multivalue"].hi) == pytest.approx(wilson(108, 120))
 
 
-def test_degradation_difference_by_hand():
-    """One seed: (a_L - a_K) - (s_L - s_K) with the four Wilson intervals combined (MOVER);
-    three seeds that disagree: the seeds' t-interval is wider and is used."""
-    one = [pd.DataFrame({"k": [k], "n": [40.0]}, index=[0]) for k in (38.0, 30.0, 36.0, 8.0)]
-    s_l, s_k, o_l, o_k = one
-    e = degradation_difference(s_l, s_k, o_l, o_k, "d")
-    p = {"sl": 38 / 40, "sk": 30 / 40, "ol": 36 / 40, "ok": 8 / 40}
-    w = {key: wilson(p[key] * 40, 40) for key in p}
-    assert e.value == pytest.approx((p["ol"] - p["ok"]) - (p["sl"] - p["sk"]))
-    down = math.sqrt((p["ol"] - w["ol"][0]) ** 2 + (w["ok"][1] - p["ok"]) ** 2
-                     + (w["sl"][1] - p["sl"]) ** 2 + (p["sk"] - w["sk"][0]) ** 2)  # fmt: skip
-    up = math.sqrt((w["ol"][1] - p["ol"]) ** 2 + (p["ok"] - w["ok"][0]) ** 2
-                   + (p["sl"] - w["sl"][0]) ** 2 + (w["sk"][1] - p["sk"]) ** 2)  # fmt: skip
-    assert e.lo == pytest.approx(e.value - down) and e.hi == pytest.approx(e.value + up)
-    full, empty = pd.DataFrame({"k": [40.0] * 3, "n": [40.0] * 3}), None
-    empty = pd.DataFrame({"k": [0.0] * 3, "n": [40.0] * 3})
-    swing = pd.DataFrame({"k": [40.0, 0.0, 40.0], "n": [40.0] * 3})
-    e3 = degradation_difference(full, full, full, swing, "d")  # other drops 0, 1, 0
+def counts(*ks: float, n: float = 40.0) -> pd.DataFrame:
+    """Per-seed successes and trials (seeds 0, 1, ...)."""
+    return pd.DataFrame({"k": list(ks), "n": [n] * len(ks)})
+
+
+def test_relative_drop_difference_by_hand():
+    """One seed: s_kL / s_L - o_kL / o_L; its interval holds the value and is the Jeffreys
+    draws' percentiles (a second computation from the same draws agrees). Three seeds that
+    disagree: the seeds' t-interval is wider and is used."""
+    s_l, s_k, o_l, o_k = (counts(k) for k in (38.0, 30.0, 36.0, 8.0))
+    e = relative_drop_difference(s_l, s_k, o_l, o_k, "d")
+    assert e.value == pytest.approx((30 / 38) - (8 / 36))
+    rng = np.random.default_rng(0)
+    k, n = np.array([30.0, 38.0, 8.0, 36.0]), 40.0
+    draws = rng.beta(k + 0.5, n - k + 0.5, (JEFFREYS_DRAWS, 4))
+    stat = draws[:, 0] / draws[:, 1] - draws[:, 2] / draws[:, 3]
+    assert (e.lo, e.hi) == pytest.approx(tuple(np.quantile(stat, [0.025, 0.975])))
+    assert e.lo < e.value < e.hi
+    full, swing = counts(40.0, 40.0, 40.0), counts(40.0, 0.0, 40.0)
+    e3 = relative_drop_difference(full, full, full, swing, "d")  # other keeps 1, 0, 1
     d = pd.Series([0.0, 1.0, 0.0])
     half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
     assert e3.lo == pytest.approx(d.mean() - half) and e3.hi == pytest.approx(d.mean() + half)
-    assert degradation_difference(full, empty, full, empty, "d").value == pytest.approx(0.0)
+
+
+def test_r1_is_not_capped_by_the_level_at_l():
+    """The audit's case: every task falls to 0 beyond L, single starting highest. Each task loses
+    all it had: the relative drops are equal and R1 is not decided. Negative control, the old
+    statistic (difference of absolute drops) reads multi-key as decidedly "degrading less", which
+    is the level at L, not length: (0.5 - 0) - (1.0 - 0) = -0.5."""
+    df = r1_rows((1.0, 0.5, 0.5), (0.0, 0.0, 0.0))
+    result = r1_multi_needle_harder(df)
+    assert result.status == NOT_DECIDED
+    drops = [e for e in result.estimates if "relative drop" in e.name]
+    assert drops and all(e.value == pytest.approx(0.0) for e in drops)
+    assert all(e.lo < 0 < e.hi for e in drops)
+    s_l, s_k = counts(120.0, n=120.0), counts(0.0, n=120.0)
+    o_l, o_k = counts(60.0, n=120.0), counts(0.0, n=120.0)
+    # the old interval's upper end (MOVER): o_L's upper, s_L's lower and s_kL's upper margins
+    old = (0.5 - 0.0) - (1.0 - 0.0)
+    old_hi = old + math.sqrt(
+        (wilson(60, 120)[1] - 0.5) ** 2 + (1.0 - wilson(120, 120)[0]) ** 2 + wilson(0, 120)[1] ** 2
+    )
+    assert old_hi < 0  # the capped statistic "decides" the wrong way
+    assert relative_drop_difference(s_l, s_k, o_l, o_k, "d").value == pytest.approx(0.0)
+
+
+def test_r1_false_statement_rate_when_relative_drops_are_equal():
+    """Synthetic truth: single 0.9 -> 0.6, multi-key 0.6 -> 0.4 (both keep 2/3), 3 seeds of 40
+    trials. Over 200 repetitions "harder" is decided at most 5% of the time; control: with
+    multi-key falling to 0.15 (keeps 1/4) it is decided in most repetitions."""
+    rng = np.random.default_rng(1)
+
+    def decided(p_other_far: float) -> float:
+        hits = 0
+        for _ in range(200):
+            ks = [rng.binomial(40, p, 3).astype(float) for p in (0.9, 0.6, 0.6, p_other_far)]
+            e = relative_drop_difference(*(counts(*k) for k in (ks[0], ks[1], ks[2], ks[3])), "d")
+            hits += e.lo > 0
+        return hits / 200
+
+    assert decided(0.4) <= 0.05
+    assert decided(0.15) > 0.5
 
 
 def test_newcombe_interval_by_hand():
