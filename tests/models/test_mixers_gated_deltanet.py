@@ -160,6 +160,16 @@ def _perturbed(name: str):
     return perturb
 
 
+def conformance_outputs(length: int = 130) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ours, Qwen3-Next's, ours with the conv dropped) on the same weights and inputs, for a
+    measured row of docs/conformance.md."""
+    ours = _ours()
+    theirs = _qwen3_next(ours)
+    x = _inputs(length)
+    with torch.no_grad():
+        return ours(x), theirs(x), _without_conv(copy.deepcopy(ours))(x)
+
+
 @pytest.mark.parametrize(
     "variant",
     [_perturbed("a_proj"), _perturbed("b_proj"), _without_conv, _without_gate],

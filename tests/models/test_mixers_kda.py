@@ -121,6 +121,16 @@ def _per_head_decay(mixer: KimiDeltaAttention) -> KimiDeltaAttention:
     return mixer
 
 
+def conformance_outputs(length: int = 130) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ours, Kimi Linear's, ours with the decay per head instead of per channel) on the same
+    weights and inputs, for a measured row of docs/conformance.md."""
+    ours = _ours()
+    theirs = _theirs(ours)
+    x = _inputs(length)
+    with torch.no_grad():
+        return ours(x), theirs(x), _per_head_decay(copy.deepcopy(ours))(x)
+
+
 @pytest.mark.parametrize(
     "variant",
     [_perturbed("f_b_proj"), _perturbed("b_proj"), _without_conv, _per_head_decay],

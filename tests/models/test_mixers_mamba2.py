@@ -132,6 +132,16 @@ def _without_gate(mixer: Mamba2) -> Mamba2:
     return mixer
 
 
+def conformance_outputs(length: int = 130) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ours, transformers' Mamba2Mixer's, ours with D dropped) on the same weights and inputs,
+    for a measured row of docs/conformance.md."""
+    ours = _ours()
+    theirs = _theirs(ours)
+    x = _inputs(length)
+    with torch.no_grad():
+        return ours(x), theirs(x), _without_skip(copy.deepcopy(ours))(x)
+
+
 @pytest.mark.parametrize(
     "variant",
     [_perturbed_time_step, _without_skip, _without_conv, _without_gate],
