@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import importlib.metadata
 import math
 import platform
@@ -31,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from models.designs.forget_gate import forget_decay  # noqa: E402
-from models.model_config import ATTENTIONS  # noqa: E402
+from models.designs.registry import designs  # noqa: E402
 from models.positions import (  # noqa: E402
     PositionConfig,
     alibi_bias,
@@ -547,6 +548,88 @@ def _differential() -> tuple[float, float]:
 
 
 @check(
+    "attention design",
+    "qk_norm",
+    "transformers Qwen3Attention (its q_norm / k_norm, learned scales) carrying our weights",
+    "width 32, 4 heads (2 key heads), 20 random inputs, RoPE half layout",
+    "ours without the norm",
+)
+def _qk_norm() -> tuple[float, float]:
+    test = _test_module("models/test_qk_norm.py")
+    return _gap(*test._qwen3_pair(True)), _gap(*test._qwen3_pair(False))
+
+
+@check(
+    "attention design",
+    "output_gate",
+    "transformers Qwen3NextAttention (the gate rows of its q_proj, its QK-norm) carrying our weights",
+    "width 32, 4 heads (2 key heads), 20 random inputs, RoPE half layout, with model.qk_norm",
+    "ours without the gate",
+)
+def _output_gate() -> tuple[float, float]:
+    test = _test_module("models/test_output_gate.py")
+    return _gap(*test._qwen3_next_pair(True)), _gap(*test._qwen3_next_pair(False))
+
+
+@check(
+    "attention design",
+    "ssmax",
+    "Nakanishi 2025: softmax(s_h ln(n_i) q_i.k_j / sqrt(d)) V over the real causal keys, float64",
+    "width 32, 2 heads (s_h 0.43, 0.9), 12 random inputs, one row left-padded by 3 (NoPE)",
+    "n counted over the padding",
+)
+def _ssmax() -> tuple[float, float]:
+    test = _test_module("models/test_ssmax.py")
+    from fixtures.decoding import attention_output
+
+    x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(5))
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    valid[1, :3] = False
+    model = test._model()
+    ours = attention_output(model, x, valid=valid).double()
+    real = valid[:, :, None].expand_as(ours)
+    expected = test._reference(model, x, valid, count_padding=False)
+    miscounted = test._reference(model, x, valid, count_padding=True)
+    return _gap(ours[real], expected[real]), _gap(ours[real], miscounted[real])
+
+
+@check(
+    "attention design",
+    "llama4",
+    "transformers Llama4TextAttention's NoPE layer (attn_temperature_tuning) carrying our weights",
+    "width 32, 4 heads (2 key heads), 24 random inputs, attn_floor 4, attn_temperature 0.25 (NoPE)",
+    "attn_temperature 0.5",
+)
+def _llama4() -> tuple[float, float]:
+    modeling = importlib.import_module("transformers.models.llama4.modeling_llama4")
+    from transformers import Llama4TextConfig
+
+    from fixtures.decoding import attention_output, causal_mask, copy_attention_weights
+
+    config = Llama4TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        num_hidden_layers=4, floor_scale=4, attn_scale=0.25, attn_temperature_tuning=True,
+        use_qk_norm=False,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    theirs = modeling.Llama4TextAttention(config, layer_idx=3).eval()  # a NoPE layer
+    x = torch.randn(1, 24, 32, generator=torch.Generator().manual_seed(7))
+    gaps = []
+    for temperature in (0.25, 0.5):
+        torch.manual_seed(0)
+        cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, attn_scale="llama4",
+                          attn_floor=4, attn_temperature=temperature)  # fmt: skip
+        model = DecoderLM(cfg, PositionConfig(kind="nope"), 32).eval()
+        with torch.no_grad():  # logits of order 1, so that a query factor shows
+            model.blocks[0].attn.q_proj.weight.normal_(0.0, 0.5)
+            model.blocks[0].attn.kv_proj.weight.normal_(0.0, 0.5)
+            copy_attention_weights(model.blocks[0].attn, theirs)
+            expected = theirs(x, position_embeddings=None, attention_mask=causal_mask(24))[0]
+        gaps.append(_gap(attention_output(model, x), expected))
+    return gaps[0], gaps[1]
+
+
+@check(
     "scaling method",
     "drope",
     "a NoPE model carrying the same weights (DroPE's claim: no position signal is left)",
@@ -930,10 +1013,22 @@ def _rnope_swa() -> tuple[float, float]:
 TESTED_ELSEWHERE: dict[tuple[str, str], str] = {}
 
 
+def _design_rows() -> dict[tuple[str, str], str]:
+    """Each design a switch selects (models.designs), by its row key (a mixer: "token mixer";
+    named as its +design= preset), with the test its declaration names; and attention itself,
+    the softmax."""
+    rows = {("attention design", "softmax"): ""}
+    for design in designs().values():
+        if design.switch:  # FoX's gate is its family's (the position family fox's row)
+            kind = "token mixer" if "mixer" in design.hooks else "attention design"
+            rows[(kind, design.yaml)] = design.test or "none"
+    return rows
+
+
 def registered() -> set[tuple[str, str]]:
-    """Every registered family, attention design and scaling method."""
+    """Every registered family, design and scaling method."""
     names = {("position family", k) for k in families()}
-    names |= {("attention design", a) for a in ATTENTIONS}
+    names |= set(_design_rows())
     return names | {("scaling method", m) for m in SCALING_METHODS}
 
 
@@ -943,8 +1038,9 @@ def measure() -> list[Row]:
         row.diff, row.control = fn()
         rows.append(row)
     measured = {(r.kind, r.name) for r in rows}
+    tests = {**_design_rows(), **TESTED_ELSEWHERE}
     for key in sorted(registered() - measured):
-        rows.append(Row(key[0], key[1], "", "", test=TESTED_ELSEWHERE.get(key, "none")))
+        rows.append(Row(key[0], key[1], "", "", test=tests.get(key) or "none"))
     return rows
 
 

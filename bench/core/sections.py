@@ -18,6 +18,7 @@ from bench.core.checks import (
     parse_section,
     weights_dict,
 )
+from models.designs.registry import SWITCHES
 from models.model_config import ModelConfig
 from models.positions import LEGACY_KEYED, PositionConfig, family, refuse_foreign_fields
 from models.scaling import SCALING_METHODS
@@ -35,8 +36,9 @@ class ModelSchema(ModelConfig):
         self.d_ff = integer("model.d_ff", self.d_ff, 1, optional=True)
         self.dropout = number("model.dropout", self.dropout, 0.0, 1.0, interval="[)")
         self.tie_embeddings = boolean("model.tie_embeddings", self.tie_embeddings)
-        self.qk_norm = boolean("model.qk_norm", self.qk_norm)
-        self.output_gate = boolean("model.output_gate", self.output_gate)
+        for name, switch in SWITCHES.items():  # a boolean switch (qk_norm, output_gate)
+            if switch.type is bool:
+                setattr(self, name, boolean(f"model.{name}", getattr(self, name)))
         try:
             self.validate()  # divisibility, mlp and norm; its messages start with the field name
         except ValueError as exc:

@@ -5,7 +5,8 @@ of different series are never pooled, in the Findings (``bench.findings``) and i
 tables and plots (``bench.report.frame``) alike. Both use :func:`series_key`.
 
 The identity is :data:`SERIES_COLUMNS`: experiment, arm, position and its parameters, the
-training's position sampling and attention sink (where set; also inside ``model_config_id``), scaling
+training's position sampling, attention sink and model switches (where set; also inside
+``model_config_id``), scaling
 and its parameters, training length, ``model_config_id`` (a hash of everything else that
 determines the weights: model, data, training settings, fine-tune settings; the seed left out),
 corpus fingerprint, and the fine-tune's method, length and steps. A column a frame lacks (older
@@ -18,19 +19,30 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from models.designs.registry import design_column_names
+
 __all__ = [
     "MODEL_COLUMNS",
     "SERIES_COLUMNS",
+    "SWITCH_COLUMNS",
     "columns_key",
     "model_series_key",
     "series_key",
     "series_labels",
 ]
 
-#: Model switches that make a model its own series (``model.qk_norm``, ``model.output_gate``,
-#: ``model.attn_scale``, ``model.attention``): a row carries the column only when the switch is on
-#: (its value names the variant).
-SWITCH_COLUMNS: list[str] = ["qk_norm", "output_gate", "attn_scale", "attention"]
+#: Model switches that make a model its own series, from the design registry
+#: (``models.designs.registry``: ``model.qk_norm``, ``model.output_gate``, ``model.attn_scale``,
+#: ``model.attention``, ``model.mixer`` and ``model.hybrid_every``): a row carries the column only
+#: when the switch is on (its value names the variant). The attention sink's column is the
+#: series' too, but no switch column: the Findings scope it by ``sinks``.
+SWITCH_COLUMNS: list[str] = [c for c in design_column_names() if c != "attention_sink"]
+#: Switch columns added since the committed rows (the mixer's): a key holds each as a
+#: "name=value" part after the others, and only where it is set, so that the key of every row
+#: without them is the string it was (the leaderboard seeds its bootstraps with series keys).
+TAGGED_COLUMNS: list[str] = [
+    c for c in SWITCH_COLUMNS if c not in ("qk_norm", "output_gate", "attn_scale", "attention")
+]
 #: What identifies a series (a model identity minus the seed, under one eval-time scaling).
 SERIES_COLUMNS: list[str] = [
     "experiment",
@@ -63,14 +75,31 @@ def _text(values: pd.Series) -> pd.Series:
 
 
 def columns_key(df: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
-    """One opaque string per row, equal exactly for rows equal in ``columns`` (missing = "")."""
+    """One opaque string per row, equal exactly for rows equal in ``columns`` (missing = ""):
+    the values of the columns but :data:`TAGGED_COLUMNS` in order, then "name=value" of each
+    tagged column where it is set."""
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
-    parts = [_text(df[c]) if c in df.columns else pd.Series("", index=df.index) for c in columns]
+    fixed = [c for c in columns if c not in TAGGED_COLUMNS]
+    parts = [_text(df[c]) if c in df.columns else pd.Series("", index=df.index) for c in fixed]
     key = parts[0]
     for p in parts[1:]:
         key = key + _SEP + p
+    for c in columns:
+        if c in TAGGED_COLUMNS and c in df.columns:
+            key = key + _text(df[c]).map(lambda v, c=c: f"{_SEP}{c}={v}" if v else "")
     return key
+
+
+def _key_values(key: str, columns: Sequence[str]) -> dict[str, str]:
+    """The column values a :func:`columns_key` key holds (a tagged column not set: "")."""
+    fixed = [c for c in columns if c not in TAGGED_COLUMNS]
+    parts = key.split(_SEP)
+    values = dict(zip(fixed, parts[: len(fixed)], strict=True))
+    for part in parts[len(fixed) :]:
+        name, _, value = part.partition("=")
+        values[name] = value
+    return values
 
 
 def series_key(df: pd.DataFrame) -> pd.Series:
@@ -87,15 +116,15 @@ def series_labels(keys: Sequence[str], columns: Sequence[str] = SERIES_COLUMNS) 
     """Short text per distinct key: only the columns whose values differ between the keys
     ("" for all when there is one key), e.g. "experiment=findings" / "experiment=quickstart"."""
     distinct = list(dict.fromkeys(keys))
-    split = {k: k.split(_SEP) for k in distinct}
-    differing = [i for i in range(len(columns)) if len({split[k][i] for k in distinct}) > 1]
+    split = {k: _key_values(k, columns) for k in distinct}
+    differing = [c for c in columns if len({split[k].get(c, "") for k in distinct}) > 1]
     out = {}
     for k in distinct:
         parts = []
-        for i in differing:
-            value = split[k][i] or "–"
-            if columns[i] == "model_config_id":
+        for column in differing:
+            value = split[k].get(column, "") or "–"
+            if column == "model_config_id":
                 value = value[:8]
-            parts.append(f"{columns[i]}={value}")
+            parts.append(f"{column}={value}")
         out[k] = ", ".join(parts)
     return out

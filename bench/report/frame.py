@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from bench.core.series import series_key, series_labels
+from models.designs.registry import design_column_names, design_mark
 from models.scaling_config import ORACLE_SUFFIX
 
 # Display order only (the report reads rows and never imports torch, so it cannot ask the
@@ -111,14 +112,6 @@ def scaling_rank(scaling: str) -> int:
 #: Scaling-label parts that tell a model fine-tuned at length ("pi ft@4x", bench.train.extend) from
 #: eval-time scaling of a model that was not ("linear (zero-shot)").
 FINETUNE_MARK = " ft@"
-#: the position label's mark of a model trained with a model switch on (bench.core.series.SWITCH_COLUMNS)
-#: a model switch's mark in series labels, by column and the variant it holds
-SWITCH_LABELS = {
-    "qk_norm": {"rms": " +QK-norm"},
-    "output_gate": {"sigmoid": " +output gate"},
-    "attn_scale": {"ssmax": " +SSMax", "llama4": " +Llama 4 temperature"},
-    "attention": {"stick_breaking": " +stick-breaking", "differential": " +differential"},
-}
 ZERO_SHOT = " (zero-shot)"
 
 
@@ -168,14 +161,11 @@ def add_labels(df: pd.DataFrame) -> pd.DataFrame:
     if "position_sampling" in df.columns:  # trained on randomized or PoSE positions
         sampled = df["position_sampling"].notna()
         df.loc[sampled, "position_label"] += " (" + df.loc[sampled, "position_sampling"] + ")"
-    if "attention_sink" in df.columns:  # trained with an attention sink
-        sunk = df["attention_sink"].notna()
-        df.loc[sunk, "position_label"] += " +" + df.loc[sunk, "attention_sink"] + " sink"
-    for column, marks in SWITCH_LABELS.items():  # trained with a model switch on
+    for column in design_column_names():  # trained with a sink or a switch on: its design's mark
         if column in df.columns:
             on = df[column].notna()
             df.loc[on, "position_label"] += df.loc[on, column].map(
-                lambda v, marks=marks: marks.get(v, f" +{v}")
+                lambda v, column=column: design_mark(column, v)
             )
     series = df["position_label"] + " / " + df["scaling_label"]
     if df["train_length"].nunique() > 1:

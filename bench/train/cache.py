@@ -60,6 +60,7 @@ from bench.train.extend import base_job, extend_weights
 from bench.train.resume import RESUME_FILE, TMP_PREFIX, ResumeFile
 from bench.train.stats import TrainStats
 from bench.train.trainer import train_model
+from models.designs.registry import design_column_names
 from models.transformer import DecoderLM
 
 if TYPE_CHECKING:  # the job schema sits above the stages (bench.schema)
@@ -136,9 +137,10 @@ def model_config_id(job: JobConfig, corpus: Corpus | str | None = None) -> str:
     return weights_key(replace(job, seed=0), corpus)
 
 
-#: model switches that name a design compared on one recipe (``bench.core.series.SWITCH_COLUMNS``
-#: and the attention sink), left out of :func:`recipe_id`
-DESIGN_SWITCHES = ("qk_norm", "output_gate", "attn_scale", "attention", "attention_sink")
+#: the model switches (and a switch's own fields: ``hybrid_every``), which name a design compared
+#: on one recipe, left out of :func:`recipe_id` (``models.designs.registry.design_column_names``);
+#: a design's own parameters (Llama 4's ``attn_floor``) stay in it, as they did before the registry
+DESIGN_SWITCHES = tuple(design_column_names())
 
 
 def recipe_id(job: JobConfig, corpus: Corpus | str | None = None) -> str:

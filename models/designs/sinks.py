@@ -17,8 +17,8 @@ class LearnedSink(Design):
     yaml = "learned_sink"
     hooks = ("kernel",)
     order = 0
-    reference = "the definition: softmax over [logits, sink] with the sink's column dropped"
-    test = "tests/models/test_training_free.py (attention sinks)"
+    reference = "the definition: softmax over [logits, sink], the sink's column dropped"
+    test = "tests/models/test_hybrid.py::test_learned_sink_joins_every_softmax_denominator"
 
     def check(self, model_cfg, position_cfg):
         if model_cfg.attention != "softmax":
@@ -48,7 +48,7 @@ class TokenSink(Design):
     yaml = "token_sink"
     hooks = ("model",)
     reference = "StreamingLLM's pre-training recipe (a learned first token)"
-    test = "tests/models/test_training_free.py (attention sinks)"
+    test = "tests/models/test_hybrid.py::test_sink_token_is_a_first_token_at_the_first_position"
 
     def init_model(self, model):
         # the sink token's input vector; the forward pass puts it before every new sequence

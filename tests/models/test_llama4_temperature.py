@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.report.frame import SWITCH_LABELS
+from models.designs.registry import design_mark
 from models.model_config import check_combination
-from models.positions import PositionConfig
+from models.positions import PositionConfig, families
 from models.transformer import DecoderLM, ModelConfig
 
 from fixtures.decoding import assert_trains_and_decodes
@@ -43,11 +43,11 @@ def test_the_temperature_acts_from_the_first_floor_on(kind):
     torch.testing.assert_close(far, plain)
 
 
-def test_every_family_decodes_with_the_cache_as_full_passes():
-    for kind in ("rope", "alibi", "t5", "nope"):
-        assert_trains_and_decodes(
-            kind, lambda attn: [attn.q_proj.weight], attn_scale="llama4", attn_floor=4
-        )
+@pytest.mark.parametrize("kind", [k for k in families() if k != "irope"])  # irope: refused
+def test_every_family_decodes_with_the_cache_as_full_passes(kind):
+    assert_trains_and_decodes(
+        kind, lambda attn: [attn.q_proj.weight], attn_scale="llama4", attn_floor=4
+    )
 
 
 def test_irope_refuses_it_and_bad_values_are_one_sentence():
@@ -68,4 +68,5 @@ def test_the_switch_is_in_the_key_and_the_label():
     assert on["attn_scale"] == "llama4" and on["attn_floor"] == 8
     assert "attn_floor" not in weights_dict(ModelConfig())  # only when set
     assert ModelConfig(attn_scale="llama4").switches() == {"attn_scale": "llama4"}
-    assert SWITCH_LABELS["attn_scale"]["llama4"] != SWITCH_LABELS["attn_scale"]["ssmax"]
+    assert design_mark("attn_scale", "llama4") == " +Llama 4 temperature"
+    assert design_mark("attn_scale", "llama4") != design_mark("attn_scale", "ssmax")
