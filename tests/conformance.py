@@ -629,6 +629,49 @@ def _llama4() -> tuple[float, float]:
     return gaps[0], gaps[1]
 
 
+# --------------------------------------------------------------------------- token mixers
+
+
+def _mixer_gaps(relative: str) -> tuple[float, float]:
+    ours, theirs, control = _test_module(relative).conformance_outputs()
+    return _gap(ours, theirs), _gap(control, theirs)
+
+
+@check(
+    "token mixer",
+    "gated_deltanet",
+    "transformers `Qwen3NextGatedDeltaNet` (torch path `torch_chunk_gated_delta_rule`), its fused "
+    "q/k/v/z and b/a rows carrying our weights",
+    "width 32, 4 heads of 8, 2 x 130 random inputs (two chunks of 64 and a tail)",
+    "ours without the short conv",
+)
+def _gated_deltanet() -> tuple[float, float]:
+    return _mixer_gaps("models/test_mixers_gated_deltanet.py")
+
+
+@check(
+    "token mixer",
+    "kda",
+    "transformers `KimiLinearDeltaAttention` (torch path `chunk_kimi_delta_attention`, chunk 64) "
+    "carrying our weights",
+    "width 32, 4 heads of 8, 2 x 130 random inputs (our chunk 8)",
+    "the decay per head instead of per key channel",
+)
+def _kda() -> tuple[float, float]:
+    return _mixer_gaps("models/test_mixers_kda.py")
+
+
+@check(
+    "token mixer",
+    "mamba2",
+    "transformers `Mamba2Mixer` torch path (`mamba2_chunk_scan`, chunk 16) carrying our weights",
+    "width 32, expand 2, 8 heads of 8, state 16, one group, 2 x 130 random inputs (our chunk 16)",
+    "ours without the D skip",
+)
+def _mamba2() -> tuple[float, float]:
+    return _mixer_gaps("models/test_mixers_mamba2.py")
+
+
 @check(
     "scaling method",
     "drope",
