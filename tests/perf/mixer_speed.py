@@ -5,15 +5,16 @@ Every model is the same pre-norm decoder (RMSNorm, SwiGLU MLP of width 8/3 D rou
 embeddings, byte vocabulary 259) and differs only in its token mixer:
 
 - ``attention``: q, k, v, o projections and causal ``F.scaled_dot_product_attention``, no position
-  encoding (the baseline, as the brief asks: plain causal attention of the same width);
+  encoding (the baseline: plain causal attention of the same width);
 - ``gated_deltanet``, ``mamba2``, ``kda``: the mixers at their defaults from ``models.mixers``;
 - ``<mixer>/<k>``: the hybrid, attention every k-th layer (layers k-1, 2k-1, ...) and the mixer
   elsewhere (``gated_deltanet/4``: Qwen3-Next's and Olmo Hybrid's 3 : 1).
 
 A step is forward, cross-entropy, backward and an AdamW update on one random batch. Steps go
 round-robin over the models (so load from other processes hits all alike), after ``--warmup``
-untimed rounds; the table gives the median step, its min and max, tokens/s at the median, the
-median over attention's, and the parameter count. Prints the table and writes
+untimed rounds; the table gives the median step, its min and max, tokens/s
+at the median, the median over attention's and the parameter count. Prints the machine line, the
+load average before and after, the table, and writes
 results/perf/mixer_speed.json (measured figures: tests/perf/README.md)::
 
     python tests/perf/mixer_speed.py                       # 4 layers, width 128, L 128, batch 16
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -120,7 +122,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    from bench.core.runtime import machine_line, machine_summary
+
     torch.set_num_threads(args.threads)
+    machine = machine_line(machine_summary())
+    load = os.getloadavg()[0]
+    print(f"machine: {machine}; load before {load:.1f}")
     torch.manual_seed(0)
     names = args.models.split(",")
     models = {n: TinyLM(n, args.layers, args.width, args.heads) for n in names}
@@ -149,9 +156,14 @@ def main() -> None:
             f"{n:<18} {row['median_ms']:9.1f} {row['min_ms']:7.1f} {row['max_ms']:7.1f} "
             f"{row['tokens_per_s']:8.0f} {row['vs_attention']:7.2f} {row['params']}"
         )
+    print(f"load after {os.getloadavg()[0]:.1f}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "mixer_speed.json"
-    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"machine": machine, "load_before": load, "args": vars(args), "rows": rows}, indent=2
+        )
+    )
     print(f"wrote {out}")
 
 
