@@ -29,16 +29,8 @@ from models.resolved_scaling import resolve_scaling, resolved_scaling
 from models.scaling_config import ScalingConfig
 from models.scoring import chunked_token_nll
 
-__all__ = [
-    "DecoderLM",
-    "KVCache",
-    "LMOutput",
-    "ModelConfig",
-    "ScalingConfig",
-    "logn_query_scale",
-    "resolve_scaling",
-    "resolved_scaling",
-]
+__all__ = ["DecoderLM", "KVCache", "LMOutput", "ModelConfig", "ScalingConfig"]
+__all__ += ["logn_query_scale", "resolve_scaling", "resolved_scaling"]  # re-exported
 
 
 @dataclass
@@ -49,9 +41,7 @@ class KVCache:
     layers: list[tuple[torch.Tensor, ...]]
     positions: torch.Tensor  # [N, S] position id of every cached key
     valid: torch.Tensor  # [N, S] bool, False for padding
-    row_lengths: (
-        torch.Tensor
-    )  # [N] each row's length for length-dependent scaling, frozen at prefill
+    row_lengths: torch.Tensor  # [N] each row's length for length-dependent scaling, at prefill
 
     @property
     def length(self) -> int:
@@ -151,14 +141,18 @@ class Block(nn.Module):
     def mix(self, h, inputs, cached, query_from: int):
         """A mixer layer over its normed input h [N, L, D]: the mixer reads the whole prefix
         again (the cache keeps the layer's inputs [N, S, D], no recurrent state), so a cached
-        step equals the full pass by construction, whatever the mixer; padding enters as zeros
-        (a mixer whose state starts at zero and stays there on zero inputs then reads a
-        left-padded row as the unpadded one). -> (output [N, L - query_from, D], (inputs,), None)."""
-        if inputs.k_valid is not None:  # [N, S] over cached + new tokens
-            h = h * inputs.k_valid[:, -h.shape[1] :, None].to(h.dtype)
+        step equals the full pass whatever the mixer; a row with padding reads its real tokens
+        only (one mixer call per such row; a pad's output is 0), so it equals the unpadded row.
+        -> (output [N, L - query_from, D], (inputs,), None)."""
         seen = h if cached is None else torch.cat((cached[0], h), dim=1)  # [N, S, D]
-        out = self.mixer(seen)[:, seen.shape[1] - h.shape[1] + query_from :]
-        return out, (seen,), None
+        valid = inputs.k_valid  # [N, S] over cached + new tokens; None: no padding
+        if valid is None:
+            out = self.mixer(seen)
+        else:
+            out = torch.zeros_like(seen)
+            for row in valid.any(dim=1).nonzero().flatten().tolist():  # rows with a real token
+                out[row, valid[row]] = self.mixer(seen[row : row + 1, valid[row]])[0]
+        return out[:, seen.shape[1] - h.shape[1] + query_from :], (seen,), None
 
 
 class DecoderLM(nn.Module):
@@ -444,7 +438,11 @@ class DecoderLM(nn.Module):
                 spec, positions.position_ids, positions.k_pos, inv_freq, positions.k_valid
             )
         # each query's position, as a query scale reads it (StreamingLLM's: in its cache)
-        at = positions.position_ids if pairs is None else pairs.query_positions(positions.position_ids)
+        at = (
+            positions.position_ids
+            if pairs is None
+            else pairs.query_positions(positions.position_ids)
+        )
         q_scale = None
         if self.scaling.logn:
             q_scale = logn_query_scale(at, self.train_length)[:, None, :, None]

@@ -67,12 +67,12 @@ def _model(kind="nope", seed=0, **fields) -> DecoderLM:
     return DecoderLM(cfg, PositionConfig(kind=kind), 16).eval()
 
 
-def _decayed_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The mixer written out as its recurrence, float64: s_t = 0.5 s_(t-1) + x_t, y_t = W s_t."""
+def _decayed_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The mixer written out as its recurrence, float64: s_t = 0.5 s_(t-1) + x_t, y_t = W s_t + b."""
     state, out = torch.zeros_like(x[:, 0]).double(), []
     for t in range(x.shape[1]):
         state = 0.5 * state + x[:, t].double()
-        out.append(state @ weight.double().T)
+        out.append(state @ weight.double().T + bias.double())
     return torch.stack(out, dim=1)
 
 
@@ -84,9 +84,10 @@ def test_a_user_mixer_is_one_file_config_model_forward(user_mixer):
     x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ours = block.mixer(x)
-    torch.testing.assert_close(ours.double(), _decayed_sum(x, block.mixer.proj.weight))
-    # control: another decay is not the mixer's
-    assert (ours.double() - _decayed_sum(x, 2 * block.mixer.proj.weight)).abs().max() > 1e-3
+    proj = block.mixer.proj
+    torch.testing.assert_close(ours.double(), _decayed_sum(x, proj.weight, proj.bias))
+    # control: other weights are not the mixer's
+    assert (ours.double() - _decayed_sum(x, 2 * proj.weight, proj.bias)).abs().max() > 1e-3
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
     assert model(ids).logits.shape == (2, 12, 259)
 
@@ -94,7 +95,8 @@ def test_a_user_mixer_is_one_file_config_model_forward(user_mixer):
 @pytest.mark.parametrize("every", [0, 2])
 def test_the_cache_logits_from_and_left_padding_equal_the_full_pass(user_mixer, every):
     """A mixer layer reads its whole prefix again from the cache: cached greedy decoding equals
-    full passes, ``logits_from`` equals the full pass's suffix, a left-padded row the unpadded."""
+    full passes, ``logits_from`` equals the full pass's suffix, a left-padded row the unpadded
+    (the mixer has a bias: padding read as zeros would move its state)."""
     model = _model("rope" if every else "nope", mixer=NAME, hybrid_every=every)
     ids = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -107,6 +109,8 @@ def test_the_cache_logits_from_and_left_padding_equal_the_full_pass(user_mixer, 
         mask[:, :3] = False
         left = model(padded, attention_mask=mask).logits[:, 3:]
         torch.testing.assert_close(left, full[:1], atol=1e-5, rtol=1e-4)
+        generated_left = model.generate_greedy(padded[:, :12], 5, attention_mask=mask[:, :12])
+        assert torch.equal(generated_left, generated[:1])  # the cache keeps the padding out
         # control: the padding read as tokens changes the row
         assert (model(padded).logits[:, 3:] - full[:1]).abs().max() > 1e-3
         # a mixer layer has no attention map: the model reports no entropy
