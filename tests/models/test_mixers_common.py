@@ -97,7 +97,8 @@ def test_model_mixer_builds_the_mixer_on_its_layers_and_the_model_stays_causal(
 ):
     """``model.mixer=<name>`` (the design in models/designs/<name>.py) puts the mixer on every
     layer, ``model.hybrid_every=4`` on layers 0-2 with RoPE attention on layer 3; the whole model
-    is causal (control: the same check on the sequence reversed fails)."""
+    is causal (control: the same check on the sequence reversed fails) and decodes with the KV
+    cache as full passes do."""
     from models.positions import PositionConfig
     from models.transformer import DecoderLM, ModelConfig
 
@@ -120,3 +121,9 @@ def test_model_mixer_builds_the_mixer_on_its_layers_and_the_model_stays_causal(
     assert logits.shape == (2, 40, 259) and torch.isfinite(logits).all()
     assert leak(lambda t: model(t).logits) < 1e-4
     assert leak(lambda t: model(t.flip(1)).logits.flip(1)) > 1e-3
+    # greedy decoding with the KV cache picks the tokens full passes pick
+    from fixtures.decoding import full_pass_greedy
+
+    with torch.no_grad():
+        generated = model.generate_greedy(ids[:, :20], max_new_tokens=5)
+        assert torch.equal(generated, full_pass_greedy(model, ids[:, :20], 5))
