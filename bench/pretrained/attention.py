@@ -57,34 +57,39 @@ def _tiled_attention(
     outputs, entropies = [], []
     for start in range(0, length, tile):
         stop = min(start + tile, length)
-        logits = torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), key.float())
+        # a causal model's query sees no key after its own position: the tile's queries (the
+        # last L of S) read only the first s - length + stop keys, the rest would be masked out
+        # (half the work of a prefill; the same probabilities)
+        end = s - length + stop
+        keys, values = key[:, :, :end], value[:, :, :end]  # [N, H, E, d]
+        logits = torch.einsum("nhtd,nhsd->nhts", query[:, :, start:stop].float(), keys.float())
         if pairs is not None:
-            region = spec.region(q_pos[:, None, start:stop, None], k_pos[:, None, None, :])
+            region = spec.region(q_pos[:, None, start:stop, None], k_pos[:, None, None, :end])
             near = region == 0
             for r, q_far in enumerate(q_fars, 1):
                 far = torch.einsum(
-                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far.float()
+                    "nhtd,nhsd->nhts", q_far[:, :, start:stop].float(), k_far[:, :, :end].float()
                 )
-                logits = torch.where(region == r, far, logits)  # [N, H, T, S]
+                logits = torch.where(region == r, far, logits)  # [N, H, T, E]
         logits = logits * scale
         if softcap:
             logits = softcap * torch.tanh(logits / softcap)
         if attention_mask is None:  # plain causal; the queries are the last L of S positions
             query_index = s - length + torch.arange(start, stop, device=query.device)
-            logits = logits.masked_fill(key_index[None, :] > query_index[:, None], float("-inf"))
+            logits = logits.masked_fill(key_index[None, :end] > query_index[:, None], float("-inf"))
         else:
-            mask = attention_mask[:, :, start:stop, :s]
+            mask = attention_mask[:, :, start:stop, :end]
             if mask.dtype == torch.bool:
                 logits = logits.masked_fill(~mask, float("-inf"))
             else:
                 logits = logits + mask.float()
         if pairs is not None and spec.sink_end is not None:  # StreamingLLM: only sinks far
-            sink = k_pos[:, None, None, :] < spec.sink_end
+            sink = k_pos[:, None, None, :end] < spec.sink_end
             logits = logits.masked_fill(~(near | sink), float("-inf"))
-        probs = logits.softmax(dim=-1)  # [N, H, T, S]
+        probs = logits.softmax(dim=-1)  # [N, H, T, E]
         if want_entropy:
             entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # [N, H, T]
-        outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, value.float()).to(query.dtype))
+        outputs.append(torch.einsum("nhts,nhsd->nhtd", probs, values.float()).to(query.dtype))
     entropy = torch.cat(entropies, dim=2) if want_entropy else None
     return torch.cat(outputs, dim=2), entropy
 

@@ -586,3 +586,31 @@ def test_parity_negative_control_other_rope_layout_breaks_it(hf_text_docs):
     a, b = _both_paths("interleaved", SCALINGS["none"], hf_text_docs, cfg)
     # measured: up to 4e-3 nats on these nll rows (1e-2 on order_dnll and attn_entropy)
     assert max(abs(a[k]["value"] - b[k]["value"]) for k in a) > 100 * PARITY_TOL
+
+
+def test_tiled_attention_reads_no_key_after_its_queries(monkeypatch):
+    """The pretrained path's tiled attention (entropy, log-n and training-free methods) scores each
+    query tile against the keys up to its last query only: the output equals causal softmax
+    attention written out, and a NaN value in a key that the tile's queries may not see leaves
+    them finite, while the queries that see it read it. Control: the full-key product that it
+    replaced (probabilities x every value) turns the NaN into NaN for every query (0 x NaN)."""
+    import bench.pretrained.attention as attention
+
+    torch.manual_seed(0)
+    n, h, g, length, d = 1, 4, 2, 37, 8
+    q = torch.randn(n, h, length, d)
+    k, v = torch.randn(n, g, length, d), torch.randn(n, g, length, d)
+    out, entropy = attention._tiled_attention(q, k, v, None, d**-0.5, want_entropy=True)
+    kk, vv = k.repeat_interleave(h // g, 1), v.repeat_interleave(h // g, 1)
+    logits = (q @ kk.transpose(-1, -2)) * d**-0.5
+    logits = logits.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
+    probs = logits.softmax(-1)  # [N, H, L, L]
+    assert torch.allclose(out, probs @ vv, atol=1e-5)
+    assert torch.allclose(entropy, -torch.special.xlogy(probs, probs).sum(-1), atol=1e-5)
+    v_nan = v.clone()
+    v_nan[:, :, 10] = float("nan")
+    monkeypatch.setattr(attention, "ATTENTION_TILE_ELEMENTS", 5 * n * h * length)  # tiles of 5
+    tiled, _ = attention._tiled_attention(q, k, v_nan, None, d**-0.5)
+    assert torch.isfinite(tiled[:, :, :10]).all() and torch.isnan(tiled[:, :, 10:]).all()
+    whole = probs @ v_nan.repeat_interleave(h // g, 1)
+    assert torch.isnan(whole[:, :, :10]).all()
