@@ -38,6 +38,7 @@ DEFAULT_EXPERIMENT = "quickstart"
 STATUS_FILE = "lenbench_job.json"
 ERROR_PREFIX = "lenbench: error: "
 FAILED_STATUSES = ("invalid", "failed")
+SWEEPERS = (".BasicSweeper", ".ApplicableSweeper")  # sweepers whose cells sweep_errors checks
 
 # Set by ReportCallback.on_multirun_end / on_run_end in the launching process; read by main().
 _OUTCOME: dict[str, Any] = {}
@@ -353,7 +354,7 @@ def sweep_errors(argv: Sequence[str]) -> list[str]:
         master = hydra_app.compose_config(
             config_name, args.overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False
         )
-        if not str(master.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+        if not str(master.hydra.sweeper.get("_target_", "")).endswith(SWEEPERS):
             return []
         params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
         parser = OverridesParser.create(config_loader=hydra_app.config_loader)

@@ -237,6 +237,19 @@ def prepare_job(cfg: DictConfig | JobConfig) -> JobSpec:
     return validate_job(cfg if isinstance(cfg, JobConfig) else JobConfig.from_hydra(cfg))
 
 
+def not_applicable(cfg: DictConfig) -> dict[str, Any] | None:
+    """The summary :func:`run_job` gives a cell that does not apply, without running it (the
+    sweeper launches no such cell: ``hydra_plugins.lenbench_sweeper``); None for any other cell, a broken one
+    included (its job reports it)."""
+    try:
+        prepare_job(cfg)
+    except NotApplicable as exc:
+        return summary("not_applicable", f"{exc}; skipped.", **_labels(cfg))
+    except Exception:  # noqa: BLE001 - whatever else is wrong, the launched job says it
+        return None
+    return None
+
+
 # --------------------------------------------------------------------------- running
 
 

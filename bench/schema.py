@@ -38,6 +38,7 @@ from bench.eval.metrics import EvalConfig, as_eval_config, eval_config_class
 from bench.pretrained.config import PretrainedConfig
 from bench.tasks.passkey import PASSKEY_TEMPLATES, min_passkey_length
 from bench.train.config import WEIGHT_DECAY_SCOPES, ExtendConfig, TrainConfig
+from hydra_plugins.lenbench_sweeper.lenbench_sweeper import ApplicableSweeperConf
 from models.discovery import load_extensions
 from models.model_config import check_combination
 from models.positions import families
@@ -356,6 +357,11 @@ class SlurmLauncher(SlurmQueueConf):
 Plugins.instance()
 ConfigStore.instance().store(
     group="hydra/launcher", name="joblib", node=JoblibLauncher, provider="lenbench"
+)
+# ``hydra/sweeper=lenbench`` (conf/config.yaml's default): the basic sweeper, launching only the
+# cells that apply (hydra_plugins/lenbench_sweeper: Hydra instantiates plugins from there only)
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="lenbench", node=ApplicableSweeperConf, provider="lenbench"
 )
 ConfigStore.instance().store(
     group="hydra/launcher", name="submitit_slurm", node=SlurmLauncher, provider="lenbench"

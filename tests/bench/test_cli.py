@@ -805,7 +805,7 @@ def test_wheel_ships_the_config_tree_and_the_app_runs_from_it(tmp_path):
     repo = CONF.parent
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("bench", "models", "conf"):
+    for name in ("bench", "models", "conf", "hydra_plugins"):
         shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         if (repo / name).exists():
@@ -832,6 +832,7 @@ def test_wheel_ships_the_config_tree_and_the_app_runs_from_it(tmp_path):
     expected = {p.relative_to(repo).as_posix() for p in CONF.rglob("*.yaml")}
     assert expected and expected <= names
     assert "conf/__init__.py" in names
+    assert "hydra_plugins/lenbench_sweeper/lenbench_sweeper.py" in names  # the default sweeper
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -1,0 +1,1 @@
+"""lenbench's Hydra sweeper (a plugin: Hydra instantiates plugins from this namespace only)."""
