@@ -55,7 +55,17 @@ from bench.core.stats import Estimate, decide
 from bench.findings.core import ALIBI_MAX_RATIO, NEAR_ZERO_ACC, RETRIEVAL_MIN_ACC
 from bench.findings.estimates import accuracy_estimate, nll_difference, seed_doc_bootstrap
 from bench.findings.registry import PRETRAINED, FindingResult, Scope, register_finding, status
-from bench.findings.rows import at, by_series, col, passkey, select, window_nll
+from bench.findings.rows import (
+    at,
+    by_series,
+    col,
+    named,
+    passkey,
+    passkey_labels,
+    passkey_series,
+    select,
+    window_nll,
+)
 from bench.findings.training_free import FLAT_MARGIN
 
 #: Where a report lists this module's findings: after every toy-model study's.
@@ -206,11 +216,16 @@ def _accuracy_checks(rows, label, multiples, threshold, claim, out) -> None:
 
 
 def _retrieves(df: pd.DataFrame, method: str) -> FindingResult:
+    """Per passkey series of ``method`` (and template): accuracy >= RETRIEVAL_MIN_ACC beyond L."""
     out = ([], [], [])
-    rows = passkey(select(df, "rope", method))
-    _accuracy_checks(
-        rows, f"rope {method} passkey acc", PASSKEY_BEYOND, RETRIEVAL_MIN_ACC, "at_least", out
-    )
+    series = passkey_series(select(df, "rope", method))
+    labels = passkey_labels([key for key, _ in series])
+    for key, rows in series:
+        label = named(f"rope {method} passkey acc", key, labels)
+        _accuracy_checks(rows, label, PASSKEY_BEYOND, RETRIEVAL_MIN_ACC, "at_least", out)
+    if not series:
+        out[2].append(f"rope {method} passkey beyond L")
+        out[1].append(None)
     raw = passkey(select(df, "rope", "none"))
     notes = [
         f"raw RoPE passkey acc at {_k(k)}: {e.value:.3f} [{e.lo:.3f}, {e.hi:.3f}]"
@@ -258,17 +273,21 @@ def _outside_window(rows: pd.DataFrame, multiple: float) -> pd.DataFrame:
 def s5_streaming_flat_but_forgetful(df: pd.DataFrame) -> FindingResult:
     out = ([], [], [])
     _ratio_checks(df, "streaming", BEYOND, "streaming", "at_most", ALIBI_MAX_RATIO, out)
-    rows = select(df, "rope", "streaming")
+    streaming = select(df, "rope", "streaming")
+    series = by_series(streaming[streaming["metric"] == "passkey_acc"]) or [("", streaming)]
+    labels = series_labels([key for key, _ in series])
     est, checks, missing = out
-    for k in PASSKEY_BEYOND:
-        label = f"rope streaming passkey acc at {_k(k)}, depths <= {OUTSIDE_DEPTH:g}"
-        e = accuracy_estimate(_outside_window(rows, k), label)
-        if math.isnan(e.value):
-            missing.append(label)
-            checks.append(None)
-        else:
-            est.append(e)
-            checks.append(decide(e, NEAR_ZERO_ACC, "at_most"))
+    for key, rows in series:
+        for k in PASSKEY_BEYOND:
+            label = f"rope streaming passkey acc at {_k(k)}, depths <= {OUTSIDE_DEPTH:g}"
+            label = named(label, key, labels)
+            e = accuracy_estimate(_outside_window(rows, k), label)
+            if math.isnan(e.value):
+                missing.append(label)
+                checks.append(None)
+            else:
+                est.append(e)
+                checks.append(decide(e, NEAR_ZERO_ACC, "at_most"))
     return FindingResult(status=status(checks), estimates=est, missing=missing)
 
 

@@ -269,3 +269,18 @@ def test_s5_geometry_on_smollm2_prompts():
         assert back(length, OUTSIDE_DEPTH) > window, length
         assert back(length, 0.0) > window, length
     assert back(12288, 0.5) < window
+
+
+def test_two_series_of_one_method_are_checked_apart():
+    """A second Self-Extend series (other parameters) that loses the passkey at 2L makes S4 fail
+    on its own line; pooled with the first (0.92 and 0.3 at 2L: 0.61) it would only have read
+    as a weaker retrieval. Control: with both retrieving, S4 holds with four estimates."""
+    other = {**_base("self_extend"), "scaling_params": canonical_json({"window": 1024})}
+    grid = {k: dict.fromkeys(DEPTHS, a) for k, a in zip((1, 1.5, 2), (1.0, 0.95, 0.3), strict=True)}
+    df = pd.concat([rows(), pd.DataFrame(_passkey_rows(other, grid))])
+    result = _result(df, "S4")
+    assert result.status == FAILS and len(result.estimates) == 4
+    assert all("scaling_params" in e.name for e in result.estimates)
+    good = {k: dict.fromkeys(DEPTHS, 0.95) for k in (1, 1.5, 2)}
+    df = pd.concat([rows(), pd.DataFrame(_passkey_rows(other, good))])
+    assert _result(df, "S4").status == HOLDS
