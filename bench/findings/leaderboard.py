@@ -59,7 +59,7 @@ best was not decided; no committed row did).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,30 +147,97 @@ def retention_auc(scores: Mapping[int, float], train_length: int) -> float:
 
 
 @dataclass(frozen=True)
+class Curve:
+    """One seed's curve of a metric family, each array [n_lengths, R] over ``lengths`` sorted
+    (R = 1: the seed's own documents or trials; R replicates: their resamples). ``ppl``: ``nll``,
+    the mean NLL per token; ``passkey``: ``k`` and ``n``, successes and trials; ``ruler``:
+    ``exact``, the tasks' mean exact score."""
+
+    lengths: list[int]
+    train_length: int
+    arrays: Mapping[str, np.ndarray]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def at_l(self, name: str) -> np.ndarray:
+        """``name``'s row at the training length, [R]."""
+        return self.arrays[name][self.lengths.index(self.train_length)]
+
+    def retention(self, scores: np.ndarray) -> np.ndarray:
+        return retention_aucs(self.lengths, scores, self.train_length)
+
+
+def _ppl_rise(c: Curve) -> np.ndarray:
+    return c["nll"] - c.at_l("nll")  # log(ppl / ppl at L)
+
+
+@dataclass(frozen=True)
 class Statistic:
-    """One ranked per-seed statistic: the metric family it reads, whether higher is better, and
-    the at-L gate that keeps failing series out of its ranks (``None``: none)."""
+    """One ranked per-seed statistic, declared once: the metric family whose :class:`Curve` it
+    reads, whether higher is better, the at-L gate that keeps failing series out of its ranks
+    (``None``: none), its title and one-line rule (report.md and the page print both), and
+    ``compute``: the curve -> its value per replicate [R]. An effective length (``length``)
+    computes tokens; it is compared on log2(eff / L) and shown in tokens. A new leaderboard
+    column is one more entry of :data:`STATISTICS`."""
 
     name: str
     family: str
     higher_is_better: bool
+    compute: Callable[[Curve], np.ndarray]
     gate: str | None = None
     title: str = ""
+    rule: str = ""
+    length: bool = False
 
 
 #: every statistic the leaderboard compares, in display order
 STATISTICS = {
     s.name: s
     for s in (
-        Statistic("ppl_auc", "ppl", False, title="perplexity AUC"),
-        Statistic("ppl", "ppl", True, title="perplexity length"),
-        Statistic("passkey_auc", "passkey", True, gate="passkey", title="passkey AUC"),
-        Statistic("passkey", "passkey", True, gate="passkey", title="passkey length"),
-        Statistic("ruler_auc", "ruler", True, title="RULER AUC"),
-        Statistic("ruler_abs", "ruler", True, gate="ruler_abs", title="RULER length (absolute)"),
-        Statistic(AT_L, "ppl", False, title="perplexity at L"),
+        Statistic("ppl_auc", "ppl", False, lambda c: c.retention(_ppl_rise(c)),
+                  title="perplexity AUC",
+                  rule="area under log(perplexity / perplexity at L) over log2 length from L to "
+                  "the longest, normalised (0 = flat; lower is better)"),
+        Statistic("ppl", "ppl", True,
+                  lambda c: effective_lengths(c.lengths, _ppl_rise(c) <= math.log(PPL_FLAT) + 1e-12),
+                  title="perplexity length", length=True,
+                  rule=f"largest length with perplexity <= {PPL_FLAT} x its value at L (every "
+                  "shorter too)"),
+        Statistic("passkey_auc", "passkey", True, lambda c: c.retention(c["k"] / c["n"]),
+                  gate="passkey", title="passkey AUC",
+                  rule="area under passkey accuracy over log2 length from L to the longest, "
+                  "normalised (1 = perfect everywhere)"),
+        Statistic("passkey", "passkey", True,
+                  lambda c: effective_lengths(c.lengths, passkey_passes(c["k"], c["n"])),
+                  gate="passkey", title="passkey length", length=True,
+                  rule=f"largest length whose accuracy's Wilson 95% lower end is >= {PASSKEY_MIN}"),
+        Statistic("ruler_auc", "ruler", True, lambda c: c.retention(c["exact"]),
+                  title="RULER AUC",
+                  rule="area under the RULER tasks' exact mean over log2 length from L to the "
+                  "longest, normalised (absolute: tasks that read 0 give 0)"),
+        Statistic("ruler_abs", "ruler", True,
+                  lambda c: effective_lengths(c.lengths, c["exact"] >= RULER_ABSOLUTE),
+                  gate="ruler_abs", title="RULER length (absolute)", length=True,
+                  rule=f"largest length whose RULER tasks' exact mean is >= {RULER_ABSOLUTE} "
+                  "(absolute, fixed a priori)"),
+        Statistic(AT_L, "ppl", False, lambda c: c.at_l("nll"), title="perplexity at L",
+                  rule="perplexity at the training length (lower is better)"),
     )
-}
+}  # fmt: skip
+#: the relative RULER length, shown beside the absolute one (not ranked); 0 where the tasks'
+#: mean at L is 0 (a series that does none of them at L keeps nothing beyond it)
+RULER_RELATIVE_RULE = (
+    f"largest length whose RULER tasks' exact mean is >= {RULER_RELATIVE} x its mean at L"
+)
+
+
+def ruler_relative_lengths(c: Curve) -> np.ndarray:
+    at_l = c.at_l("exact")
+    passes = c["exact"] >= RULER_RELATIVE * at_l
+    return np.where(at_l > 0, effective_lengths(c.lengths, passes), 0.0)
+
+
 #: the block's primary statistic: the first of these it has (fixed before the new ranks)
 PRIMARY = ("ruler_auc", "passkey_auc", "ppl_auc")
 #: statistics on which a series bad at L (†) ranks below every series that is not

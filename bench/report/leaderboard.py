@@ -40,43 +40,23 @@ from bench.findings.comparisons import (
 from bench.findings.leaderboard import (
     AT_L,
     BAD_AT_L_TIERED,
-    PASSKEY_MIN,
     PPL_FLAT,
     PRIMARY,
-    RULER_ABSOLUTE,
-    RULER_RELATIVE,
     STATISTICS,
 )
 from bench.findings.rows import col, passkey, window_nll, with_series
 from bench.report.leaderboard_samples import series_samples
 
-__all__ = ["METRIC_TITLES", "RULES", "Leaderboard", "leaderboard", "leaderboard_table", "recipe_of"]
+__all__ = ["Leaderboard", "leaderboard", "leaderboard_table", "recipe_of"]
 
-#: the statistics' titles (report.md, the page)
-METRIC_TITLES = {name: s.title for name, s in STATISTICS.items()}
-#: each statistic's rule in one line (report.md and the page say it beside the numbers)
-RULES = {
-    "ppl_auc": "area under log(perplexity / perplexity at L) over log2 length from L to the "
-    "longest, normalised (0 = flat; lower is better)",
-    "ppl": f"largest length with perplexity <= {PPL_FLAT} x its value at L (every shorter too)",
-    "passkey_auc": "area under passkey accuracy over log2 length from L to the longest, "
-    "normalised (1 = perfect everywhere)",
-    "passkey": f"largest length whose accuracy's Wilson 95% lower end is >= {PASSKEY_MIN}",
-    "ruler_auc": "area under the RULER tasks' exact mean over log2 length from L to the "
-    "longest, normalised (absolute: tasks that read 0 give 0)",
-    "ruler_abs": f"largest length whose RULER tasks' exact mean is >= {RULER_ABSOLUTE} "
-    "(absolute, fixed a priori)",
-    AT_L: "perplexity at the training length (lower is better)",
-}
-#: the relative RULER length, shown beside the absolute one (not ranked)
-RULER_RELATIVE_RULE = (
-    f"largest length whose RULER tasks' exact mean is >= {RULER_RELATIVE} x its mean at L"
-)
-#: statistics that are effective lengths (compared on log2(eff / L), shown in tokens)
-LENGTHS = ("ppl", "passkey", "ruler_abs")
 KEY_COLUMNS = ["recipe", "design", "method", "finetune"]
-#: the per-seed effective lengths (tokens) behind each length statistic
-EFF_KEYS = {"ppl": "_ppl_eff", "passkey": "_passkey_eff", "ruler_abs": "_ruler_abs_eff"}
+
+
+def eff_key(stat: str | None) -> str | None:
+    """Where a length statistic's per-seed effective lengths in tokens are kept (None: not one)."""
+    return f"_{stat}_eff" if stat and STATISTICS[stat].length else None
+
+
 #: adjacent pairs counted by the power summary
 TOP = 10
 #: the columns the table reads of the labelled rows
@@ -151,9 +131,13 @@ def longest_lengths(rows: pd.DataFrame) -> dict[str, int]:
     sources = {
         "ppl": window_nll(rows),
         "passkey": passkey(rows),
-        "ruler_abs": rows[task.notna() & (rows["metric"] != "effective_length")],
+        "ruler": rows[task.notna() & (rows["metric"] != "effective_length")],
     }
-    return {m: int(r["eval_length"].max()) for m, r in sources.items() if not r.empty}
+    return {
+        name: int(sources[s.family]["eval_length"].max())
+        for name, s in STATISTICS.items()
+        if s.length and not sources[s.family].empty
+    }
 
 
 def _longppl_at_longest(rows: pd.DataFrame) -> float:
@@ -180,7 +164,7 @@ class Leaderboard:
 
 def _display(stat: str, x: float, train_length: int) -> float:
     """A statistic's value on the scale it is shown on: tokens, perplexity or the AUC itself."""
-    if stat in LENGTHS:
+    if STATISTICS[stat].length:
         return train_length * 2.0**x
     if stat == AT_L:
         return math.exp(x)
@@ -256,8 +240,8 @@ def _series_rows(recipe: str, block: pd.DataFrame) -> tuple[dict[str, dict], dic
             longppl_at_longest=_longppl_at_longest(g),
         )  # fmt: skip
         longest = longest_lengths(g)
-        for stat, eff_key in EFF_KEYS.items():
-            if eff_key in found:
+        for stat in STATISTICS:
+            if eff_key(stat) in found:
                 row[f"{stat}_max"] = longest.get(stat, math.nan)
         if "_ruler_eff" in found:
             relative = found["_ruler_eff"]
@@ -273,11 +257,11 @@ def _rank(recipe, stat, rows, samples, bad) -> tuple[list[dict], dict]:
     power row."""
     spec = STATISTICS[stat]
     train_length = next(iter(rows.values()))["train_length"]
-    eff_key = EFF_KEYS.get(spec.gate) if spec.gate else None
+    gate_key = eff_key(spec.gate)
     have = {k: s[stat] for k, s in samples.items() if stat in s}
     fails = {
-        k: sum(int(samples[k][eff_key].values.get(x, 1)) <= 0 for x in have[k].seeds)
-        if eff_key and eff_key in samples[k] else 0
+        k: sum(int(samples[k][gate_key].values.get(x, 1)) <= 0 for x in have[k].seeds)
+        if gate_key and gate_key in samples[k] else 0
         for k in have
     }  # fmt: skip
     eligible = {k: v for k, v in have.items() if fails[k] == 0}
@@ -307,7 +291,7 @@ def _rank(recipe, stat, rows, samples, bad) -> tuple[list[dict], dict]:
         row[f"{stat}_mean"] = _display(stat, mean, train_length)
         lo, hi = _display(stat, lo, train_length), _display(stat, hi, train_length)
         row[f"{stat}_lo"], row[f"{stat}_hi"] = min(lo, hi), max(lo, hi)
-        effs = samples[k][EFF_KEYS[stat]].values if stat in EFF_KEYS else None
+        effs = samples[k][eff_key(stat)].values if spec.length else None
         row[f"{stat}_seeds"] = _seed_text(stat, sample, effs)
         if spec.gate:
             row[f"{stat}_fails"] = fails[k]

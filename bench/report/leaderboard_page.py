@@ -15,7 +15,6 @@ import pandas as pd
 
 from bench.findings.leaderboard import STATISTICS
 from bench.findings.rows import col, passkey, window_nll
-from bench.report.leaderboard import METRIC_TITLES, RULES
 
 __all__ = ["series_rows", "write_page"]
 
@@ -117,7 +116,7 @@ def _cell(text: str, value: object, metric: str | None, anchor: str) -> str:
 
 
 def _table_html(table: pd.DataFrame, shown: pd.DataFrame) -> str:
-    metric_of = {METRIC_TITLES[m]: m for m in STATISTICS if METRIC_TITLES[m] in shown.columns}
+    metric_of = {STATISTICS[m].title: m for m in STATISTICS if STATISTICS[m].title in shown.columns}
     heads = []
     for name in shown.columns:
         numeric = name in NUMERIC or name in metric_of
@@ -200,18 +199,18 @@ def write_page(
     recipes = [(r, r) for r in sorted(table["recipe_label"].unique())]
     designs = [(d, d) for d in sorted(table["design"].unique())]
     methods = [(m, m) for m in sorted(table["method"].unique())]
-    metrics = [(m, METRIC_TITLES[m]) for m in STATISTICS
-               if METRIC_TITLES[m] in shown.columns]  # fmt: skip
+    metrics = [(m, STATISTICS[m].title) for m in STATISTICS
+               if STATISTICS[m].title in shown.columns]  # fmt: skip
     summary_html = "".join(f"<p>{html.escape(p.replace('`', ''))}</p>" for p in summary or [])
     power_html = "" if power is None else power.to_html(index=False, border=0)
     images = "".join(
-        f'<h3>{METRIC_TITLES[m]}</h3><img alt="{m} heatmap" src="data:image/png;base64,'
+        f'<h3>{STATISTICS[m].title}</h3><img alt="{m} heatmap" src="data:image/png;base64,'
         + base64.b64encode((heatmap_dir / f"{m}.png").read_bytes()).decode("ascii") + '">'
         for m in maps
     )  # fmt: skip
     rules = "".join(
-        f"<li>{METRIC_TITLES[m]}: {html.escape(RULES[m])}.</li>"
-        for m in STATISTICS if METRIC_TITLES[m] in shown.columns
+        f"<li>{STATISTICS[m].title}: {html.escape(STATISTICS[m].rule)}.</li>"
+        for m in STATISTICS if STATISTICS[m].title in shown.columns
     )  # fmt: skip
     data = table.drop(columns=["series"]).to_json(orient="records")
     page = f"""<!doctype html>

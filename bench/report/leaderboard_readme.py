@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report.leaderboard import METRIC_TITLES, TOP, Leaderboard
+from bench.findings.leaderboard import STATISTICS
+from bench.report.leaderboard import TOP, Leaderboard
 from bench.report.leaderboard_report import (
     README_NAMES,
     length_statistic,
@@ -55,8 +56,8 @@ def readme_block(lb: Leaderboard, page: str = "reports/leaderboard") -> str:
         reached = reach(top, stat)
         reach_text = (
             "–" if reached is None
-            else f"fails at L on some seed ({METRIC_TITLES[stat]})" if reached == 0
-            else f"{reached} ({METRIC_TITLES[stat]})"
+            else f"fails at L on some seed ({STATISTICS[stat].title})" if reached == 0
+            else f"{reached} ({STATISTICS[stat].title})"
         )  # fmt: skip
         decided = "–"
         if not lb.power.empty:
@@ -72,7 +73,7 @@ def readme_block(lb: Leaderboard, page: str = "reports/leaderboard") -> str:
         if versus:
             decided += "; " + "; ".join(versus[:2])
         lines.append(
-            f"| `{block['recipe_label'].iloc[0]}` ({length}) | {METRIC_TITLES[primary]} | "
+            f"| `{block['recipe_label'].iloc[0]}` ({length}) | {STATISTICS[primary].title} | "
             f"{shown} | {reach_text} | {decided} |"
         )
     return "\n".join([*lines, README_END])

@@ -13,12 +13,8 @@ import numpy as np
 import pandas as pd
 
 from bench.findings.comparisons import FDR
-from bench.findings.leaderboard import AT_L, PPL_FLAT, STATISTICS
+from bench.findings.leaderboard import AT_L, PPL_FLAT, RULER_RELATIVE_RULE, STATISTICS
 from bench.report.leaderboard import (
-    LENGTHS,
-    METRIC_TITLES,
-    RULER_RELATIVE_RULE,
-    RULES,
     TOP,
     Leaderboard,
     labelled,
@@ -65,7 +61,7 @@ def cell_text(row: pd.Series, stat: str, raw_fails: bool = False) -> str:
     mark = RAW_FAILS_AT_L if raw_fails else ""
     seeds = str(row[f"{stat}_seeds"])
     fails = int(row.get(f"{stat}_fails", 0) or 0) if _has(row, f"{stat}_fails") else 0
-    if stat in LENGTHS:
+    if STATISTICS[stat].length:
         values = [int(x) for x in seeds.split(",")]
         at_least = "≥" if all(v == row[f"{stat}_max"] for v in values) else ""
         value = f"{at_least}{row[f'{stat}_mean']:.0f} ({seeds})"
@@ -135,7 +131,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     )
     for m in shown_statistics(table):
         raw_fails = _raw_fails_at_l(table, m)
-        out[METRIC_TITLES[m]] = [cell_text(r, m, raw_fails[i]) for i, r in table.iterrows()]
+        out[STATISTICS[m].title] = [cell_text(r, m, raw_fails[i]) for i, r in table.iterrows()]
     if "ruler_rel_seeds" in table:
         out["RULER length (relative)"] = table["ruler_rel_seeds"].fillna("–")
     return out
@@ -171,7 +167,7 @@ def reach(rows: pd.DataFrame, stat: str) -> int | None:
 def length_statistic(primary: str) -> str:
     """The effective-length statistic of the primary statistic's metric family."""
     family = STATISTICS[primary].family
-    return next(s for s in LENGTHS if STATISTICS[s].family == family)
+    return next(s for s, x in STATISTICS.items() if x.length and x.family == family)
 
 
 def versus_raw(block: pd.DataFrame, comparisons: pd.DataFrame, named: pd.DataFrame) -> list[str]:
@@ -213,19 +209,19 @@ def _block_paragraph(block: pd.DataFrame, lb: Leaderboard) -> str:
     length_stat = length_statistic(primary)
     reached = reach(top, length_stat)
     lines = [
-        f"`{label}` (L = {length}), {len(block)} series, ranked by {METRIC_TITLES[primary]}: "
+        f"`{label}` (L = {length}), {len(block)} series, ranked by {STATISTICS[primary].title}: "
         f"{len(ranked)} ranked, {len(block) - len(ranked)} not (failing at L on some seed). "
         f"Top group (no series decidedly better): {names}{more}"
         + (f"; on every seed each reaches {reached} tokens ({reached / length:g} L) on "
-           f"{METRIC_TITLES[length_stat]}." if reached
-           else f"; some fail at L on {METRIC_TITLES[length_stat]} on some seed."
+           f"{STATISTICS[length_stat].title}." if reached
+           else f"; some fail at L on {STATISTICS[length_stat].title} on some seed."
            if reached == 0 else ".")
     ]  # fmt: skip
     power = lb.power[lb.power["recipe"] == recipe].set_index("statistic")
     for stat in power.index:
         p = power.loc[stat]
         lines.append(
-            f"{METRIC_TITLES[stat]}: {int(p['pairs_decided'])} of {int(p['pairs_compared'])} "
+            f"{STATISTICS[stat].title}: {int(p['pairs_decided'])} of {int(p['pairs_compared'])} "
             f"pairs decided, {int(p['adjacent_decided'])} of {int(p['adjacent_pairs'])} adjacent."
         )
     versus = versus_raw(block, lb.comparisons, top)
@@ -258,7 +254,7 @@ def power_table(lb: Leaderboard, table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "recipe": p["recipe"].map(labels),
-            "statistic": p["statistic"].map(METRIC_TITLES),
+            "statistic": p["statistic"].map(lambda m: STATISTICS[m].title),
             "series ranked": p["series"],
             "pairs decided": of("pairs_decided", "pairs_compared"),
             "adjacent decided": of("adjacent_decided", "adjacent_pairs"),
@@ -288,8 +284,8 @@ def heatmap(table: pd.DataFrame, stat: str, path: Path) -> bool:
         return False
     rows = t["design"] + " · " + t["finetune"] + " · " + t["recipe_label"]
     values = t[f"{stat}_mean"].astype(float)
-    label = METRIC_TITLES[stat]
-    if stat in LENGTHS:
+    label = STATISTICS[stat].title
+    if STATISTICS[stat].length:
         values = np.log2(np.maximum(values, 1e-9) / t["train_length"])
         label = f"log2({label} / L)"
     grid = pd.DataFrame({"row": rows, "method": t["method"], "v": values}).pivot_table(
@@ -303,7 +299,7 @@ def heatmap(table: pd.DataFrame, stat: str, path: Path) -> bool:
         if np.isfinite(v):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=6)
     fig.colorbar(image, ax=ax, label=label)
-    ax.set_title(f"{METRIC_TITLES[stat]}: {RULES[stat][:70]}...", fontsize=8)
+    ax.set_title(f"{STATISTICS[stat].title}: {STATISTICS[stat].rule[:70]}...", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")  # the long row labels whole
@@ -345,7 +341,7 @@ def _report_md(
         "",
         "## Rules",
         "",
-        *[f"- {METRIC_TITLES[m]}: {RULES[m]}." for m in [*stats, AT_L]],
+        *[f"- {STATISTICS[m].title}: {STATISTICS[m].rule}." for m in [*stats, AT_L]],
         *(
             [f"- RULER length (relative, shown, not ranked): {RULER_RELATIVE_RULE}."]
             if "ruler_rel_seeds" in table

@@ -20,15 +20,7 @@ import numpy as np
 import pandas as pd
 
 from bench.findings.comparisons import REPLICATES, Sample
-from bench.findings.leaderboard import (
-    BELOW_L,
-    PPL_FLAT,
-    RULER_ABSOLUTE,
-    RULER_RELATIVE,
-    effective_lengths,
-    passkey_passes,
-    retention_aucs,
-)
+from bench.findings.leaderboard import BELOW_L, STATISTICS, Curve, ruler_relative_lengths
 from bench.findings.rows import col, passkey, window_nll
 
 __all__ = ["series_samples"]
@@ -44,20 +36,24 @@ def _log2_ratio(eff: np.ndarray, train_length: int) -> np.ndarray:
         return np.where(eff > 0, np.log2(np.maximum(eff, 1) / train_length), BELOW_L)
 
 
+def _stats(family: str, curve: Curve) -> dict[str, np.ndarray]:
+    """Every statistic of ``family`` (:data:`STATISTICS`) on ``curve``, per replicate; an
+    effective length as log2(eff / L) under its name and in tokens under ``_<name>_eff``."""
+    out = {}
+    for name, stat in STATISTICS.items():
+        if stat.family != family:
+            continue
+        value = stat.compute(curve)
+        if stat.length:
+            out[f"_{name}_eff"] = value
+            value = _log2_ratio(value, curve.train_length)
+        out[name] = value
+    if family == "ruler":  # shown beside the ranks, not ranked
+        out["_ruler_eff"] = ruler_relative_lengths(curve)
+    return out
+
+
 # --------------------------------------------------------------------------- perplexity
-
-
-def _ppl_stats(lengths: list[int], nll: np.ndarray, train_length: int) -> dict[str, np.ndarray]:
-    """``nll``: [n_lengths, R] mean NLL per token; the perplexity statistics per replicate."""
-    at_l = nll[lengths.index(train_length)]
-    rise = nll - at_l  # log(ppl / ppl at L)
-    eff = effective_lengths(lengths, rise <= math.log(PPL_FLAT) + 1e-12)
-    return {
-        "ppl_auc": retention_aucs(lengths, rise, train_length),
-        "ppl": _log2_ratio(eff, train_length),
-        "ppl_at_L": at_l,
-        "_ppl_eff": eff,
-    }
 
 
 def _ppl_seed(g: pd.DataFrame, train_length: int, recipe: str, seed: int):
@@ -68,7 +64,10 @@ def _ppl_seed(g: pd.DataFrame, train_length: int, recipe: str, seed: int):
     point = np.array(
         [[np.average(x["value"], weights=x["n"])] for _, x in sorted(by_length, key=lambda t: t[0])]
     )  # [n_lengths, 1]
-    values = {k: float(v[0]) for k, v in _ppl_stats(lengths, point, train_length).items()}
+    values = {
+        k: float(v[0])
+        for k, v in _stats("ppl", Curve(lengths, train_length, {"nll": point})).items()
+    }
     sums = [col(by_length.get_group(x), "doc_nll_sums").iloc[0] for x in lengths]
     tokens = [col(by_length.get_group(x), "doc_tokens").iloc[0] for x in lengths]
     docs = {len(s) if isinstance(s, (list, np.ndarray)) else -1 for s in sums}
@@ -79,20 +78,10 @@ def _ppl_seed(g: pd.DataFrame, train_length: int, recipe: str, seed: int):
     s, t = np.array(sums, dtype=float), np.array(tokens, dtype=float)  # [n_lengths, D]
     draws = _rng(recipe, seed, n_docs).integers(0, n_docs, size=(REPLICATES, n_docs))  # [R, D]
     nll = s[:, draws].sum(axis=2) / t[:, draws].sum(axis=2)  # [n_lengths, R]
-    return values, _ppl_stats(lengths, nll, train_length)
+    return values, _stats("ppl", Curve(lengths, train_length, {"nll": nll}))
 
 
 # --------------------------------------------------------------------------- passkey and RULER
-
-
-def _passkey_stats(lengths, k, n, train_length) -> dict[str, np.ndarray]:
-    """``k``, ``n``: [n_lengths, R] successes and trials per length."""
-    eff = effective_lengths(lengths, passkey_passes(k, n))
-    return {
-        "passkey_auc": retention_aucs(lengths, k / n, train_length),
-        "passkey": _log2_ratio(eff, train_length),
-        "_passkey_eff": eff,
-    }
 
 
 def _passkey_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
@@ -105,9 +94,8 @@ def _passkey_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
         [[float((x["value"] * x["n"]).sum())] for _, x in per_length.groupby("eval_length")]
     )
     n = np.array([[float(x["n"].sum())] for _, x in per_length.groupby("eval_length")])
-    values = {
-        a: float(b[0]) for a, b in _passkey_stats(lengths, k.round(), n, train_length).items()
-    }
+    point = Curve(lengths, train_length, {"k": k.round(), "n": n})
+    values = {a: float(b[0]) for a, b in _stats("passkey", point).items()}
     depth = g[(g["metric"] == "passkey_acc") & (col(g, "axis") == "depth")]
     cells = depth.groupby("eval_length")["n"].sum() if not depth.empty else pd.Series(dtype=float)
     if [int(x) for x in cells.index] != lengths or not np.allclose(cells.to_numpy(), n[:, 0]):
@@ -118,24 +106,7 @@ def _passkey_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
             trials = int(row["n"])
             kk[i] += rng.binomial(trials, min(max(float(row["value"]), 0.0), 1.0), REPLICATES)
     nn = np.repeat(n, REPLICATES, axis=1)
-    return values, _passkey_stats(lengths, kk, nn, train_length)
-
-
-def _ruler_stats(lengths, exact, train_length) -> dict[str, np.ndarray]:
-    """``exact``: [n_lengths, R] the tasks' mean exact score per length."""
-    absolute = effective_lengths(lengths, exact >= RULER_ABSOLUTE)
-    at_l = exact[lengths.index(train_length)] if train_length in lengths else None
-    relative = (
-        np.where(at_l > 0, effective_lengths(lengths, exact >= RULER_RELATIVE * at_l), 0.0)
-        if at_l is not None
-        else np.zeros(exact.shape[1])
-    )
-    return {
-        "ruler_auc": retention_aucs(lengths, exact, train_length),
-        "ruler_abs": _log2_ratio(absolute, train_length),
-        "_ruler_abs_eff": absolute,
-        "_ruler_eff": relative,
-    }
+    return values, _stats("passkey", Curve(lengths, train_length, {"k": kk, "n": nn}))
 
 
 def _ruler_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
@@ -150,7 +121,8 @@ def _ruler_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
     if train_length not in lengths:
         return None
     point = np.array([[x["value"].mean()] for _, x in exact.groupby("eval_length")])
-    values = {a: float(b[0]) for a, b in _ruler_stats(lengths, point, train_length).items()}
+    point = Curve(lengths, train_length, {"exact": point})
+    values = {a: float(b[0]) for a, b in _stats("ruler", point).items()}
     reps = np.zeros((len(lengths), REPLICATES))
     for i, x in enumerate(lengths):
         cells = exact[exact["eval_length"] == x]
@@ -159,7 +131,7 @@ def _ruler_seed(g: pd.DataFrame, train_length: int, rng: np.random.Generator):
             p = min(max(float(row["value"]), 0.0), 1.0)
             reps[i] += rng.binomial(trials, p, REPLICATES) / trials
         reps[i] /= len(cells)
-    return values, _ruler_stats(lengths, reps, train_length)
+    return values, _stats("ruler", Curve(lengths, train_length, {"exact": reps}))
 
 
 # --------------------------------------------------------------------------- per series

@@ -392,3 +392,36 @@ def test_a_fine_tune_curve_is_ranked_at_its_final_checkpoint():
               for s in (1, 2) for x in lengths]  # fmt: skip
     with pytest.raises(ValueError, match="holds 2 different series"):
         leaderboard_table(pd.DataFrame(clash))
+
+
+def test_a_new_leaderboard_column_is_one_declaration(tmp_path, monkeypatch):
+    """One Statistic entry (perplexity at 2L, lower is better) and nothing else: the table gets
+    its mean (exp of the seeds' mean NLL at 2L, by hand), rank interval and per-seed values, and
+    report.md its title and rule. Series "worse" is 3x the perplexity at 2L on every seed: ranked
+    below. Control: without the entry the table has no such column."""
+    from bench.findings.leaderboard import STATISTICS, Statistic
+
+    rows = []
+    for seed in (1, 2, 3):
+        for scaling, far in (("none", 12.0 + seed), ("worse", 3 * (12.0 + seed))):
+            for length, ppl in ((64, 10.0), (128, far)):
+                rows.append(_nll_row(seed, length, ppl, scaling=scaling, run_id=f"{scaling}{seed}"))
+    df = pd.DataFrame(rows)
+    assert "ppl_at_2L_mean" not in leaderboard_table(df)
+    column = Statistic(
+        "ppl_at_2L", "ppl", False, lambda c: c["nll"][c.lengths.index(2 * c.train_length)],
+        title="log perplexity at 2L", rule="log perplexity at twice the training length",
+    )  # fmt: skip
+    monkeypatch.setitem(STATISTICS, column.name, column)
+    table = leaderboard_table(df).set_index("method")
+    assert table.loc["none", "ppl_at_2L_mean"] == pytest.approx(
+        sum(math.log(12.0 + s) for s in (1, 2, 3)) / 3
+    )
+    assert table.loc["none", "ppl_at_2L_rank_lo"] == 1 == table.loc["none", "ppl_at_2L_rank_hi"]
+    assert table.loc["worse", "ppl_at_2L_rank_lo"] == 2
+    from bench.core.rows import normalize_results
+
+    full = [{**r, "model_id": r["run_id"], "code_version": "v"} for r in rows]
+    write_leaderboard(normalize_results(full), tmp_path, "hand rows")
+    text = (tmp_path / "report.md").read_text()
+    assert "log perplexity at 2L" in text and "log perplexity at twice the training length" in text
