@@ -123,10 +123,12 @@ KEYS = [
     "P1",
     *(f"N{i}" for i in range(1, 7)),
     *(f"S{i}" for i in range(1, 7)),
+    *(f"M{i}" for i in range(1, 4)),
 ]
 #: the findings this module's world of rows is about (P1's rows: test_findings_longppl.py; N1-N6's:
-#: test_findings_zoo_2025.py; S1-S6's, a pretrained model's: test_findings_smollm2.py)
-WORLD_KEYS = [k for k in KEYS if k != "P1" and not k.startswith(("N", "S"))]
+#: test_findings_zoo_2025.py; S1-S6's, a pretrained model's: test_findings_smollm2.py; M1-M3's,
+#: the token mixers': test_findings_mixers.py)
+WORLD_KEYS = [k for k in KEYS if k != "P1" and not k.startswith(("N", "S", "M"))]
 
 
 def _base(pos: str, scaling: str, seed: int, tuned: str | None = None, steps: int = 0) -> dict:
