@@ -198,8 +198,9 @@ class ReportCallback(Callback):
     so a resumed or extended sweep reports everything measured so far.
     """
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, note: str = "") -> None:
         self.enabled = bool(enabled)
+        self.note = str(note)  # printed instead of a report where ``enabled`` is false
         self._sweep_dir: Path | None = None
         self._stale: dict[Path, int] = {}  # status files of an earlier sweep in the same dir
 
@@ -239,6 +240,8 @@ class ReportCallback(Callback):
 
     def _report(self, config: DictConfig) -> None:
         if not self.enabled:
+            if self.note:
+                print(f"lenbench: {self.note}", flush=True)
             return
         from bench.report import generate_report
 

@@ -17,7 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import bench.train.cache as cache_module
-from bench.cli import ERROR_PREFIX, main, sweep_errors, with_default_experiment
+from bench.cli import ERROR_PREFIX, ReportCallback, main, sweep_errors, with_default_experiment
 from bench.job import NotApplicable, validate_job
 from bench.schema import JobConfig, ScalingSchema
 from models.positions import families
@@ -367,6 +367,20 @@ def test_no_argument_lenbench_is_the_quickstart_sweep(in_tmp, capsys):
     # negative control: with an override the default config is a single run
     assert main(["--cfg", "hydra", "seed=1"]) == 0
     assert OmegaConf.create(capsys.readouterr().out).hydra.mode is None
+
+
+def test_the_leaderboard_sweep_writes_no_study_report_over_the_leaderboard(in_tmp, capsys):
+    """A leaderboard invocation ends with the regenerate command, not a study report of
+    results/leaderboard alone (which overwrote reports/leaderboard's committed tables). Control:
+    the quickstart's callback writes its report."""
+    assert main(["--cfg", "hydra", "+experiment=leaderboard"]) == 0
+    report = OmegaConf.create(capsys.readouterr().out).hydra.callbacks.report
+    assert report.enabled is False and "lenbench-report --leaderboard" in report.note
+    callback = ReportCallback(enabled=report.enabled, note=report.note)
+    callback._report(OmegaConf.create({}))  # returns before reading any path
+    assert "lenbench-report --leaderboard" in capsys.readouterr().out
+    assert main(["--cfg", "hydra"]) == 0
+    assert OmegaConf.create(capsys.readouterr().out).hydra.callbacks.report.enabled is True
 
 
 # ----------------------------------------------------------------------------- one-line errors
