@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from bench.core.series import SERIES_COLUMNS, SWITCH_COLUMNS
+from bench.core.series import SERIES_COLUMNS, SWITCH_COLUMNS, key_values
 from bench.findings import NOT_MEASURED
 from bench.findings.longppl import series_table
 
@@ -84,11 +84,11 @@ def label(series: str) -> str:
     "<method> fine-tune" for a fine-tune; a position other than RoPE goes first ("pope linear"),
     then each model switch that is on as its row column and value ("nope attention=stick_breaking
     none", "qk_norm=rms none")."""
-    parts = dict(zip(SERIES_COLUMNS, series.split("\x1f"), strict=True))
+    parts = key_values(series, SERIES_COLUMNS)
     method = parts["finetune_method"]
     name = f"{method} fine-tune" if method else parts["scaling"]
     model = [parts["position"]] if parts["position"] != "rope" else []
-    switches = [f"{c}={parts[c]}" for c in SWITCH_COLUMNS if parts[c]]
+    switches = [f"{c}={parts[c]}" for c in SWITCH_COLUMNS if parts.get(c)]
     return " ".join([*model, *switches, name])
 
 

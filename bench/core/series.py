@@ -26,6 +26,7 @@ __all__ = [
     "SERIES_COLUMNS",
     "SWITCH_COLUMNS",
     "columns_key",
+    "key_values",
     "model_series_key",
     "series_key",
     "series_labels",
@@ -91,7 +92,7 @@ def columns_key(df: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
     return key
 
 
-def _key_values(key: str, columns: Sequence[str]) -> dict[str, str]:
+def key_values(key: str, columns: Sequence[str]) -> dict[str, str]:
     """The column values a :func:`columns_key` key holds (a tagged column not set: "")."""
     fixed = [c for c in columns if c not in TAGGED_COLUMNS]
     parts = key.split(_SEP)
@@ -116,7 +117,7 @@ def series_labels(keys: Sequence[str], columns: Sequence[str] = SERIES_COLUMNS) 
     """Short text per distinct key: only the columns whose values differ between the keys
     ("" for all when there is one key), e.g. "experiment=findings" / "experiment=quickstart"."""
     distinct = list(dict.fromkeys(keys))
-    split = {k: _key_values(k, columns) for k in distinct}
+    split = {k: key_values(k, columns) for k in distinct}
     differing = [c for c in columns if len({split[k].get(c, "") for k in distinct}) > 1]
     out = {}
     for k in distinct:
