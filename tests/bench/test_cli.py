@@ -74,6 +74,7 @@ GROUPS = {
         "retrieval",
         "retrieval_quick",
         "retrieval_leaderboard",
+        "retrieval_hybrid",
         "lm_sampling",
         "lm_hybrid",
         "lm_sinks",
