@@ -23,6 +23,7 @@ from torch import nn
 from models.attention import Attention, logn_query_scale
 from models.attention_inputs import AttentionInputs, pair_inputs
 from models.designs.registry import Design, active_designs, attention_layers, check_designs
+from models.mixers.cached import is_stateful, mix_cached
 from models.model_config import ModelConfig
 from models.positions import PositionConfig, RotaryTable, position_ids_from_attention_mask
 from models.resolved_scaling import resolve_scaling, resolved_scaling
@@ -37,7 +38,9 @@ __all__ += ["logn_query_scale", "resolve_scaling", "resolved_scaling"]  # re-exp
 class KVCache:
     # per layer its cache entry: an attention layer's keys [N, G, S, d] (rotated at their own
     # positions) and values [N, G, S, d], then what a design's kernel hook keeps (FoX: its keys'
-    # running sum of log forget gates [N, H, S]); a mixer layer's its normed inputs [N, S, D]
+    # running sum of log forget gates [N, H, S]); a mixer layer's its state (models.mixers:
+    # the conv's last inputs [N, size - 1, C], the recurrence's [N, H, dk, dv]; not growing with
+    # S) or, for a mixer without one, its normed inputs [N, S, D] (models.mixers.cached)
     layers: list[tuple[torch.Tensor, ...]]
     positions: torch.Tensor  # [N, S] position id of every cached key
     valid: torch.Tensor  # [N, S] bool, False for padding
@@ -124,6 +127,7 @@ class Block(nn.Module):
             )  # fmt: skip
         else:
             self.mixer = mixer.build(cfg, layer)
+        self.stateful = self.mixer is not None and is_stateful(self.mixer)  # False: recompute
         self.mlp_norm, self.mlp = _norm(cfg), MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -139,20 +143,12 @@ class Block(nn.Module):
         return x, kept, entropy
 
     def mix(self, h, inputs, cached, query_from: int):
-        """A mixer layer over its normed input h [N, L, D]: the mixer reads the whole prefix
-        again (the cache keeps the layer's inputs [N, S, D], no recurrent state), so a cached
-        step equals the full pass whatever the mixer; a row with padding reads its real tokens
-        only (one mixer call per such row; a pad's output is 0), so it equals the unpadded row.
-        -> (output [N, L - query_from, D], (inputs,), None)."""
-        seen = h if cached is None else torch.cat((cached[0], h), dim=1)  # [N, S, D]
-        valid = inputs.k_valid  # [N, S] over cached + new tokens; None: no padding
-        if valid is None:
-            out = self.mixer(seen)
-        else:
-            out = torch.zeros_like(seen)
-            for row in valid.any(dim=1).nonzero().flatten().tolist():  # rows with a real token
-                out[row, valid[row]] = self.mixer(seen[row : row + 1, valid[row]])[0]
-        return out[:, seen.shape[1] - h.shape[1] + query_from :], (seen,), None
+        """A mixer layer over its normed input h [N, L, D] -> (output [N, L - query_from, D],
+        cache entry, None): from the mixer's cached state if it has one (``stateful``), else by
+        reading the whole prefix again (``models.mixers.cached``); either way a cached step
+        equals the full pass and a padded row the unpadded one."""
+        out, kept = mix_cached(self.mixer, h, inputs.k_valid, cached, self.stateful)
+        return out[:, query_from:], kept, None
 
 
 class DecoderLM(nn.Module):

@@ -11,7 +11,9 @@ and Olmo Hybrid, as transformers' ``Qwen3NextGatedDeltaNet`` computes it (its to
 
 Separate projections (Olmo Hybrid's layout): Qwen3-Next fuses W_q, W_k, W_v, W_z into one matrix
 and W_b, W_a into another, a permutation of the same rows (the test maps one onto the other). No
-position enters: order reaches the layer only through the causal conv and the recurrence."""
+position enters: order reaches the layer only through the causal conv and the recurrence. What it
+shares with Kimi Delta Attention (q, k, v through the conv, the delta rule, the norm and output,
+decoding from its state) is ``models.mixers.delta_rule``; this file holds its decay and gate."""
 
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.mixers.recurrence import ShortConv, chunked_recurrence, l2_normalize
+from models.mixers.delta_rule import DeltaRuleMixer
+from models.mixers.recurrence import ShortConv
 
 __all__ = ["GatedDeltaNet"]
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(DeltaRuleMixer):
     def __init__(
         self,
         d_model: int,
@@ -33,15 +36,8 @@ class GatedDeltaNet(nn.Module):
         chunk_size: int = 64,
         norm_eps: float = 1e-6,
     ):
-        super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model {d_model} must be a multiple of n_heads {n_heads}.")
-        self.n_heads, self.head_dim = n_heads, d_model // n_heads
-        self.chunk_size, self.norm_eps = chunk_size, norm_eps
-        width = n_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, width, bias=False)
-        self.k_proj = nn.Linear(d_model, width, bias=False)
-        self.v_proj = nn.Linear(d_model, width, bias=False)
+        super().__init__(d_model, n_heads, chunk_size, norm_eps)  # the q, k, v projections
+        width = self.width
         self.a_proj = nn.Linear(d_model, n_heads, bias=False)  # decay's time step
         self.b_proj = nn.Linear(d_model, n_heads, bias=False)  # write strength beta
         self.z_proj = nn.Linear(d_model, width, bias=False)  # output gate
@@ -53,19 +49,11 @@ class GatedDeltaNet(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(self.head_dim))
         self.o_proj = nn.Linear(width, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, L, D] -> [N, L, D], causal."""
-        n, length, _ = x.shape
-        h, d = self.n_heads, self.head_dim
-        qkv = self.conv(torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1))
-        q, k, v = qkv.view(n, length, 3, h, d).permute(2, 0, 3, 1, 4)  # each [N, H, L, d]
-        q = l2_normalize(q.float()) * d**-0.5
-        k = l2_normalize(k.float())
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [N, H, L]
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """g_t = -exp(A_log) softplus(W_a x_t + dt_bias) [N, L, H], one per head."""
         # float32 before the exponential: A_log up to log 16 overflows nothing there
-        log_decay = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
-        o = chunked_recurrence(q, k, v, log_decay.transpose(1, 2), beta, self.chunk_size)
-        o = o.transpose(1, 2).float()  # [N, L, H, d]
-        gate = self.z_proj(x).view(n, length, h, d).float()
-        o = F.rms_norm(o, (d,), self.norm_weight.float(), self.norm_eps) * F.silu(gate)
-        return self.o_proj(o.reshape(n, length, h * d).to(x.dtype))
+        return -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU(W_z x) [N, L, H, d]."""
+        return F.silu(self.z_proj(x).unflatten(-1, (self.n_heads, self.head_dim)).float())

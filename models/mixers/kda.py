@@ -10,7 +10,9 @@ DeltaNet with a decay per key channel instead of per head, and low-rank gates.
     o_t = S_t^T q_t
     y = W_o (RMSNorm(o) * sigmoid(W_gb W_ga x))               norm per head, then the output gate
 
-The rank of both low-rank gates is the head dim (Kimi Linear's). No position enters."""
+The rank of both low-rank gates is the head dim (Kimi Linear's). No position enters. What it shares
+with Gated DeltaNet (q, k, v through the conv, the delta rule, the norm and output, decoding from
+its state) is ``models.mixers.delta_rule``; this file holds its decay and gate."""
 
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.mixers.recurrence import ShortConv, chunked_recurrence, l2_normalize
+from models.mixers.delta_rule import DeltaRuleMixer
+from models.mixers.recurrence import ShortConv
 
 __all__ = ["KimiDeltaAttention"]
 
 
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(DeltaRuleMixer):
     def __init__(
         self,
         d_model: int,
@@ -34,17 +37,10 @@ class KimiDeltaAttention(nn.Module):
         chunk_size: int = 8,
         norm_eps: float = 1e-6,
     ):
-        super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model {d_model} must be a multiple of n_heads {n_heads}.")
-        self.n_heads, self.head_dim = n_heads, d_model // n_heads
-        # 8, not 64: the per-channel decay forms a [C, C, dk] product per chunk (CPU step time
-        # at width 128, L 128: chunk 8 312 ms, 16 450 ms, 32 993 ms; tests/perf/README.md)
-        self.chunk_size, self.norm_eps = chunk_size, norm_eps
-        width, rank = n_heads * self.head_dim, self.head_dim
-        self.q_proj = nn.Linear(d_model, width, bias=False)
-        self.k_proj = nn.Linear(d_model, width, bias=False)
-        self.v_proj = nn.Linear(d_model, width, bias=False)
+        # chunk 8, not 64: the per-channel decay forms a [C, C, dk] product per chunk (CPU step
+        # time at width 128, L 128: chunk 8 312 ms, 16 450 ms, 32 993 ms; tests/perf/README.md)
+        super().__init__(d_model, n_heads, chunk_size, norm_eps)  # the q, k, v projections
+        width, rank = self.width, self.head_dim
         self.conv = ShortConv(3 * width, conv_size)
         self.f_a_proj = nn.Linear(d_model, rank, bias=False)  # forget gate, low rank
         self.f_b_proj = nn.Linear(rank, width, bias=False)
@@ -59,21 +55,13 @@ class KimiDeltaAttention(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(self.head_dim))
         self.o_proj = nn.Linear(width, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, L, D] -> [N, L, D], causal."""
-        n, length, _ = x.shape
-        h, d = self.n_heads, self.head_dim
-        qkv = self.conv(torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1))
-        q, k, v = qkv.view(n, length, 3, h, d).permute(2, 0, 3, 1, 4)  # each [N, H, L, d]
-        q = l2_normalize(q.float()) * d**-0.5
-        k = l2_normalize(k.float())
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [N, H, L]
-        step = (self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()).view(
-            n, length, h, d
-        )
-        log_decay = -self.A_log.float().exp()[:, None] * F.softplus(step)  # [N, L, H, d]
-        o = chunked_recurrence(q, k, v, log_decay.transpose(1, 2), beta, self.chunk_size)
-        o = o.transpose(1, 2).float()  # [N, L, H, d]
-        gate = self.g_b_proj(self.g_a_proj(x)).view(n, length, h, d).float()
-        o = F.rms_norm(o, (d,), self.norm_weight.float(), self.norm_eps) * torch.sigmoid(gate)
-        return self.o_proj(o.reshape(n, length, h * d).to(x.dtype))
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """g_t = -exp(A_log_h) softplus(W_fb W_fa x_t + dt_bias) [N, L, H, d], per key channel."""
+        step = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
+        step = step.unflatten(-1, (self.n_heads, self.head_dim))  # [N, L, H, d]
+        return -self.A_log.float().exp()[:, None] * F.softplus(step)
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """sigmoid(W_gb W_ga x) [N, L, H, d]."""
+        gate = self.g_b_proj(self.g_a_proj(x)).unflatten(-1, (self.n_heads, self.head_dim))
+        return torch.sigmoid(gate.float())

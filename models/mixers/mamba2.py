@@ -10,7 +10,8 @@ it on its torch path (``mamba2_chunk_scan``, no CUDA kernels), with one B/C grou
 
 In the shared recurrence (``models.mixers.recurrence``): q = C, k = B, v = dt x, log decay dt A, no
 delta rule. transformers also clamps dt to ``time_step_limit``, (0, inf) by default, a no-op left
-out here. No position enters."""
+out here. No position enters. Decoding continues from the state (``Mamba2.step``: the conv's last
+inputs and h), O(1) per token."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.mixers.recurrence import ShortConv, chunked_recurrence
+from models.mixers.recurrence import MixerState, ShortConv, chunked_recurrence
 
 __all__ = ["Mamba2"]
 
@@ -59,19 +60,35 @@ class Mamba2(nn.Module):
         self.o_proj = nn.Linear(inner, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, L, D] -> [N, L, D], causal."""
+        """x [N, L, D] -> [N, L, D], causal, from a zero state."""
+        return self.step(x)[0]
+
+    def step(
+        self, x: torch.Tensor, state: MixerState | None = None, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, MixerState]:
+        """x [N, T, D] the tokens after ``state`` (the conv's last inputs, the recurrence's h;
+        None: the sequence starts) -> (y [N, T, D], the state after them); ``valid`` [N, T]
+        bool: a False token (padding) is skipped (its own output is meaningless). Without state
+        and valid this is the training path (``forward``)."""
         n, length, _ = x.shape
         h, p = self.n_heads, self.head_dim
+        conv_state, rec_state = (None, None) if state is None else state
         z, xbc, dt = self.in_proj(x).split([self.inner, self.inner + 2 * self.d_state, h], dim=-1)
-        xs, B, C = self.conv(xbc).split([self.inner, self.d_state, self.d_state], dim=-1)
+        xbc, conv_state = self.conv.step(xbc, conv_state, valid)
+        xs, B, C = xbc.split([self.inner, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias.float()).transpose(1, 2)  # [N, H, L]
         xs = xs.float().view(n, length, h, p).transpose(1, 2)  # [N, H, L, p]
         # one group: every head reads the same B and C
         B = B.float().unsqueeze(1).expand(n, h, length, self.d_state)  # [N, H, L, state]
         C = C.float().unsqueeze(1).expand(n, h, length, self.d_state)
         log_decay = dt * -self.A_log.float().exp()[:, None]  # [N, H, L]
-        y = chunked_recurrence(C, B, xs * dt.unsqueeze(-1), log_decay, None, self.chunk_size)
+        # a continuation's chunk is at most its length: a decoding step is one token, not a
+        # chunk of zero padding (the training path keeps its chunk, so its numerics)
+        chunk = self.chunk_size if rec_state is None else min(self.chunk_size, length)
+        y, rec_state = chunked_recurrence(
+            C, B, xs * dt.unsqueeze(-1), log_decay, None, chunk, rec_state, valid, True
+        )
         y = y + self.D.float()[:, None, None] * xs  # [N, H, L, p] the skip connection
         y = y.transpose(1, 2).reshape(n, length, self.inner) * F.silu(z.float())
         y = F.rms_norm(y, (self.inner,), self.norm_weight.float(), self.norm_eps)
-        return self.o_proj(y.to(x.dtype))
+        return self.o_proj(y.to(x.dtype)), (conv_state, rec_state)

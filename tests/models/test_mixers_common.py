@@ -1,13 +1,21 @@
 """What every recurrent mixer in ``models.mixers`` must do, checked on each: causality (the output
 at t does not move when the input after t changes; negative control: the same check on the mixer
 run over the reversed sequence fails), gradients reach every parameter and the input, a bf16
-input under autocast gives a bf16 output close to float32's on average, and a width the heads do
-not divide is refused in one sentence."""
+input under autocast gives a bf16 output close to float32's on average, a width the heads do
+not divide is refused in one sentence, and the parameter names and shapes (checkpoint keys) stay
+as trained checkpoints have them.
+
+Also the set-up the reference tests share (test_mixers_gated_deltanet.py, _kda.py, _mamba2.py):
+the tolerance, non-trivial weights, inputs and the changed layers of the negative controls."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from models.mixers import GatedDeltaNet, KimiDeltaAttention, Mamba2
 
@@ -17,16 +25,72 @@ BUILDERS = {
     "kda": lambda: KimiDeltaAttention(WIDTH, HEADS),
     "mamba2": lambda: Mamba2(WIDTH, head_dim=WIDTH // HEADS, d_state=16),
 }
+#: max |ours - theirs| / max |theirs|: float32 round-off of a different summation order
+TOL = 1e-5
 
 
-def _mixer(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    mixer = BUILDERS[name]()
+def relative_diff(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+
+
+def randomized(build: Callable[[], torch.nn.Module], seed: int = 0, norm: bool = True):
+    """``build()`` under ``seed`` with non-trivial weights, so that a mix-up shows: every matrix
+    and conv tap drawn from N(0, 0.3), and (``norm``) the output norm's weights from U(0.5, 1.5)."""
+    torch.manual_seed(seed)
+    mixer = build().eval()
     with torch.no_grad():
         for p in mixer.parameters():
             if p.dim() >= 2:
                 p.normal_(0, 0.3)
+        if norm:
+            mixer.norm_weight.uniform_(0.5, 1.5)
     return mixer
+
+
+def inputs(length: int, seed: int = 1) -> torch.Tensor:
+    """[2, L, WIDTH] standard normal inputs."""
+    return torch.randn(2, length, WIDTH, generator=torch.Generator().manual_seed(seed))
+
+
+def without_conv(mixer: torch.nn.Module) -> torch.nn.Module:
+    mixer.conv.forward = F.silu  # the SiLU kept, the short convolution dropped
+    return mixer
+
+
+def perturbed(name: str) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    """A change of the mixer: its projection ``name``'s weights moved by N(0, 0.2)."""
+
+    def perturb(mixer: torch.nn.Module) -> torch.nn.Module:
+        with torch.no_grad():
+            weight = getattr(mixer, name).weight
+            weight.add_(0.2 * torch.randn_like(weight))
+        return mixer
+
+    return perturb
+
+
+def gap(ours, theirs, length: int = 130) -> float:
+    """relative_diff of ours against theirs on inputs(length)."""
+    x = inputs(length)
+    with torch.no_grad():
+        return relative_diff(ours(x), theirs(x))
+
+
+def changed_diff(ours, theirs, variant, length: int = 130) -> float:
+    """The gap of ``variant`` (a change) of a copy of ours to theirs: a negative control's."""
+    return gap(variant(copy.deepcopy(ours)), theirs, length)
+
+
+def conformance_triple(ours, theirs, control, length: int = 130):
+    """(ours, theirs, ``control`` of a copy of ours) on inputs(length), for a measured row of
+    docs/conformance.md."""
+    x = inputs(length)
+    with torch.no_grad():
+        return ours(x), theirs(x), control(copy.deepcopy(ours))(x)
+
+
+def _mixer(name: str) -> torch.nn.Module:
+    return randomized(BUILDERS[name], norm=False)
 
 
 def _future_leak(fn, length: int = 70, cut: int = 33) -> float:
@@ -127,3 +191,41 @@ def test_model_mixer_builds_the_mixer_on_its_layers_and_the_model_stays_causal(
     with torch.no_grad():
         generated = model.generate_greedy(ids[:, :20], max_new_tokens=5)
         assert torch.equal(generated, full_pass_greedy(model, ids[:, :20], 5))
+
+
+#: every mixer's parameter names and shapes at width 32, 4 heads (Mamba-2: head dim 8, state 16)
+#: as trained checkpoints hold them; a rename or a reshape would leave those unloadable
+STATE_DICT = {
+    "gated_deltanet": {
+        "A_log": (4,), "dt_bias": (4,), "norm_weight": (8,), "q_proj.weight": (32, 32),
+        "k_proj.weight": (32, 32), "v_proj.weight": (32, 32), "a_proj.weight": (4, 32),
+        "b_proj.weight": (4, 32), "z_proj.weight": (32, 32), "conv.conv1d.weight": (96, 1, 4),
+        "o_proj.weight": (32, 32),
+    },
+    "kda": {
+        "A_log": (4,), "dt_bias": (32,), "norm_weight": (8,), "q_proj.weight": (32, 32),
+        "k_proj.weight": (32, 32), "v_proj.weight": (32, 32), "conv.conv1d.weight": (96, 1, 4),
+        "f_a_proj.weight": (8, 32), "f_b_proj.weight": (32, 8), "b_proj.weight": (4, 32),
+        "g_a_proj.weight": (8, 32), "g_b_proj.weight": (32, 8), "o_proj.weight": (32, 32),
+    },
+    "mamba2": {
+        "A_log": (8,), "D": (8,), "dt_bias": (8,), "norm_weight": (64,),
+        "in_proj.weight": (168, 32), "conv.conv1d.weight": (96, 1, 4), "conv.conv1d.bias": (96,),
+        "o_proj.weight": (32, 64),
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_the_checkpoint_keys_and_shapes_of_every_mixer_are_unchanged(name):
+    """The state_dict's names, shapes and order (the order of construction also fixes what a seed
+    draws for each parameter) are those trained checkpoints were saved with, and such a
+    checkpoint loads strictly; control: one with a parameter renamed does not."""
+    mixer = BUILDERS[name]()
+    held = [(key, tuple(value.shape)) for key, value in mixer.state_dict().items()]
+    assert held == list(STATE_DICT[name].items())
+    checkpoint = {key: torch.zeros(shape) for key, shape in STATE_DICT[name].items()}
+    mixer.load_state_dict(checkpoint)
+    checkpoint["renamed"] = checkpoint.pop("o_proj.weight")
+    with pytest.raises(RuntimeError, match="o_proj.weight"):
+        mixer.load_state_dict(checkpoint)

@@ -19,6 +19,16 @@ results/perf/mixer_speed.json (measured figures: tests/perf/README.md)::
 
     python tests/perf/mixer_speed.py                       # 4 layers, width 128, L 128, batch 16
     python tests/perf/mixer_speed.py --seq 256 --batch 8 --models attention,gated_deltanet
+
+``--decode``: greedy decoding instead, through lenbench's own model (``models.transformer``
+``DecoderLM.generate_greedy``, its KV cache): ``--new`` tokens after a ``--prompt``-token prompt
+per model (batch 1 unless ``--batch``), each mixer both from its recurrent state (``stateful``,
+what a model does) and by reading the whole prefix again for every token (``recompute``, the
+cache before the state: ``Block.stateful = False``); attention (RoPE) keeps its keys and values.
+Reports the prefill, the ms per decoded token and the whole call (median over ``--repeats``
+interleaved rounds), to results/perf/mixer_decode.json::
+
+    python tests/perf/mixer_speed.py --decode --prompt 1024 --new 64 --repeats 3
 """
 
 from __future__ import annotations
@@ -110,6 +120,68 @@ def _step(model: TinyLM, opt: torch.optim.Optimizer, tokens: torch.Tensor) -> fl
     return time.perf_counter() - start
 
 
+def _decoder(name: str, layers: int, width: int, heads: int, length: int):
+    """lenbench's DecoderLM with ``name`` (a model of MODELS) on its layers: a mixer alone
+    position=nope, attention or a hybrid with RoPE."""
+    from models.positions import PositionConfig
+    from models.transformer import DecoderLM, ModelConfig
+
+    mixer, _, every = name.partition("/")
+    cfg = ModelConfig(n_layers=layers, d_model=width, n_heads=heads, mixer=mixer,
+                      hybrid_every=int(every or 0))  # fmt: skip
+    kind = "nope" if mixer != "attention" and not every else "rope"
+    return DecoderLM(cfg, PositionConfig(kind=kind), length).eval()
+
+
+def _decode_times(model, prompt: torch.Tensor, new: int) -> tuple[float, float]:
+    """(seconds of the prefill alone, of generate_greedy's whole call) for ``new`` tokens."""
+    with torch.no_grad():
+        start = time.perf_counter()
+        model(prompt, use_cache=True, logits_from=prompt.shape[1] - 1)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate_greedy(prompt, max_new_tokens=new)
+        return prefill, time.perf_counter() - start
+
+
+def decode_main(args: argparse.Namespace, machine: str, load: float) -> None:
+    """--decode: greedy decoding per model, stateful vs recompute for the mixers."""
+    torch.manual_seed(0)
+    runs = {}  # "<model> <path>" -> (model, recompute?)
+    for name in args.models.split(","):
+        model = _decoder(name, args.layers, args.width, args.heads, args.prompt + args.new)
+        paths = ("kv cache",) if name == "attention" else ("stateful", "recompute")
+        for path in paths:
+            runs[f"{name} {path}"] = model, path == "recompute"
+    prompt = torch.randint(0, VOCAB, (args.batch, args.prompt))
+    times: dict[str, list[tuple[float, float]]] = {key: [] for key in runs}
+    for round_ in range(args.warmup + args.repeats):
+        for key, (model, recompute) in runs.items():  # interleaved: load hits every run alike
+            for block in model.blocks:
+                block.stateful = block.mixer is not None and not recompute
+            measured = _decode_times(model, prompt, args.new)
+            print(f"round {round_}: {key} {measured[1]:.2f} s", flush=True)  # progress
+            if round_ >= args.warmup:
+                times[key].append(measured)
+    rows = []
+    print(f"{'model':<32} {'prefill ms':>10} {'ms/token':>9} {'whole s':>8} {'min s':>7}")
+    for key, measured in times.items():
+        prefill = statistics.median(p for p, _ in measured)
+        whole = statistics.median(w for _, w in measured)
+        per_token = 1e3 * (whole - prefill) / max(args.new - 1, 1)  # new - 1 cached steps
+        row = {"run": key, "prefill_ms": 1e3 * prefill, "ms_per_token": per_token,
+               "whole_s": whole, "min_whole_s": min(w for _, w in measured)}  # fmt: skip
+        rows.append(row)
+        print(f"{key:<32} {row['prefill_ms']:10.1f} {per_token:9.2f} {whole:8.2f} "
+              f"{row['min_whole_s']:7.2f}")  # fmt: skip
+    print(f"load after {os.getloadavg()[0]:.1f}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "mixer_decode.json"
+    record = {"machine": machine, "load_before": load, "args": vars(args), "rows": rows}
+    out.write_text(json.dumps(record, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -117,10 +189,13 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=None, help="16; --decode: 1")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--decode", action="store_true", help="greedy decoding (see above)")
+    parser.add_argument("--prompt", type=int, default=1024, help="--decode: prompt length")
+    parser.add_argument("--new", type=int, default=64, help="--decode: tokens generated")
     args = parser.parse_args()
     from bench.core.runtime import machine_line, machine_summary
 
@@ -128,6 +203,10 @@ def main() -> None:
     machine = machine_line(machine_summary())
     load = os.getloadavg()[0]
     print(f"machine: {machine}; load before {load:.1f}")
+    if args.decode:
+        args.batch = args.batch or 1  # one sequence decoded: the figure per sequence
+        return decode_main(args, machine, load)
+    args.batch = args.batch or 16
     torch.manual_seed(0)
     names = args.models.split(",")
     models = {n: TinyLM(n, args.layers, args.width, args.heads) for n in names}
