@@ -694,12 +694,13 @@ def _drope() -> tuple[float, float]:
 
 def _test_module(relative: str):
     """A test module of tests/ loaded by path, for the transcriptions it holds (its helpers are
-    the oracles those tests use; tests/ is put on the path for its fixtures)."""
+    the oracles those tests use; tests/ is put on the path for its fixtures, and its own folder
+    for the set-up it shares with its neighbours, as pytest puts it: test_mixers_common)."""
     import importlib.util
 
-    tests = str(ROOT / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
+    for folder in (ROOT / "tests", (ROOT / "tests" / relative).parent):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     name = "conformance_" + relative.replace("/", "_").removesuffix(".py")
     if name in sys.modules:
         return sys.modules[name]

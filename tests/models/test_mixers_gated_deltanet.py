@@ -9,9 +9,8 @@ differs by far more than the tolerance."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
+import test_mixers_common as common
 import torch
 import torch.nn.functional as F
 
@@ -24,23 +23,14 @@ qwen3_next = pytest.importorskip(
 
 WIDTH, HEADS, HEAD_DIM, EPS = 32, 4, 8, 1e-6
 LENGTHS = (1, 37, 64, 130)
-#: max |ours - theirs| / max |theirs|: float32 round-off of a different summation order (our
-#: chunk of 16 against their 64 gives ~6e-6 at L = 130; the same chunk ~1e-7)
-TOL = 1e-5
-
-
-def _relative_diff(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+# TOL (test_mixers_common): our chunk of 16 against their 64 gives ~6e-6 at L = 130; the same
+# chunk ~1e-7
 
 
 def _ours(chunk_size: int = 64, seed: int = 0) -> GatedDeltaNet:
-    torch.manual_seed(seed)
-    mixer = GatedDeltaNet(WIDTH, HEADS, chunk_size=chunk_size, norm_eps=EPS).eval()
-    with torch.no_grad():  # non-trivial norm weights and conv taps, so a mix-up shows
-        for p in mixer.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.3)
-        mixer.norm_weight.uniform_(0.5, 1.5)
+    build = lambda: GatedDeltaNet(WIDTH, HEADS, chunk_size=chunk_size, norm_eps=EPS)  # noqa: E731
+    mixer = common.randomized(build, seed)
+    with torch.no_grad():  # a non-trivial time step bias too, so a mix-up shows
         mixer.dt_bias.normal_(0, 1)
     return mixer
 
@@ -93,19 +83,13 @@ def _olmo_hybrid(ours: GatedDeltaNet):
     return theirs
 
 
-def _inputs(length: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(2, length, WIDTH, generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("chunk_size", [64, 16])
 @pytest.mark.parametrize("length", LENGTHS)
 def test_gated_deltanet_equals_qwen3_next_on_the_same_weights(length, chunk_size):
     ours = _ours(chunk_size)
     theirs = _qwen3_next(ours)
-    x = _inputs(length)
-    with torch.no_grad():
-        diff = _relative_diff(ours(x), theirs(x))
-    assert diff < TOL, (
+    diff = common.gap(ours, theirs, length)
+    assert diff < common.TOL, (
         f"L={length}, chunk {chunk_size}: relative max |ours - Qwen3-Next| = {diff:.2e}"
     )
 
@@ -115,10 +99,8 @@ def test_gated_deltanet_equals_olmo_hybrid_on_the_same_weights(length):
     ours = GatedDeltaNet(WIDTH, HEADS, norm_eps=1e-5).eval()  # Olmo Hybrid's fixed o_norm eps
     ours.load_state_dict(_ours().state_dict())
     theirs = _olmo_hybrid(ours)
-    x = _inputs(length)
-    with torch.no_grad():
-        diff = _relative_diff(ours(x), theirs(x))
-    assert diff < TOL, f"L={length}: relative max |ours - Olmo Hybrid| = {diff:.2e}"
+    diff = common.gap(ours, theirs, length)
+    assert diff < common.TOL, f"L={length}: relative max |ours - Olmo Hybrid| = {diff:.2e}"
 
 
 @pytest.mark.parametrize("length", (5, 70))
@@ -135,12 +117,7 @@ def test_the_chunked_delta_rule_equals_transformers_token_by_token_recurrence(le
     ref, _ = qwen3_next.torch_recurrent_gated_delta_rule(q, k, v, g, beta)
     t = lambda x: x.transpose(1, 2)  # noqa: E731 [N, L, H, .] <-> [N, H, L, .]
     ours = t(chunked_recurrence(t(q) * dk**-0.5, t(k), t(v), t(g), t(beta), chunk_size=16))
-    assert _relative_diff(ours, ref) < TOL
-
-
-def _without_conv(mixer: GatedDeltaNet) -> GatedDeltaNet:
-    mixer.conv.forward = F.silu  # the SiLU kept, the short convolution dropped
-    return mixer
+    assert common.relative_diff(ours, ref) < common.TOL
 
 
 def _without_gate(mixer: GatedDeltaNet) -> GatedDeltaNet:
@@ -151,34 +128,21 @@ def _without_gate(mixer: GatedDeltaNet) -> GatedDeltaNet:
     return mixer
 
 
-def _perturbed(name: str):
-    def perturb(mixer: GatedDeltaNet) -> GatedDeltaNet:
-        with torch.no_grad():
-            getattr(mixer, name).weight.add_(0.2 * torch.randn_like(getattr(mixer, name).weight))
-        return mixer
-
-    return perturb
-
-
 def conformance_outputs(length: int = 130) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ours, Qwen3-Next's, ours with the conv dropped) on the same weights and inputs, for a
     measured row of docs/conformance.md."""
     ours = _ours()
-    theirs = _qwen3_next(ours)
-    x = _inputs(length)
-    with torch.no_grad():
-        return ours(x), theirs(x), _without_conv(copy.deepcopy(ours))(x)
+    return common.conformance_triple(ours, _qwen3_next(ours), common.without_conv, length)
 
 
 @pytest.mark.parametrize(
     "variant",
-    [_perturbed("a_proj"), _perturbed("b_proj"), _without_conv, _without_gate],
+    [common.perturbed("a_proj"), common.perturbed("b_proj"), common.without_conv, _without_gate],
     ids=["decay_perturbed", "beta_perturbed", "conv_dropped", "gate_dropped"],
 )
 def test_negative_control_a_changed_gated_deltanet_differs_from_qwen3_next(variant):
     ours = _ours()
-    theirs = _qwen3_next(ours)
-    x = _inputs(130)
-    with torch.no_grad():
-        diff = _relative_diff(variant(copy.deepcopy(ours))(x), theirs(x))
-    assert diff > 100 * TOL, f"the changed layer still matches (relative max diff {diff:.2e})"
+    diff = common.changed_diff(ours, _qwen3_next(ours), variant)
+    assert diff > 100 * common.TOL, (
+        f"the changed layer still matches (relative max diff {diff:.2e})"
+    )

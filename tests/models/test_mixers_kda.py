@@ -8,11 +8,9 @@ perturbed write strength, the conv dropped, the per-channel decay replaced by it
 
 from __future__ import annotations
 
-import copy
-
 import pytest
+import test_mixers_common as common
 import torch
-import torch.nn.functional as F
 
 from models.mixers import KimiDeltaAttention
 from models.mixers.recurrence import chunked_recurrence
@@ -23,23 +21,12 @@ kimi = pytest.importorskip(
 
 WIDTH, HEADS, HEAD_DIM, EPS = 32, 4, 8, 1e-6
 LENGTHS = (1, 16, 37, 130)
-#: max |ours - theirs| / max |theirs|: float32 round-off of a different summation order
-TOL = 1e-5
-
-
-def _relative_diff(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 def _ours(chunk_size: int = 8) -> KimiDeltaAttention:
-    torch.manual_seed(0)
-    mixer = KimiDeltaAttention(WIDTH, HEADS, chunk_size=chunk_size, norm_eps=EPS).eval()
-    with torch.no_grad():  # non-trivial norm weights and conv taps, so a mix-up shows
-        for p in mixer.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.3)
-        mixer.norm_weight.uniform_(0.5, 1.5)
-    return mixer
+    return common.randomized(
+        lambda: KimiDeltaAttention(WIDTH, HEADS, chunk_size=chunk_size, norm_eps=EPS)
+    )
 
 
 def _theirs(ours: KimiDeltaAttention):
@@ -64,19 +51,15 @@ def _theirs(ours: KimiDeltaAttention):
     return theirs
 
 
-def _inputs(length: int) -> torch.Tensor:
-    return torch.randn(2, length, WIDTH, generator=torch.Generator().manual_seed(1))
-
-
 @pytest.mark.parametrize("chunk_size", [8, 16, 64])
 @pytest.mark.parametrize("length", LENGTHS)
 def test_kda_equals_kimi_linear_on_the_same_weights(length, chunk_size):
     ours = _ours(chunk_size)
     theirs = _theirs(ours)
-    x = _inputs(length)
-    with torch.no_grad():
-        diff = _relative_diff(ours(x), theirs(x))
-    assert diff < TOL, f"L={length}, chunk {chunk_size}: relative max |ours - Kimi| = {diff:.2e}"
+    diff = common.gap(ours, theirs, length)
+    assert diff < common.TOL, (
+        f"L={length}, chunk {chunk_size}: relative max |ours - Kimi| = {diff:.2e}"
+    )
 
 
 @pytest.mark.parametrize("length", (5, 40))
@@ -91,22 +74,7 @@ def test_the_per_channel_chunked_rule_equals_transformers_token_by_token_kda(len
     ref, _ = kimi.recurrent_kimi_delta_attention(q, k, v, g, beta, None, False)
     t = lambda x: x.transpose(1, 2)  # noqa: E731 [N, L, H, .] <-> [N, H, L, .]
     ours = t(chunked_recurrence(t(q) * dk**-0.5, t(k), t(v), t(g), t(beta), chunk_size=16))
-    assert _relative_diff(ours, ref) < TOL
-
-
-def _perturbed(name: str):
-    def perturb(mixer: KimiDeltaAttention) -> KimiDeltaAttention:
-        with torch.no_grad():
-            weight = getattr(mixer, name).weight
-            weight.add_(0.2 * torch.randn_like(weight))
-        return mixer
-
-    return perturb
-
-
-def _without_conv(mixer: KimiDeltaAttention) -> KimiDeltaAttention:
-    mixer.conv.forward = F.silu  # the SiLU kept, the short convolution dropped
-    return mixer
+    assert common.relative_diff(ours, ref) < common.TOL
 
 
 def _per_head_decay(mixer: KimiDeltaAttention) -> KimiDeltaAttention:
@@ -125,21 +93,22 @@ def conformance_outputs(length: int = 130) -> tuple[torch.Tensor, torch.Tensor, 
     """(ours, Kimi Linear's, ours with the decay per head instead of per channel) on the same
     weights and inputs, for a measured row of docs/conformance.md."""
     ours = _ours()
-    theirs = _theirs(ours)
-    x = _inputs(length)
-    with torch.no_grad():
-        return ours(x), theirs(x), _per_head_decay(copy.deepcopy(ours))(x)
+    return common.conformance_triple(ours, _theirs(ours), _per_head_decay, length)
 
 
 @pytest.mark.parametrize(
     "variant",
-    [_perturbed("f_b_proj"), _perturbed("b_proj"), _without_conv, _per_head_decay],
+    [
+        common.perturbed("f_b_proj"),
+        common.perturbed("b_proj"),
+        common.without_conv,
+        _per_head_decay,
+    ],
     ids=["forget_gate_perturbed", "beta_perturbed", "conv_dropped", "per_head_decay"],
 )
 def test_negative_control_a_changed_kda_differs_from_kimi_linear(variant):
     ours = _ours()
-    theirs = _theirs(ours)
-    x = _inputs(130)
-    with torch.no_grad():
-        diff = _relative_diff(variant(copy.deepcopy(ours))(x), theirs(x))
-    assert diff > 100 * TOL, f"the changed layer still matches (relative max diff {diff:.2e})"
+    diff = common.changed_diff(ours, _theirs(ours), variant)
+    assert diff > 100 * common.TOL, (
+        f"the changed layer still matches (relative max diff {diff:.2e})"
+    )

@@ -7,11 +7,9 @@ controls: a perturbed time step, D dropped, the conv dropped, the gate dropped, 
 
 from __future__ import annotations
 
-import copy
-
 import pytest
+import test_mixers_common as common
 import torch
-import torch.nn.functional as F
 
 from models.mixers import Mamba2
 from models.mixers.recurrence import chunked_recurrence
@@ -22,25 +20,16 @@ mamba2 = pytest.importorskip(
 
 WIDTH, HEAD_DIM, STATE, EXPAND, EPS = 32, 8, 16, 2, 1e-5
 LENGTHS = (1, 16, 37, 130)
-#: max |ours - theirs| / max |theirs|: float32 round-off of a different summation order
-TOL = 1e-5
-
-
-def _relative_diff(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 def _ours(chunk_size: int = 16) -> Mamba2:
-    torch.manual_seed(0)
-    mixer = Mamba2(WIDTH, HEAD_DIM, d_state=STATE, expand=EXPAND, chunk_size=chunk_size)
-    with torch.no_grad():  # non-trivial norm weights, conv taps and skip, so a mix-up shows
-        for p in mixer.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.3)
-        mixer.norm_weight.uniform_(0.5, 1.5)
+    mixer = common.randomized(
+        lambda: Mamba2(WIDTH, HEAD_DIM, d_state=STATE, expand=EXPAND, chunk_size=chunk_size)
+    )
+    with torch.no_grad():  # a non-trivial skip and conv bias too, so a mix-up shows
         mixer.D.uniform_(0.5, 1.5)
         mixer.conv.conv1d.bias.normal_(0, 0.3)
-    return mixer.eval()
+    return mixer
 
 
 def _theirs(ours: Mamba2):
@@ -64,19 +53,13 @@ def _theirs(ours: Mamba2):
     return theirs
 
 
-def _inputs(length: int) -> torch.Tensor:
-    return torch.randn(2, length, WIDTH, generator=torch.Generator().manual_seed(1))
-
-
 @pytest.mark.parametrize("chunk_size", [16, 64])
 @pytest.mark.parametrize("length", LENGTHS)
 def test_mamba2_equals_transformers_mamba2_mixer_on_the_same_weights(length, chunk_size):
     ours = _ours(chunk_size)
     theirs = _theirs(ours)
-    x = _inputs(length)
-    with torch.no_grad():
-        diff = _relative_diff(ours(x), theirs(x))
-    assert diff < TOL, (
+    diff = common.gap(ours, theirs, length)
+    assert diff < common.TOL, (
         f"L={length}, chunk {chunk_size}: relative max |ours - Mamba2Mixer| = {diff:.2e}"
     )
 
@@ -100,7 +83,7 @@ def test_the_chunked_scan_equals_a_token_by_token_state_space_recurrence():
         ref.append((hidden * C[:, :, t, :, None].double()).sum(-2))  # [N, H, p]
     ref = torch.stack(ref, dim=2)
     ours = chunked_recurrence(C, B, x * dt[..., None], dt * A, None, chunk_size=16)
-    assert _relative_diff(ours.double(), ref) < TOL
+    assert common.relative_diff(ours.double(), ref) < common.TOL
 
 
 def _perturbed_time_step(mixer: Mamba2) -> Mamba2:
@@ -112,11 +95,6 @@ def _perturbed_time_step(mixer: Mamba2) -> Mamba2:
 def _without_skip(mixer: Mamba2) -> Mamba2:
     with torch.no_grad():
         mixer.D.zero_()
-    return mixer
-
-
-def _without_conv(mixer: Mamba2) -> Mamba2:
-    mixer.conv.forward = F.silu  # the SiLU kept, the short convolution dropped
     return mixer
 
 
@@ -136,21 +114,17 @@ def conformance_outputs(length: int = 130) -> tuple[torch.Tensor, torch.Tensor, 
     """(ours, transformers' Mamba2Mixer's, ours with D dropped) on the same weights and inputs,
     for a measured row of docs/conformance.md."""
     ours = _ours()
-    theirs = _theirs(ours)
-    x = _inputs(length)
-    with torch.no_grad():
-        return ours(x), theirs(x), _without_skip(copy.deepcopy(ours))(x)
+    return common.conformance_triple(ours, _theirs(ours), _without_skip, length)
 
 
 @pytest.mark.parametrize(
     "variant",
-    [_perturbed_time_step, _without_skip, _without_conv, _without_gate],
+    [_perturbed_time_step, _without_skip, common.without_conv, _without_gate],
     ids=["time_step_perturbed", "skip_dropped", "conv_dropped", "gate_dropped"],
 )
 def test_negative_control_a_changed_mamba2_differs_from_transformers(variant):
     ours = _ours()
-    theirs = _theirs(ours)
-    x = _inputs(130)
-    with torch.no_grad():
-        diff = _relative_diff(variant(copy.deepcopy(ours))(x), theirs(x))
-    assert diff > 100 * TOL, f"the changed layer still matches (relative max diff {diff:.2e})"
+    diff = common.changed_diff(ours, _theirs(ours), variant)
+    assert diff > 100 * common.TOL, (
+        f"the changed layer still matches (relative max diff {diff:.2e})"
+    )
