@@ -65,11 +65,9 @@ class DeltaRuleMixer(nn.Module):
         q = l2_normalize(q.float()) * d**-0.5
         k = l2_normalize(k.float())
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [N, H, L]
-        # a continuation's chunk is at most its length: a decoding step is one token, not a
-        # chunk of zero padding (the training path keeps its chunk, so its numerics)
-        chunk = self.chunk_size if rec_state is None else min(self.chunk_size, length)
+        decay = self.log_decay(x).transpose(1, 2)  # [N, H, L] or [N, H, L, d]
         o, rec_state = chunked_recurrence(
-            q, k, v, self.log_decay(x).transpose(1, 2), beta, chunk, rec_state, valid, True
+            q, k, v, decay, beta, self.chunk_size, rec_state, valid, return_state=True
         )
         o = o.transpose(1, 2).float()  # [N, L, H, d]
         o = F.rms_norm(o, (d,), self.norm_weight.float(), self.norm_eps) * self.output_gate(x)

@@ -82,11 +82,9 @@ class Mamba2(nn.Module):
         B = B.float().unsqueeze(1).expand(n, h, length, self.d_state)  # [N, H, L, state]
         C = C.float().unsqueeze(1).expand(n, h, length, self.d_state)
         log_decay = dt * -self.A_log.float().exp()[:, None]  # [N, H, L]
-        # a continuation's chunk is at most its length: a decoding step is one token, not a
-        # chunk of zero padding (the training path keeps its chunk, so its numerics)
-        chunk = self.chunk_size if rec_state is None else min(self.chunk_size, length)
+        writes = xs * dt.unsqueeze(-1)  # [N, H, L, p]
         y, rec_state = chunked_recurrence(
-            C, B, xs * dt.unsqueeze(-1), log_decay, None, chunk, rec_state, valid, True
+            C, B, writes, log_decay, None, self.chunk_size, rec_state, valid, return_state=True
         )
         y = y + self.D.float()[:, None, None] * xs  # [N, H, L, p] the skip connection
         y = y.transpose(1, 2).reshape(n, length, self.inner) * F.silu(z.float())

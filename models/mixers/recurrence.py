@@ -130,7 +130,9 @@ def chunked_recurrence(
     token reads and which leaves the state as it is (no decay, no write)."""
     dtype = v.dtype
     n, h, length, dk = k.shape
-    size = chunk_size
+    # a continuation's chunk is at most its length: a decoding step is one token, not a chunk of
+    # zero padding (a call from the zero state, the training path, keeps its chunk and numerics)
+    size = chunk_size if initial_state is None else min(chunk_size, length)
     pad = (-length) % size
     g = log_decay if log_decay.dim() == 4 else log_decay.unsqueeze(-1)  # [N, H, L, dk or 1]
     if valid is not None:  # a pad decays nothing and writes nothing (u = 0: beta = 0, or v = 0)
