@@ -240,6 +240,17 @@ def retrieval_end(verdicts: list[bool], spec: TrainConfig, done: int) -> tuple[f
             done + decay,
         )
         return hits / n, done + decay
+    # each check that does not pass is logged too, so a long run shows how far it has come
+    logger.info(
+        "lenbench: passkey at L %d/%d (Wilson lower end %.3f < train.until_retrieves %g) after "
+        "%d updates: training on (at most %d).",
+        hits,
+        n,
+        low,
+        spec.until_retrieves,
+        done,
+        spec.steps,
+    )
     return hits / n, None
 
 

@@ -6,6 +6,8 @@ resuming, the examples it scores, the row column and the config's sentences."""
 
 from __future__ import annotations
 
+import logging
+
 from pathlib import Path
 
 import pandas as pd
@@ -113,12 +115,20 @@ def test_run_ends_decay_steps_after_the_first_passing_check(corpus, monkeypatch)
     assert full_stats.steps == STEPS and not same_weights(model, full)
 
 
-def test_no_decided_check_runs_every_update(corpus, monkeypatch) -> None:
+def test_no_decided_check_runs_every_update(corpus, monkeypatch, caplog) -> None:
     """Never decidedly >= 0.9 (76 of 80 = 0.95, but its Wilson lower end is 0.878): checks at 10,
-    20, 30 (not in the final decay), all 40 updates, the same weights as without the check."""
+    20, 30 (not in the final decay), all 40 updates, the same weights as without the check; each
+    check that does not pass says so in the log."""
     script_checks(monkeypatch, [76 / 80])
-    model, stats = train_model(job(), corpus, progress=False)
+    with caplog.at_level(logging.INFO, logger="lenbench"):
+        model, stats = train_model(job(), corpus, progress=False)
     assert stats.steps == STEPS and stats.retrieval_checks == {10: 0.95, 20: 0.95, 30: 0.95}
+    for done in (10, 20, 30):
+        assert (
+            f"passkey at L 76/80 (Wilson lower end 0.878 < train.until_retrieves 0.9) after {done}"
+            f" updates: training on (at most {STEPS})." in caplog.text
+        )
+    assert "decaying the lr" not in caplog.text  # control: no check passed
     plain, _ = train_model(job(until_retrieves=None), corpus, progress=False)
     assert same_weights(model, plain)
 
