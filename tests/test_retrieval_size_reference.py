@@ -8,6 +8,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from bench import findings as F
+from bench.core.series import SWITCH_COLUMNS
+
 from fixtures import ROOT
 from fixtures.markdown import agrees, markdown_table
 from fixtures.reports import committed_rows
@@ -26,7 +29,6 @@ SERIES = {
     "nope stick-breaking, 4": ("nope", "stick_breaking", 4),
     "rope, 4 (control)": ("rope", None, 4),
 }
-SWITCHES = ("attention", "qk_norm", "output_gate", "attn_scale", "mixer", "hybrid_every")
 
 pytestmark = pytest.mark.skipif(
     not any(RESULTS.glob("*.parquet")), reason="no committed retrieval_size rows"
@@ -35,14 +37,9 @@ pytestmark = pytest.mark.skipif(
 
 def raw_passkey(df: pd.DataFrame, position: str, design: str | None, seed: int) -> pd.DataFrame:
     """The raw base model's passkey rows of one family, design and seed (no other switch)."""
-    rows = df[
-        (df["metric"] == "passkey_acc")
-        & (df["scaling"] == "none")
-        & df["finetune_method"].isna()
-        & (df["position"] == position)
-        & (df["seed"] == seed)
-    ]
-    for column in SWITCHES:
+    rows = F.select(df, position)
+    rows = rows[(rows["metric"] == "passkey_acc") & (rows["seed"] == seed)]
+    for column in SWITCH_COLUMNS:
         if column in rows.columns:
             want = design if column == "attention" else None
             rows = rows[rows[column].isna()] if want is None else rows[rows[column] == want]
@@ -51,10 +48,12 @@ def raw_passkey(df: pd.DataFrame, position: str, design: str | None, seed: int) 
 
 
 def cell(rows: pd.DataFrame, lengths: list[int]) -> tuple[list[float], int]:
-    """Passkey accuracy at each length (the mean over its depth rows: equal trials each) and
-    the updates trained."""
+    """Passkey accuracy at each length (its template row: all 80 examples) and the updates
+    trained."""
     (steps,) = rows["train_steps"].unique()
-    return [rows[rows["eval_length"] == n]["value"].mean() for n in lengths], int(steps)
+    whole = rows[rows["axis"] == "template"].set_index("eval_length")["value"]
+    assert whole.index.is_unique, "one template row per length"
+    return [float(whole[n]) for n in lengths], int(steps)
 
 
 def parse(text: str) -> tuple[list[str], int]:
@@ -67,9 +66,11 @@ def test_the_larger_size_table_is_the_rows():
     table = markdown_table(README.read_text(encoding="utf-8"), HEADER)
     assert set(table) == set(SERIES)
     wide = committed_rows(RESULTS)
-    assert (wide["arm"] == "retrieval_leaderboard").all() and wide["recipe"].nunique() == 1
     narrow = committed_rows(LEADERBOARD)
     narrow = narrow[narrow["arm"] == "retrieval_leaderboard"]
+    # one recipe, the arm's, but not the committed width-64 block's
+    assert (wide["arm"] == "retrieval_leaderboard").all() and wide["recipe"].nunique() == 1
+    assert not set(wide["recipe"]) & set(narrow["recipe"])
     checked = 0
     for label, (position, design, seed) in SERIES.items():
         at_l, wide_cells = table[label][0], table[label][1]

@@ -7,7 +7,6 @@ resuming, the examples it scores, the row column and the config's sentences."""
 from __future__ import annotations
 
 import logging
-
 from pathlib import Path
 
 import pandas as pd
